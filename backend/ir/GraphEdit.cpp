@@ -1,0 +1,45 @@
+#include "backend/ir/GraphEdit.h"
+
+#include "backend/ir/Error.h"
+
+namespace hb {
+
+namespace {
+void renumber(Graph& g, const std::vector<int>& new_index) {
+  for (Node& n : g.nodes) {
+    auto fix = [&](Arg& a) {
+      HB_INTERNAL_CHECK(new_index[a.ref] >= 0) << "node %" << n.name << " uses removed node %" << a.s;
+      a.ref = new_index[a.ref];
+    };
+    for (Arg& a : n.args) a.for_each_ref_mut(fix);
+    for (auto& kv : n.kwargs) kv.second.for_each_ref_mut(fix);
+  }
+}
+}  // namespace
+
+int remove_nodes(Graph& g, const std::vector<bool>& keep) {
+  HB_INTERNAL_CHECK(keep.size() == g.nodes.size()) << "remove_nodes: mask size mismatch";
+  std::vector<int> new_index(g.nodes.size(), -1);
+  std::vector<Node> kept;
+  kept.reserve(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (!keep[i]) continue;
+    new_index[i] = static_cast<int>(kept.size());
+    kept.push_back(std::move(g.nodes[i]));
+  }
+  const int removed = static_cast<int>(g.nodes.size() - kept.size());
+  g.nodes = std::move(kept);
+  renumber(g, new_index);
+  return removed;
+}
+
+int insert_node(Graph& g, int pos, Node n) {
+  HB_INTERNAL_CHECK(pos >= 0 && pos <= static_cast<int>(g.nodes.size())) << "insert_node: bad position";
+  std::vector<int> new_index(g.nodes.size());
+  for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) new_index[i] = i < pos ? i : i + 1;
+  renumber(g, new_index);
+  g.nodes.insert(g.nodes.begin() + pos, std::move(n));
+  return pos;
+}
+
+}  // namespace hb

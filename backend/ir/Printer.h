@@ -1,0 +1,24 @@
+// The one textual form of the IR. Deterministic: FX node names, attributes in a fixed order.
+//
+//   graph forward {
+//     %primals_1: f32[4, 8] = placeholder
+//     %addmm: f32[4, 16] = aten::addmm.default(%primals_2, %primals_1, %t)  {region=0 path=0 schedule=dfs}
+//     return (%addmm, none)
+//   }
+#pragma once
+#include <ostream>
+#include <string>
+
+#include "backend/ir/Graph.h"
+
+namespace hb {
+
+std::string to_string(const TensorType& t);  // f32[4, s0]
+std::string to_string(const ValueType& t);
+std::string to_string(const Arg& a);
+std::string print_node(const Graph& g, int node);
+// Prints the graph and then its subgraphs, each as its own `graph name { ... }` block.
+std::string print_graph(const Graph& g);
+std::ostream& operator<<(std::ostream& os, const Graph& g);
+
+}  // namespace hb

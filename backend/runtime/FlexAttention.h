@@ -1,0 +1,52 @@
+// FlexAttention with PyTorch's reference semantics (torch/_higher_order_ops/flex_attention.py:
+// math_attention and sdpa_dense_backward), in C++ over ATen, on CPU and CUDA. The score_mod,
+// mask_mod, fw and joint subgraphs are evaluated once on broadcast index tensors
+// b:[B,1,1,1] h:[1,H,1,1] q_idx:[1,1,Sq,1] kv_idx:[1,1,1,Skv] instead of vmap; their results are
+// broadcast to [B,H,Sq,Skv]. This is the correct (not fast) path that later kernels are checked against.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <vector>
+
+namespace hb::rt {
+
+// Runs a compiled subgraph: inputs in placeholder order, outputs as the graph returns them
+// (flattened: one IValue per element of the output tuple/list).
+using SubgraphFn = std::function<std::vector<c10::IValue>(std::vector<c10::IValue>)>;
+
+struct FlexMask {
+  SubgraphFn mask_mod;          // (b, h, q_idx, kv_idx, *mask_buffers) -> bool; empty: no mask
+  std::vector<at::Tensor> buffers;
+};
+
+// flex_attention(q, k, v, score_mod, block_mask, scale, kernel_options, score_bufs, mask_bufs)
+// -> (out [B,Hq,Sq,Dv] in q's dtype, logsumexp [B,Hq,Sq] base 2 fp32, max_scores [B,Hq,Sq] base 2 fp32)
+// GQA: Hq a multiple of Hkv. Fully masked rows give out 0 and logsumexp -inf.
+std::vector<at::Tensor> flex_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               const SubgraphFn& score_mod, const FlexMask& mask,
+                                               double scale, const std::vector<at::Tensor>& score_buffers);
+
+// flex_attention_backward(q, k, v, out, logsumexp, grad_out, grad_logsumexp, fw_graph, joint_graph,
+//   block_mask, scale, kernel_options, score_bufs, mask_bufs) -> (dq, dk, dv, [buffer grads])
+// buffer grads: one entry per score buffer, undefined where the joint graph returns None.
+struct FlexBackwardResult {
+  at::Tensor dq, dk, dv;
+  std::vector<at::Tensor> buffer_grads;
+};
+FlexBackwardResult flex_attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const at::Tensor& out, const at::Tensor& logsumexp,
+                                           const at::Tensor& grad_out,
+                                           const c10::optional<at::Tensor>& grad_logsumexp,
+                                           const SubgraphFn& fw_graph, const SubgraphFn& joint_graph,
+                                           const FlexMask& mask, double scale,
+                                           const std::vector<at::Tensor>& score_buffers);
+
+// flex_lib::zeros_and_scatter(shape, indices, values) = zeros(shape).index_put_(indices, values,
+// accumulate=True), with indices and values first broadcast to one shape (they arrive as broadcast
+// index tensors from the joint graph). The gradient scatter into captured buffers.
+at::Tensor zeros_and_scatter(at::IntArrayRef shape, const std::vector<at::Tensor>& indices,
+                             const at::Tensor& values);
+
+}  // namespace hb::rt
