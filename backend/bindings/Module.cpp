@@ -1,0 +1,139 @@
+// The pybind11 module hintbackend._C: compile a graph document into a CompiledGraph and run it.
+// The only translation unit that includes torch's Python headers.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+
+#include "backend/importer/JsonImport.h"
+#include "backend/ir/Error.h"
+#include "backend/ir/Printer.h"
+#include "backend/runtime/Executor.h"
+#include "codegen/KernelSelect.h"
+#include "passes/Pipeline.h"
+
+namespace py = pybind11;
+
+namespace hb {
+namespace {
+
+c10::IValue to_ivalue(PyObject* o, size_t k) {
+  if (THPVariable_Check(o)) return c10::IValue(THPVariable_Unpack(o));
+  if (o == Py_None) return c10::IValue();
+  if (PyBool_Check(o)) return c10::IValue(o == Py_True);
+  if (PyLong_Check(o)) return c10::IValue(static_cast<int64_t>(PyLong_AsLongLong(o)));
+  if (PyFloat_Check(o)) return c10::IValue(PyFloat_AsDouble(o));
+  // SymInt/SymFloat arrive as plain ints/floats at run time; anything else is a contract breach.
+  throw UserError("hintbackend: graph input " + std::to_string(k) + " has unsupported type " +
+                  std::string(Py_TYPE(o)->tp_name) + " (expected a tensor, int, float, bool or None)");
+}
+
+py::object to_py(const c10::IValue& v) {
+  if (v.isTensor()) return py::reinterpret_steal<py::object>(THPVariable_Wrap(v.toTensor()));
+  if (v.isNone()) return py::none();
+  if (v.isBool()) return py::bool_(v.toBool());
+  if (v.isInt()) return py::int_(v.toInt());
+  if (v.isDouble()) return py::float_(v.toDouble());
+  if (v.isTuple()) {
+    const auto& e = v.toTupleRef().elements();
+    py::tuple t(e.size());
+    for (size_t i = 0; i < e.size(); ++i) t[i] = to_py(e[i]);
+    return std::move(t);
+  }
+  if (v.isList()) {
+    py::list l;
+    for (const c10::IValue& x : v.toListRef()) l.append(to_py(x));
+    return std::move(l);
+  }
+  throw InternalError("hintbackend: cannot return a value of kind " + std::string(v.tagKind()) + " to Python");
+}
+
+// One compiled FX graph: the IR after the pipeline, its kernel plan, the executor, and the dumps.
+class CompiledGraph {
+ public:
+  CompiledGraph(const std::string& document, std::vector<at::Tensor> constants, const py::dict& config) {
+    graph_ = import_json(document);
+    dumps_.emplace_back("ir-import", print_graph(*graph_));
+    PassContext ctx;
+    if (config.contains("disable_passes"))
+      for (auto p : config["disable_passes"]) ctx.disabled.insert(p.cast<std::string>());
+    if (config.contains("verify_each_pass")) ctx.verify_each = config["verify_each_pass"].cast<bool>();
+    int step = 0;
+    ctx.after_pass = [&](const std::string& pass, const Graph& g, bool changed) {
+      ++step;
+      dumps_.emplace_back("ir-after-" + std::to_string(step) + "-" + pass,
+                          changed ? print_graph(g) : "(unchanged)\n");
+    };
+    run_pipeline(*graph_, ctx);
+    notes_ = ctx.notes;
+    kernels_ = select_kernels(*graph_);
+    dumps_.emplace_back("ir-final", print_graph(*graph_));
+    dumps_.emplace_back("kernels", print_kernel_plan(*graph_, kernels_));
+    if (kernels_.unsupported_descriptions.empty()) {
+      auto consts = std::make_shared<const std::vector<at::Tensor>>(std::move(constants));
+      executor_ = std::make_unique<rt::Executor>(graph_, kernels_, consts);
+    }
+  }
+
+  py::object run(py::list args) {
+    HB_USER_CHECK(executor_ != nullptr) << "graph '" << graph_->name
+                                        << "' has unsupported nodes and cannot run in hintbackend";
+    std::vector<c10::IValue> inputs;
+    inputs.reserve(args.size());
+    for (size_t k = 0; k < args.size(); ++k) inputs.push_back(to_ivalue(args[k].ptr(), k));
+    args.attr("clear")();  // boxed calling convention: we own the inputs now, free them early
+    std::vector<c10::IValue> out;
+    {
+      py::gil_scoped_release no_gil;
+      out = executor_->run(std::move(inputs));
+    }
+    py::tuple t(out.size());
+    for (size_t i = 0; i < out.size(); ++i) t[i] = to_py(out[i]);
+    return std::move(t);
+  }
+
+  std::vector<std::string> unsupported() const { return kernels_.unsupported_descriptions; }
+  std::vector<std::pair<std::string, std::string>> dumps() const { return dumps_; }
+  std::vector<std::string> notes() const { return notes_; }
+  std::string ir() const { return print_graph(*graph_); }
+
+ private:
+  std::shared_ptr<Graph> graph_;
+  KernelPlan kernels_;
+  std::unique_ptr<rt::Executor> executor_;
+  std::vector<std::pair<std::string, std::string>> dumps_;
+  std::vector<std::string> notes_;
+};
+
+}  // namespace
+}  // namespace hb
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "hintbackend's C++ core: IR import, passes, kernel selection and the runtime";
+  py::register_exception<hb::UserError>(m, "GraphError", PyExc_ValueError);
+  py::register_exception<hb::InternalError>(m, "InternalError", PyExc_RuntimeError);
+  m.attr("SCHEMA_VERSION") = hb::kSchemaVersion;
+  m.attr("SCHEMA_FORMAT") = hb::kSchemaFormat;
+#ifdef HB_WITH_CUDA
+  m.attr("WITH_CUDA") = true;
+#else
+  m.attr("WITH_CUDA") = false;
+#endif
+  py::class_<hb::CompiledGraph>(m, "CompiledGraph")
+      .def(py::init<const std::string&, std::vector<at::Tensor>, const py::dict&>(), py::arg("document"),
+           py::arg("constants"), py::arg("config"))
+      .def("run", &hb::CompiledGraph::run, "Runs the graph on a list of inputs (boxed: the list is cleared)")
+      .def_property_readonly("unsupported", &hb::CompiledGraph::unsupported)
+      .def_property_readonly("dumps", &hb::CompiledGraph::dumps)
+      .def_property_readonly("notes", &hb::CompiledGraph::notes)
+      .def_property_readonly("ir", &hb::CompiledGraph::ir);
+  m.def("import_graph", [](const std::string& doc) { return hb::print_graph(*hb::import_json(doc)); },
+        "Parses and verifies a graph document; returns its IR text");
+  m.def("pipeline", [] {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& p : hb::pipeline()) out.emplace_back(p.name, p.why);
+    return out;
+  }, "The pass pipeline: (name, why it sits there) in order");
+}

@@ -1,0 +1,563 @@
+#include "backend/runtime/Executor.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/function_schema.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <optional>
+#include <sstream>
+
+#include "backend/ir/Error.h"
+#include "backend/runtime/FlexAttention.h"
+#include "passes/Liveness.h"
+
+namespace hb::rt {
+
+// ---- argument specs: how to build one IValue of a call from constants and slots ---------------
+struct ArgSpec {
+  enum class K { Const, Slot, TensorList, OptTensorList, IntList, DoubleList, Tuple };
+  K k = K::Const;
+  c10::IValue value;            // Const
+  int slot = -1;                // Slot
+  std::vector<ArgSpec> items;   // lists and tuples
+};
+
+struct FlexCall {
+  bool backward = false;
+  std::vector<ArgSpec> tensors;  // fw: q k v; bw: q k v out lse grad_out grad_lse
+  std::shared_ptr<Executor> score_mod, joint, mask_mod;
+  double scale = 1.0;
+  ArgSpec score_buffers, mask_buffers;
+};
+
+struct Step {
+  KernelKind kind = KernelKind::Aten;
+  int node = -1;
+  std::optional<c10::OperatorHandle> op;
+  std::vector<ArgSpec> args;
+  size_t num_returns = 1;
+  std::string sym;                  // SymOp target
+  std::shared_ptr<FlexCall> flex;
+  std::vector<int> release;         // slots to drop after this step
+};
+
+c10::IValue build_arg(const ArgSpec& s, const std::vector<c10::IValue>& slots);
+
+namespace {
+
+c10::ScalarType to_scalar_type(DType d) {
+  switch (d) {
+    case DType::Bool: return c10::ScalarType::Bool;
+    case DType::UInt8: return c10::ScalarType::Byte;
+    case DType::Int8: return c10::ScalarType::Char;
+    case DType::Int16: return c10::ScalarType::Short;
+    case DType::Int32: return c10::ScalarType::Int;
+    case DType::Int64: return c10::ScalarType::Long;
+    case DType::Float16: return c10::ScalarType::Half;
+    case DType::BFloat16: return c10::ScalarType::BFloat16;
+    case DType::Float32: return c10::ScalarType::Float;
+    case DType::Float64: return c10::ScalarType::Double;
+    case DType::Complex64: return c10::ScalarType::ComplexFloat;
+    case DType::Complex128: return c10::ScalarType::ComplexDouble;
+    case DType::Float8_e4m3fn: return c10::ScalarType::Float8_e4m3fn;
+    case DType::Float8_e5m2: return c10::ScalarType::Float8_e5m2;
+  }
+  return c10::ScalarType::Undefined;
+}
+
+c10::Layout to_layout(const std::string& s, const std::string& where) {
+  if (s == "strided") return c10::kStrided;
+  if (s == "sparse_coo") return c10::kSparse;
+  if (s == "sparse_csr") return c10::kSparseCsr;
+  if (s == "sparse_csc") return c10::kSparseCsc;
+  if (s == "sparse_bsr") return c10::kSparseBsr;
+  if (s == "sparse_bsc") return c10::kSparseBsc;
+  if (s == "_mkldnn") return c10::kMkldnn;
+  if (s == "jagged") return c10::kJagged;
+  HB_USER_FAIL() << where << ": unknown layout '" << s << "'";
+}
+
+c10::MemoryFormat to_memory_format(const std::string& s, const std::string& where) {
+  if (s == "contiguous_format") return c10::MemoryFormat::Contiguous;
+  if (s == "preserve_format") return c10::MemoryFormat::Preserve;
+  if (s == "channels_last") return c10::MemoryFormat::ChannelsLast;
+  if (s == "channels_last_3d") return c10::MemoryFormat::ChannelsLast3d;
+  HB_USER_FAIL() << where << ": unknown memory format '" << s << "'";
+}
+
+ArgSpec constant(c10::IValue v) {
+  ArgSpec s;
+  s.k = ArgSpec::K::Const;
+  s.value = std::move(v);
+  return s;
+}
+ArgSpec slot(int i) {
+  ArgSpec s;
+  s.k = ArgSpec::K::Slot;
+  s.slot = i;
+  return s;
+}
+
+bool has_ref(const Arg& a) {
+  bool found = false;
+  a.for_each_ref([&](const Arg&) { found = true; });
+  return found;
+}
+
+// A constant scalar argument as an IValue, guided by the schema type when there is one.
+c10::IValue scalar_value(const Arg& a, const c10::TypePtr& type, const std::string& where) {
+  using K = Arg::Kind;
+  const c10::TypeKind tk = type ? type->kind() : c10::TypeKind::AnyType;
+  switch (a.kind) {
+    case K::None: return c10::IValue();
+    case K::Bool: return c10::IValue(a.b);
+    case K::Int:
+      if (tk == c10::TypeKind::FloatType) return c10::IValue(static_cast<double>(a.i));
+      return c10::IValue(a.i);
+    case K::Float: return c10::IValue(a.f);
+    case K::Str: return c10::IValue(a.s);
+    case K::DType: return c10::IValue(static_cast<int64_t>(to_scalar_type(a.dtype)));
+    case K::Layout: return c10::IValue(static_cast<int64_t>(to_layout(a.s, where)));
+    case K::MemoryFormat: return c10::IValue(static_cast<int64_t>(to_memory_format(a.s, where)));
+    case K::Device: return c10::IValue(c10::Device(a.s));
+    default: break;
+  }
+  HB_INTERNAL_CHECK(false) << where << ": cannot convert argument of kind " << static_cast<int>(a.kind);
+}
+
+c10::TypePtr unwrap_optional(const c10::TypePtr& t) {
+  if (t && t->kind() == c10::TypeKind::OptionalType) return t->expectRef<c10::OptionalType>().getElementType();
+  return t;
+}
+
+// Converts an IR argument into a spec for one schema argument of type `type`.
+ArgSpec convert(const Arg& a, const c10::TypePtr& type_in, const std::string& where) {
+  if (a.kind == Arg::Kind::Ref) return slot(a.ref);
+  if (a.kind == Arg::Kind::None) return constant(c10::IValue());
+  const c10::TypePtr type = unwrap_optional(type_in);
+  if (a.kind == Arg::Kind::List || a.kind == Arg::Kind::Tuple) {
+    HB_USER_CHECK(type && type->kind() == c10::TypeKind::ListType)
+        << where << ": got a list where the schema expects " << (type ? type->str() : "?");
+    const c10::TypePtr elem = type->expectRef<c10::ListType>().getElementType();
+    const c10::TypeKind ek = elem->kind();
+    ArgSpec s;
+    if (ek == c10::TypeKind::TensorType) s.k = ArgSpec::K::TensorList;
+    else if (ek == c10::TypeKind::OptionalType) s.k = ArgSpec::K::OptTensorList;
+    else if (ek == c10::TypeKind::IntType || ek == c10::TypeKind::SymIntType) s.k = ArgSpec::K::IntList;
+    else if (ek == c10::TypeKind::FloatType) s.k = ArgSpec::K::DoubleList;
+    else if (!has_ref(a)) {
+      // Bool lists and other constant lists: let the schema's own parser-free path build them.
+      if (ek == c10::TypeKind::BoolType) {
+        c10::List<bool> l;
+        for (const Arg& x : a.items) l.push_back(x.b);
+        return constant(c10::IValue(l));
+      }
+      HB_USER_FAIL() << where << ": unsupported list element type " << elem->str();
+    } else {
+      HB_USER_FAIL() << where << ": unsupported list element type " << elem->str() << " with graph values";
+    }
+    for (const Arg& x : a.items) s.items.push_back(convert(x, elem, where));
+    if (!has_ref(a)) {
+      // Fold constant lists into one IValue at plan time.
+      std::vector<c10::IValue> no_slots;
+      ArgSpec folded;
+      folded.k = ArgSpec::K::Const;
+      folded.value = build_arg(s, no_slots);
+      return folded;
+    }
+    return s;
+  }
+  return constant(scalar_value(a, type, where));
+}
+
+}  // namespace
+
+c10::IValue build_arg(const ArgSpec& s, const std::vector<c10::IValue>& slots) {
+  switch (s.k) {
+    case ArgSpec::K::Const: return s.value;
+    case ArgSpec::K::Slot: return slots[s.slot];
+    case ArgSpec::K::TensorList: {
+      c10::List<at::Tensor> l;
+      l.reserve(s.items.size());
+      for (const ArgSpec& x : s.items) l.push_back(build_arg(x, slots).toTensor());
+      return c10::IValue(std::move(l));
+    }
+    case ArgSpec::K::OptTensorList: {
+      c10::List<std::optional<at::Tensor>> l;
+      l.reserve(s.items.size());
+      for (const ArgSpec& x : s.items) {
+        c10::IValue v = build_arg(x, slots);
+        l.push_back(v.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(v.toTensor()));
+      }
+      return c10::IValue(std::move(l));
+    }
+    case ArgSpec::K::IntList: {
+      c10::List<int64_t> l;
+      l.reserve(s.items.size());
+      for (const ArgSpec& x : s.items) l.push_back(build_arg(x, slots).toInt());
+      return c10::IValue(std::move(l));
+    }
+    case ArgSpec::K::DoubleList: {
+      c10::List<double> l;
+      for (const ArgSpec& x : s.items) l.push_back(build_arg(x, slots).toScalar().toDouble());
+      return c10::IValue(std::move(l));
+    }
+    case ArgSpec::K::Tuple: {
+      std::vector<c10::IValue> v;
+      for (const ArgSpec& x : s.items) v.push_back(build_arg(x, slots));
+      return c10::ivalue::Tuple::create(std::move(v));
+    }
+  }
+  return c10::IValue();
+}
+
+namespace {
+
+// Untyped conversion (higher-order op arguments, sym ops, outputs): tuples and lists of values.
+ArgSpec convert_untyped(const Arg& a, const std::string& where) {
+  if (a.kind == Arg::Kind::Ref) return slot(a.ref);
+  if (a.kind == Arg::Kind::List || a.kind == Arg::Kind::Tuple) {
+    ArgSpec s;
+    s.k = ArgSpec::K::Tuple;
+    for (const Arg& x : a.items) s.items.push_back(convert_untyped(x, where));
+    return s;
+  }
+  HB_USER_CHECK(a.kind != Arg::Kind::Graph && a.kind != Arg::Kind::Dict)
+      << where << ": a subgraph or dict cannot be used as a value here";
+  return constant(scalar_value(a, nullptr, where));
+}
+
+std::pair<std::string, std::string> split_target(const std::string& target) {
+  // "aten::addmm.default" -> ("aten::addmm", ""); "aten::add.Tensor" -> ("aten::add", "Tensor")
+  const size_t ns = target.find("::");
+  const size_t dot = target.find('.', ns == std::string::npos ? 0 : ns + 2);
+  if (dot == std::string::npos) return {target, ""};
+  std::string overload = target.substr(dot + 1);
+  if (overload == "default") overload.clear();
+  return {target.substr(0, dot), overload};
+}
+
+Step plan_aten(const Graph& g, int i) {
+  const Node& n = g.nodes[i];
+  const std::string where = describe(g, i);
+  auto [name, overload] = split_target(n.target);
+  auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
+  HB_USER_CHECK(handle.has_value())
+      << where << ": operator '" << n.target
+      << "' is not registered in this process's dispatcher (is the library that defines it loaded?)";
+  Step s;
+  s.kind = KernelKind::Aten;
+  s.node = i;
+  s.op = *handle;
+  const c10::FunctionSchema& schema = handle->schema();
+  s.num_returns = schema.returns().size();
+  const auto& formals = schema.arguments();
+  size_t positional = 0;
+  for (const auto& f : formals) positional += f.kwarg_only() ? 0 : 1;
+  HB_USER_CHECK(n.args.size() <= positional)
+      << where << ": " << n.args.size() << " positional arguments, but the schema '" << schema
+      << "' takes " << positional;
+  for (size_t k = 0; k < formals.size(); ++k) {
+    const c10::Argument& f = formals[k];
+    const Arg* src = nullptr;
+    if (!f.kwarg_only() && k < n.args.size()) src = &n.args[k];
+    else src = n.kwarg(f.name());
+    if (src) {
+      s.args.push_back(convert(*src, f.type(), where + ", argument '" + f.name() + "'"));
+    } else {
+      HB_USER_CHECK(f.default_value().has_value())
+          << where << ": missing argument '" << f.name() << "' of schema '" << schema << "'";
+      s.args.push_back(constant(*f.default_value()));
+    }
+  }
+  for (const auto& kv : n.kwargs) {
+    bool known = false;
+    for (const auto& f : formals) known |= f.name() == kv.first;
+    HB_USER_CHECK(known) << where << ": keyword argument '" << kv.first << "' is not in the schema '" << schema << "'";
+  }
+  return s;
+}
+
+std::shared_ptr<Executor> subgraph_executor(const Graph& g, const Arg& a, const std::string& where,
+                                            const std::shared_ptr<const std::vector<at::Tensor>>& constants) {
+  HB_USER_CHECK(a.kind == Arg::Kind::Graph) << where << ": expected a subgraph argument, got " << static_cast<int>(a.kind);
+  auto it = g.subgraphs.find(a.s);
+  HB_USER_CHECK(it != g.subgraphs.end()) << where << ": unknown subgraph '" << a.s << "'";
+  const KernelPlan kp = select_kernels(*it->second);
+  HB_USER_CHECK(kp.unsupported_descriptions.empty())
+      << where << ": subgraph '" << a.s << "' uses an unsupported op: " << kp.unsupported_descriptions.front();
+  return std::make_shared<Executor>(it->second, kp, constants);
+}
+
+double float_arg(const Arg& a, const std::string& where) {
+  if (a.kind == Arg::Kind::Float) return a.f;
+  if (a.kind == Arg::Kind::Int) return static_cast<double>(a.i);
+  HB_USER_FAIL() << where << ": expected a constant float scale";
+}
+
+Step plan_flex(const Graph& g, int i, bool backward,
+               const std::shared_ptr<const std::vector<at::Tensor>>& constants) {
+  const Node& n = g.nodes[i];
+  const std::string where = describe(g, i);
+  // fw: (q, k, v, score_mod, block_mask, scale, kernel_options, score_bufs, mask_bufs)
+  // bw: (q, k, v, out, lse, grad_out, grad_lse, fw_graph, joint_graph, block_mask, scale,
+  //      kernel_options, score_bufs, mask_bufs)
+  const size_t want = backward ? 14 : 9;
+  HB_USER_CHECK(n.args.size() == want) << where << ": expected " << want << " arguments, got " << n.args.size();
+  auto call = std::make_shared<FlexCall>();
+  call->backward = backward;
+  const size_t ntensors = backward ? 7 : 3;
+  for (size_t k = 0; k < ntensors; ++k) call->tensors.push_back(convert_untyped(n.args[k], where));
+  const size_t base = backward ? 7 : 3;
+  call->score_mod = subgraph_executor(g, n.args[base], where, constants);
+  if (backward) call->joint = subgraph_executor(g, n.args[base + 1], where, constants);
+  const Arg& block_mask = n.args[backward ? 9 : 4];
+  HB_USER_CHECK((block_mask.kind == Arg::Kind::Tuple || block_mask.kind == Arg::Kind::List) && !block_mask.items.empty())
+      << where << ": the block mask must be a tuple ending in the mask_mod graph";
+  // torch 2.11 has 13 entries, 2.5 had 11, newer main 17: the mask graph is always the last one.
+  call->mask_mod = subgraph_executor(g, block_mask.items.back(), where, constants);
+  call->scale = float_arg(n.args[backward ? 10 : 5], where);
+  call->score_buffers = convert_untyped(n.args[backward ? 12 : 7], where);
+  call->mask_buffers = convert_untyped(n.args[backward ? 13 : 8], where);
+  Step s;
+  s.kind = backward ? KernelKind::FlexBackward : KernelKind::FlexForward;
+  s.node = i;
+  s.flex = call;
+  return s;
+}
+
+std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
+  std::vector<at::Tensor> out;
+  if (v.isNone()) return out;
+  for (const c10::IValue& x : v.toTupleRef().elements()) out.push_back(x.toTensor());
+  return out;
+}
+
+SubgraphFn as_fn(const std::shared_ptr<Executor>& e) {
+  return [e](std::vector<c10::IValue> in) { return e->run(std::move(in)); };
+}
+
+c10::IValue run_flex(const FlexCall& c, const std::vector<c10::IValue>& slots) {
+  std::vector<at::Tensor> t;
+  for (const ArgSpec& a : c.tensors) {
+    c10::IValue v = build_arg(a, slots);
+    t.push_back(v.isNone() ? at::Tensor() : v.toTensor());
+  }
+  FlexMask mask{as_fn(c.mask_mod), tensors_of(build_arg(c.mask_buffers, slots))};
+  const std::vector<at::Tensor> score_bufs = tensors_of(build_arg(c.score_buffers, slots));
+  if (!c.backward) {
+    std::vector<at::Tensor> r = flex_attention_forward(t[0], t[1], t[2], as_fn(c.score_mod), mask, c.scale, score_bufs);
+    return c10::ivalue::Tuple::create({r[0], r[1], r[2]});
+  }
+  c10::optional<at::Tensor> grad_lse;
+  if (t[6].defined()) grad_lse = t[6];
+  FlexBackwardResult r = flex_attention_backward(t[0], t[1], t[2], t[3], t[4], t[5], grad_lse,
+                                                 as_fn(c.score_mod), as_fn(c.joint), mask, c.scale, score_bufs);
+  std::vector<c10::IValue> grads;
+  for (const at::Tensor& x : r.buffer_grads) grads.push_back(x.defined() ? c10::IValue(x) : c10::IValue());
+  return c10::ivalue::Tuple::create({r.dq, r.dk, r.dv, c10::ivalue::Tuple::create(std::move(grads))});
+}
+
+// ---- sym ops: Python operators on int/float/bool values ----------------------------------------
+c10::IValue sym_binary(const std::string& op, const c10::IValue& a, const c10::IValue& b, const std::string& where) {
+  const bool ints = (a.isInt() || a.isBool()) && (b.isInt() || b.isBool());
+  if (ints) {
+    const int64_t x = a.isBool() ? a.toBool() : a.toInt();
+    const int64_t y = b.isBool() ? b.toBool() : b.toInt();
+    if (op == "operator::add") return x + y;
+    if (op == "operator::sub") return x - y;
+    if (op == "operator::mul") return x * y;
+    if (op == "operator::floordiv" || op == "operator::mod") {
+      HB_USER_CHECK(y != 0) << where << ": integer division by zero";
+      int64_t q = x / y;
+      if ((x % y != 0) && ((x < 0) != (y < 0))) --q;  // Python floors
+      return op == "operator::floordiv" ? c10::IValue(q) : c10::IValue(x - q * y);
+    }
+    if (op == "operator::truediv") return static_cast<double>(x) / static_cast<double>(y);
+    if (op == "operator::pow") return std::pow(static_cast<double>(x), static_cast<double>(y));
+    if (op == "operator::eq") return x == y;
+    if (op == "operator::ne") return x != y;
+    if (op == "operator::lt") return x < y;
+    if (op == "operator::le") return x <= y;
+    if (op == "operator::gt") return x > y;
+    if (op == "operator::ge") return x >= y;
+    if (op == "operator::and_") return static_cast<int64_t>(x & y);
+    if (op == "operator::or_") return static_cast<int64_t>(x | y);
+    if (op == "torch::sym_max" || op == "torch.sym_max") return std::max(x, y);
+    if (op == "torch::sym_min" || op == "torch.sym_min") return std::min(x, y);
+  } else {
+    const double x = a.toScalar().toDouble(), y = b.toScalar().toDouble();
+    if (op == "operator::add") return x + y;
+    if (op == "operator::sub") return x - y;
+    if (op == "operator::mul") return x * y;
+    if (op == "operator::truediv") return x / y;
+    if (op == "operator::floordiv") return std::floor(x / y);
+    if (op == "operator::mod") return x - std::floor(x / y) * y;
+    if (op == "operator::pow") return std::pow(x, y);
+    if (op == "operator::eq") return x == y;
+    if (op == "operator::ne") return x != y;
+    if (op == "operator::lt") return x < y;
+    if (op == "operator::le") return x <= y;
+    if (op == "operator::gt") return x > y;
+    if (op == "operator::ge") return x >= y;
+    if (op == "torch::sym_max" || op == "torch.sym_max") return std::max(x, y);
+    if (op == "torch::sym_min" || op == "torch.sym_min") return std::min(x, y);
+  }
+  HB_USER_FAIL() << where << ": '" << op << "' is not defined for these operand types";
+}
+
+c10::IValue sym_unary(const std::string& op, const c10::IValue& a, const std::string& where) {
+  if (op == "operator::neg") return a.isInt() ? c10::IValue(-a.toInt()) : c10::IValue(-a.toScalar().toDouble());
+  if (op == "operator::not_" || op == "torch::sym_not") return !(a.isBool() ? a.toBool() : a.toScalar().toDouble() != 0);
+  if (op == "torch::sym_float") return a.toScalar().toDouble();
+  if (op == "torch::sym_int") return a.isInt() ? a.toInt() : static_cast<int64_t>(a.toScalar().toDouble());
+  if (op == "math::ceil") return static_cast<int64_t>(std::ceil(a.toScalar().toDouble()));
+  if (op == "math::floor") return static_cast<int64_t>(std::floor(a.toScalar().toDouble()));
+  HB_USER_FAIL() << where << ": '" << op << "' takes two operands";
+}
+
+c10::IValue get_item(const c10::IValue& container, int64_t idx, const std::string& where) {
+  if (container.isTuple()) {
+    const auto& e = container.toTupleRef().elements();
+    if (idx < 0) idx += static_cast<int64_t>(e.size());
+    HB_USER_CHECK(idx >= 0 && idx < static_cast<int64_t>(e.size())) << where << ": index " << idx << " out of range";
+    return e[idx];
+  }
+  if (container.isList()) {
+    const auto l = container.toListRef();
+    if (idx < 0) idx += static_cast<int64_t>(l.size());
+    HB_USER_CHECK(idx >= 0 && idx < static_cast<int64_t>(l.size())) << where << ": index " << idx << " out of range";
+    return l[idx];
+  }
+  HB_USER_FAIL() << where << ": getitem on a value that is neither a tuple nor a list (" << container.tagKind() << ")";
+}
+
+}  // namespace
+
+Executor::Executor(std::shared_ptr<const Graph> graph, const KernelPlan& kernels,
+                   std::shared_ptr<const std::vector<at::Tensor>> constants)
+    : graph_(std::move(graph)), constants_(std::move(constants)) {
+  const Graph& g = *graph_;
+  HB_INTERNAL_CHECK(kernels.nodes.size() == g.nodes.size()) << "kernel plan does not match the graph";
+  HB_INTERNAL_CHECK(kernels.unsupported.empty()) << "executor built for a graph with unsupported nodes";
+  placeholders_ = g.placeholders();
+  const Liveness live = liveness(g);
+  for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
+    const Node& n = g.nodes[i];
+    const std::string where = describe(g, i);
+    Step s;
+    s.node = i;
+    s.kind = kernels.nodes[i].kind;
+    switch (s.kind) {
+      case KernelKind::Input:
+        if (live.last_use[i] == i) release_inputs_.push_back(i);
+        continue;
+      case KernelKind::Output:
+        for (const Arg& a : n.args) s.args.push_back(convert_untyped(a, where));
+        break;
+      case KernelKind::Constant:
+        HB_USER_CHECK(constants_ && n.constant_index < static_cast<int>(constants_->size()))
+            << where << ": constant #" << n.constant_index << " was not handed over";
+        break;
+      case KernelKind::Aten:
+        s = plan_aten(g, i);
+        break;
+      case KernelKind::GetItem:
+        HB_USER_CHECK(n.args.size() == 2 && n.args[1].kind == Arg::Kind::Int)
+            << where << ": getitem takes a value and a constant integer index";
+        s.args.push_back(convert_untyped(n.args[0], where));
+        s.args.push_back(constant(c10::IValue(n.args[1].i)));
+        break;
+      case KernelKind::SymOp:
+        s.sym = n.target;
+        HB_USER_CHECK(n.args.size() == 1 || n.args.size() == 2) << where << ": expected one or two operands";
+        for (const Arg& a : n.args) s.args.push_back(convert_untyped(a, where));
+        break;
+      case KernelKind::FlexForward:
+      case KernelKind::FlexBackward:
+        s = plan_flex(g, i, s.kind == KernelKind::FlexBackward, constants_);
+        break;
+      case KernelKind::ZerosAndScatter:
+        HB_USER_CHECK(n.args.size() == 3) << where << ": zeros_and_scatter takes (shape, indices, values)";
+        for (const Arg& a : n.args) s.args.push_back(convert_untyped(a, where));
+        break;
+      case KernelKind::Unsupported:
+        HB_INTERNAL_CHECK(false) << where << " is unsupported";
+    }
+    s.release = live.release_after[i];
+    max_stack_ = std::max(max_stack_, s.args.size() + s.num_returns);
+    steps_.push_back(std::move(s));
+  }
+}
+
+Executor::~Executor() = default;
+
+std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
+  const Graph& g = *graph_;
+  HB_USER_CHECK(inputs.size() == placeholders_.size())
+      << "graph '" << g.name << "' takes " << placeholders_.size() << " inputs, got " << inputs.size();
+  std::vector<c10::IValue> slots(g.nodes.size());
+  for (size_t k = 0; k < placeholders_.size(); ++k) slots[placeholders_[k]] = std::move(inputs[k]);
+  for (int r : release_inputs_) slots[r] = c10::IValue();
+  std::vector<c10::IValue> stack;
+  stack.reserve(max_stack_);
+  std::vector<c10::IValue> outputs;
+  for (const Step& s : steps_) {
+    try {
+      switch (s.kind) {
+        case KernelKind::Aten:
+          stack.clear();
+          for (const ArgSpec& a : s.args) stack.push_back(build_arg(a, slots));
+          s.op->callBoxed(stack);
+          if (s.num_returns == 1) slots[s.node] = std::move(stack[0]);
+          else if (s.num_returns == 0) slots[s.node] = c10::IValue();
+          else slots[s.node] = c10::ivalue::Tuple::create(std::move(stack));
+          break;
+        case KernelKind::Constant:
+          slots[s.node] = (*constants_)[g.nodes[s.node].constant_index];
+          break;
+        case KernelKind::GetItem:
+          slots[s.node] = get_item(build_arg(s.args[0], slots), s.args[1].value.toInt(), describe(g, s.node));
+          break;
+        case KernelKind::SymOp:
+          slots[s.node] = s.args.size() == 1
+                              ? sym_unary(s.sym, build_arg(s.args[0], slots), describe(g, s.node))
+                              : sym_binary(s.sym, build_arg(s.args[0], slots), build_arg(s.args[1], slots),
+                                           describe(g, s.node));
+          break;
+        case KernelKind::FlexForward:
+        case KernelKind::FlexBackward:
+          slots[s.node] = run_flex(*s.flex, slots);
+          break;
+        case KernelKind::ZerosAndScatter: {
+          const c10::IValue shape = build_arg(s.args[0], slots);
+          std::vector<int64_t> dims;
+          for (const c10::IValue& d : shape.toTupleRef().elements()) dims.push_back(d.toInt());
+          std::vector<at::Tensor> idx;
+          for (const c10::IValue& t : build_arg(s.args[1], slots).toTupleRef().elements()) idx.push_back(t.toTensor());
+          slots[s.node] = zeros_and_scatter(dims, idx, build_arg(s.args[2], slots).toTensor());
+          break;
+        }
+        case KernelKind::Output: {
+          const c10::IValue v = build_arg(s.args.at(0), slots);
+          if (v.isTuple()) {
+            for (const c10::IValue& x : v.toTupleRef().elements()) outputs.push_back(x);
+          } else {
+            outputs.push_back(v);
+          }
+          break;
+        }
+        default:
+          HB_INTERNAL_CHECK(false) << "unexpected step kind " << kernel_kind_name(s.kind);
+      }
+    } catch (const c10::Error& e) {
+      throw std::runtime_error("hintbackend: while running " + describe(g, s.node) + ": " +
+                               e.what_without_backtrace());
+    }
+    for (int r : s.release) slots[r] = c10::IValue();
+  }
+  return outputs;
+}
+
+}  // namespace hb::rt

@@ -1,0 +1,104 @@
+#include "codegen/KernelSelect.h"
+
+#include <set>
+#include <sstream>
+
+namespace hb {
+
+const char* kernel_kind_name(KernelKind k) {
+  switch (k) {
+    case KernelKind::Input: return "input";
+    case KernelKind::Constant: return "constant";
+    case KernelKind::Aten: return "aten-dispatch";
+    case KernelKind::GetItem: return "getitem";
+    case KernelKind::SymOp: return "sym-op";
+    case KernelKind::FlexForward: return "flex-attention-reference";
+    case KernelKind::FlexBackward: return "flex-attention-backward-reference";
+    case KernelKind::ZerosAndScatter: return "zeros-and-scatter";
+    case KernelKind::Output: return "output";
+    case KernelKind::Unsupported: return "UNSUPPORTED";
+  }
+  return "?";
+}
+
+bool is_native_sym_op(const std::string& t) {
+  static const std::set<std::string> kOps = {
+      "operator::add", "operator::sub", "operator::mul", "operator::floordiv", "operator::truediv",
+      "operator::mod", "operator::neg", "operator::pow", "operator::eq", "operator::ne",
+      "operator::lt", "operator::le", "operator::gt", "operator::ge", "operator::and_",
+      "operator::or_", "operator::not_", "torch::sym_max", "torch::sym_min", "torch::sym_not",
+      "torch::sym_float", "torch::sym_int", "math::ceil", "math::floor",
+      "torch.sym_max", "torch.sym_min"};
+  return kOps.count(t) > 0;
+}
+
+namespace {
+
+std::string ns_of(const std::string& target) { return target.substr(0, target.find("::")); }
+
+KernelChoice choose(const Node& n) {
+  switch (n.op) {
+    case OpKind::Placeholder: return {KernelKind::Input, ""};
+    case OpKind::GetAttr: return {KernelKind::Constant, ""};
+    case OpKind::Output: return {KernelKind::Output, ""};
+    case OpKind::CallFunction: break;
+  }
+  const std::string& t = n.target;
+  if (t == "operator::getitem") return {KernelKind::GetItem, ""};
+  if (is_native_sym_op(t)) return {KernelKind::SymOp, ""};
+  if (t == "higher_order::flex_attention") return {KernelKind::FlexForward, "C++ reference (dense scores)"};
+  if (t == "higher_order::flex_attention_backward")
+    return {KernelKind::FlexBackward, "C++ reference (dense scores, recomputed)"};
+  if (t == "flex_lib::zeros_and_scatter.default") return {KernelKind::ZerosAndScatter, ""};
+  const std::string ns = ns_of(t);
+  if (ns == "higher_order")
+    return {KernelKind::Unsupported, "higher-order op with no hintbackend implementation"};
+  if (ns == "operator" || ns == "python" || ns == "math" || ns == "torch" || ns == "builtins")
+    return {KernelKind::Unsupported, "Python callable with no native implementation"};
+  // Every other namespace::name.overload is an OpOverload the serializer saw registered in the
+  // dispatcher; the runtime resolves its handle once when it builds the plan.
+  return {KernelKind::Aten, ""};
+}
+
+void select_into(const Graph& g, KernelPlan& plan, const std::string& prefix) {
+  for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
+    KernelChoice c = choose(g.nodes[i]);
+    if (c.kind == KernelKind::Unsupported) {
+      plan.unsupported.push_back(i);
+      plan.unsupported_descriptions.push_back(prefix + describe(g, i) + ": " + c.why);
+    }
+    plan.nodes.push_back(std::move(c));
+  }
+}
+
+}  // namespace
+
+KernelPlan select_kernels(const Graph& g) {
+  KernelPlan plan;
+  select_into(g, plan, "");
+  // Subgraphs run through the same executor: an unsupported op inside a score_mod is as fatal.
+  for (const auto& kv : g.subgraphs) {
+    KernelPlan sub = select_kernels(*kv.second);
+    for (const std::string& d : sub.unsupported_descriptions)
+      plan.unsupported_descriptions.push_back("subgraph '" + kv.first + "': " + d);
+  }
+  return plan;
+}
+
+std::string print_kernel_plan(const Graph& g, const KernelPlan& plan) {
+  std::ostringstream os;
+  os << "kernels " << g.name << " {\n";
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.op == OpKind::Placeholder || n.op == OpKind::Output) continue;
+    os << "  %" << n.name << ": " << kernel_kind_name(plan.nodes[i].kind);
+    if (n.op == OpKind::CallFunction) os << " " << n.target;
+    if (!plan.nodes[i].why.empty()) os << "  # " << plan.nodes[i].why;
+    os << "\n";
+  }
+  os << "}\n";
+  for (const auto& kv : g.subgraphs) os << print_kernel_plan(*kv.second, select_kernels(*kv.second));
+  return os.str();
+}
+
+}  // namespace hb

@@ -1,0 +1,95 @@
+"""The ``hintbackend`` torch.compile backend.
+
+Dynamo hands us a graph; AOTAutograd splits it into forward and backward (or one inference graph),
+and each is serialized to a JSON document, compiled by the C++ core (import, verify, passes, kernel
+selection) and run by its executor with no Python per node. A graph with an op the core cannot run
+falls back to the original GraphModule in eager with one warning naming every unsupported op, or
+raises under ``options={"strict": True}``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import warnings
+from typing import Any, Callable, List, Mapping, Optional
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from . import _core
+from .dump import Dumper
+from .options import Options, parse_options
+from .serialize import SerializationError, serialize
+
+log = logging.getLogger("hintbackend")
+
+_graph_ids = itertools.count()
+
+
+class UnsupportedGraphError(RuntimeError):
+    """Raised under strict mode when a graph has ops hintbackend cannot run."""
+
+
+class HintBackendFallbackWarning(UserWarning):
+    """A graph ran in eager because hintbackend cannot run some of its ops."""
+
+
+def _fallback(gm: torch.fx.GraphModule, opts: Options, name: str, reasons: List[str]) -> Callable:
+    listing = "\n  ".join(reasons)
+    if opts.strict:
+        raise UnsupportedGraphError(
+            f"hintbackend (strict): graph '{name}' has ops hintbackend cannot run:\n  {listing}\n"
+            "Remove options={'strict': True} to run such graphs in eager instead.")
+    warnings.warn(f"hintbackend: graph '{name}' runs in eager because of unsupported ops:\n  {listing}",
+                  HintBackendFallbackWarning, stacklevel=2)
+    log.warning("graph %s falls back to eager: %s", name, "; ".join(reasons))
+    return make_boxed_func(gm.forward)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options, kind: str) -> Callable:
+    """Compiles one AOT graph (kind: forward, backward or inference) into a boxed callable."""
+    name = f"{kind}_{next(_graph_ids)}"
+    dumper = Dumper(opts.dump_dir, name) if opts.dump_dir else None
+    if dumper:
+        dumper.write("fx_graph.txt", gm.print_readable(print_output=False, include_stride=True, include_device=True))
+    try:
+        doc, constants = serialize(gm, name)
+    except SerializationError as e:
+        return _fallback(gm, opts, name, [str(e)])
+    text = json.dumps(doc)
+    if dumper:
+        dumper.write("graph.json", json.dumps(doc, indent=1))
+    compiled = _core().CompiledGraph(text, constants, opts.config())
+    if dumper:
+        for stage, body in compiled.dumps:
+            dumper.write(f"{stage}.txt", body)
+        if compiled.notes:
+            dumper.write("notes.txt", "\n".join(compiled.notes) + "\n")
+    log.debug("compiled %s (%d nodes)\n%s", name, len(gm.graph.nodes), compiled.ir)
+    if compiled.unsupported:
+        return _fallback(gm, opts, name, list(compiled.unsupported))
+    run = compiled.run
+
+    def compiled_fn(args: List[Any]) -> Any:
+        return run(args)
+
+    compiled_fn._boxed_call = True  # type: ignore[attr-defined]
+    compiled_fn.hintbackend_graph = compiled  # type: ignore[attr-defined]
+    return compiled_fn
+
+
+def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Optional[Mapping[str, Any]] = None,
+                mode: Optional[str] = None) -> Callable:
+    """torch.compile(model, backend="hintbackend", options={...}). See README.md for the options."""
+    opts = parse_options(options)
+    if mode not in (None, "default"):
+        raise ValueError(f"hintbackend: mode={mode!r} is not supported; use options={{...}} instead")
+
+    def make(kind: str) -> Callable:
+        return lambda g, inputs: compile_graph(g, inputs, opts, kind)
+
+    return aot_autograd(fw_compiler=make("forward"), bw_compiler=make("backward"),
+                        inference_compiler=make("inference"))(gm, example_inputs)

@@ -1,0 +1,135 @@
+// The executor on small hand-written documents: results against ATen called directly, multi-output
+// ops with getitem, in-place ops and views with correct aliasing, None and constant outputs, inputs
+// returned as outputs, sym arithmetic, constants, and errors that name the node.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "backend/importer/JsonImport.h"
+#include "backend/ir/Error.h"
+#include "backend/runtime/Executor.h"
+#include "codegen/KernelSelect.h"
+
+namespace hb {
+namespace {
+
+std::string doc(const std::string& nodes, int num_constants = 0) {
+  return R"({"format": "hintbackend.graph", "version": 1, "graph": {"name": "g", "num_constants": )" +
+         std::to_string(num_constants) + R"(, "nodes": [)" + nodes + "]}}";
+}
+std::string ph(const std::string& n) { return R"({"name": ")" + n + R"(", "op": "placeholder", "target": ")" + n + R"("})"; }
+std::string call(const std::string& n, const std::string& target, const std::string& args, const std::string& extra = "") {
+  return R"({"name": ")" + n + R"(", "op": "call_function", "target": ")" + target + R"(", "args": [)" + args + "]" +
+         extra + "}";
+}
+std::string out(const std::string& items) { return R"({"name": "output", "op": "output", "args": [{"tuple": [)" + items + "]}]}"; }
+
+std::vector<c10::IValue> run(const std::string& text, std::vector<c10::IValue> in, std::vector<at::Tensor> consts = {}) {
+  auto g = import_json(text);
+  KernelPlan kp = select_kernels(*g);
+  rt::Executor ex(g, kp, std::make_shared<const std::vector<at::Tensor>>(std::move(consts)));
+  return ex.run(std::move(in));
+}
+
+TEST(Executor, MatchesAtenDirectly) {
+  at::manual_seed(0);
+  at::Tensor x = at::randn({4, 8}, at::kDouble), w = at::randn({8, 3}, at::kDouble), b = at::randn({3}, at::kDouble);
+  auto r = run(doc(ph("x") + "," + ph("w") + "," + ph("b") + "," +
+                   call("addmm", "aten::addmm.default", R"({"ref": "b"}, {"ref": "x"}, {"ref": "w"})", R"(, "kwargs": {"beta": {"float": 0.5}})") + "," +
+                   call("relu", "aten::relu.default", R"({"ref": "addmm"})") + "," +
+                   call("sum", "aten::sum.dim_IntList", R"({"ref": "relu"}, {"list": [{"int": 1}]})", R"(, "kwargs": {"keepdim": {"bool": true}})") + "," +
+                   out(R"({"ref": "relu"}, {"ref": "sum"})")),
+               {x, w, b});
+  ASSERT_EQ(r.size(), 2u);
+  at::Tensor want = at::relu(at::addmm(b, x, w, 0.5));
+  EXPECT_TRUE(at::allclose(r[0].toTensor(), want));
+  EXPECT_TRUE(at::allclose(r[1].toTensor(), want.sum({1}, true)));
+}
+
+TEST(Executor, MultiOutputGetItemNoneConstantAndInputOutputs) {
+  at::Tensor x = at::rand({5, 7}) + 0.1;
+  auto r = run(doc(ph("x") + "," + ph("n") + "," +
+                   call("mx", "aten::max.dim", R"({"ref": "x"}, {"int": 1})") + "," +
+                   call("vals", "operator::getitem", R"({"ref": "mx"}, {"int": 0})") + "," +
+                   call("idx", "operator::getitem", R"({"ref": "mx"}, {"int": 1})") + "," +
+                   call("two_n", "operator::mul", R"({"ref": "n"}, {"int": 2})") + "," +
+                   call("split", "aten::split.Tensor", R"({"ref": "x"}, {"int": 3}, {"int": 1})") + "," +
+                   call("last", "operator::getitem", R"({"ref": "split"}, {"int": -1})") + "," +
+                   out(R"({"ref": "vals"}, {"ref": "idx"}, null, {"int": 3}, {"ref": "x"}, {"ref": "two_n"}, {"ref": "last"})")),
+               {x, c10::IValue(int64_t{21})});
+  ASSERT_EQ(r.size(), 7u);
+  auto [vals, idx] = at::max(x, 1);
+  EXPECT_TRUE(at::equal(r[0].toTensor(), vals));
+  EXPECT_TRUE(at::equal(r[1].toTensor(), idx));
+  EXPECT_TRUE(r[2].isNone());
+  EXPECT_EQ(r[3].toInt(), 3);
+  EXPECT_TRUE(r[4].toTensor().is_same(x)) << "an input returned as an output must be the same tensor";
+  EXPECT_EQ(r[5].toInt(), 42);
+  EXPECT_TRUE(at::equal(r[6].toTensor(), x.narrow(1, 6, 1)));
+}
+
+TEST(Executor, InPlaceAndViewsAlias) {
+  at::Tensor x = at::randn({2, 6});
+  at::Tensor x0 = x.clone();
+  // v = x.view(3, 4); v.add_(1); return (v, x): both see the in-place update, v aliases x.
+  auto r = run(doc(ph("x") + "," + call("v", "aten::view.default", R"({"ref": "x"}, {"list": [{"int": 3}, {"int": 4}]})", R"(, "effects": {"is_view": true})") + "," +
+                   call("add_", "aten::add_.Scalar", R"({"ref": "v"}, {"int": 1})", R"(, "effects": {"mutates": true})") + "," +
+                   out(R"({"ref": "v"}, {"ref": "x"})")),
+               {x});
+  EXPECT_TRUE(at::allclose(x, x0 + 1)) << "the in-place op must write into the caller's tensor";
+  EXPECT_EQ(r[0].toTensor().data_ptr(), x.data_ptr());
+  EXPECT_TRUE(r[1].toTensor().is_same(x));
+}
+
+TEST(Executor, ConstantsAndOptionalTensorLists) {
+  at::Tensor table = at::randn({10, 3});
+  at::Tensor i = at::tensor({3, 1, 4}, at::kLong);
+  auto r = run(doc(ph("i") + R"(, {"name": "c", "op": "get_attr", "target": "_tensor_constant0", "constant": 0},)" +
+                       call("idx", "aten::index.Tensor", R"({"ref": "c"}, {"list": [{"ref": "i"}, null]})") + "," +
+                       out(R"({"ref": "idx"})"),
+                   1),
+               {i}, {table});
+  EXPECT_TRUE(at::equal(r[0].toTensor(), table.index_select(0, i)));
+}
+
+TEST(Executor, RuntimeErrorsNameTheNode) {
+  at::Tensor a = at::randn({2, 3}), b = at::randn({4, 5});
+  try {
+    run(doc(ph("a") + "," + ph("b") + "," +
+            call("mm", "aten::mm.default", R"({"ref": "a"}, {"ref": "b"})", R"(, "source": "model.py:7 in forward")") + "," +
+            out(R"({"ref": "mm"})")),
+        {a, b});
+    FAIL() << "a shape mismatch must raise";
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("%mm (aten::mm.default) at model.py:7 in forward"), std::string::npos) << msg;
+  }
+}
+
+TEST(Executor, PlanErrorsNameTheNode) {
+  try {
+    run(doc(ph("a") + "," + call("r", "aten::relu.default", R"({"ref": "a"}, {"int": 1})") + "," + out(R"({"ref": "r"})")),
+        {at::randn({2})});
+    FAIL() << "too many arguments must raise";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("%r (aten::relu.default)"), std::string::npos) << e.what();
+  }
+  try {
+    run(doc(ph("a") + "," + call("r", "aten::no_such_op.default", R"({"ref": "a"})") + "," + out(R"({"ref": "r"})")),
+        {at::randn({2})});
+    FAIL() << "an unknown operator must raise";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("not registered"), std::string::npos) << e.what();
+  }
+}
+
+TEST(KernelSelect, UnsupportedNodesAreListed) {
+  auto g = import_json(doc(ph("a") + "," + call("f", "higher_order::auto_functionalized", R"({"ref": "a"})") + "," +
+                           call("p", "python::my_module.fn", R"({"ref": "a"})") + "," + out(R"({"ref": "a"})")));
+  KernelPlan kp = select_kernels(*g);
+  ASSERT_EQ(kp.unsupported.size(), 2u);
+  EXPECT_NE(kp.unsupported_descriptions[0].find("%f (higher_order::auto_functionalized)"), std::string::npos);
+  EXPECT_NE(kp.unsupported_descriptions[1].find("%p (python::my_module.fn)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hb
