@@ -1,6 +1,7 @@
 #include "backend/runtime/Executor.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/core/function_schema.h>
 #include <c10/util/Exception.h>
 
@@ -16,10 +17,10 @@ namespace hb::rt {
 
 // ---- argument specs: how to build one IValue of a call from constants and slots ---------------
 struct ArgSpec {
-  enum class K { Const, Slot, TensorList, OptTensorList, IntList, DoubleList, Tuple };
+  enum class K { Const, Slot, NumberSlot, TensorList, OptTensorList, IntList, DoubleList, Tuple };
   K k = K::Const;
   c10::IValue value;            // Const
-  int slot = -1;                // Slot
+  int slot = -1;                // Slot, NumberSlot (a SymInt/SymFloat value where a Tensor is expected)
   std::vector<ArgSpec> items;   // lists and tuples
 };
 
@@ -43,6 +44,14 @@ struct Step {
 };
 
 c10::IValue build_arg(const ArgSpec& s, const std::vector<c10::IValue>& slots);
+
+// A Python number passed where a schema wants a Tensor: a 0-dim "wrapped number" tensor, which
+// type promotion treats as a scalar (what eager does for x + 1).
+at::Tensor wrapped_number(const c10::IValue& v) {
+  at::Tensor t = at::scalar_to_tensor(v.toScalar());
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
 
 namespace {
 
@@ -132,8 +141,19 @@ c10::TypePtr unwrap_optional(const c10::TypePtr& t) {
 }
 
 // Converts an IR argument into a spec for one schema argument of type `type`.
-ArgSpec convert(const Arg& a, const c10::TypePtr& type_in, const std::string& where) {
-  if (a.kind == Arg::Kind::Ref) return slot(a.ref);
+bool is_number(const ValueType& t) {
+  return t.kind == ValueType::Kind::Int || t.kind == ValueType::Kind::SymInt ||
+         t.kind == ValueType::Kind::Float || t.kind == ValueType::Kind::Bool;
+}
+
+ArgSpec convert(const Graph& g, const Arg& a, const c10::TypePtr& type_in, const std::string& where) {
+  if (a.kind == Arg::Kind::Ref) {
+    const c10::TypePtr t = unwrap_optional(type_in);
+    ArgSpec s = slot(a.ref);
+    // x * n with n a SymInt traces as mul.Tensor(x, n): wrap the number at run time, like eager.
+    if (t && t->kind() == c10::TypeKind::TensorType && is_number(g.nodes[a.ref].type)) s.k = ArgSpec::K::NumberSlot;
+    return s;
+  }
   if (a.kind == Arg::Kind::None) return constant(c10::IValue());
   const c10::TypePtr type = unwrap_optional(type_in);
   if (a.kind == Arg::Kind::List || a.kind == Arg::Kind::Tuple) {
@@ -157,7 +177,7 @@ ArgSpec convert(const Arg& a, const c10::TypePtr& type_in, const std::string& wh
     } else {
       HB_USER_FAIL() << where << ": unsupported list element type " << elem->str() << " with graph values";
     }
-    for (const Arg& x : a.items) s.items.push_back(convert(x, elem, where));
+    for (const Arg& x : a.items) s.items.push_back(convert(g, x, elem, where));
     if (!has_ref(a)) {
       // Fold constant lists into one IValue at plan time.
       std::vector<c10::IValue> no_slots;
@@ -168,6 +188,12 @@ ArgSpec convert(const Arg& a, const c10::TypePtr& type_in, const std::string& wh
     }
     return s;
   }
+  if (type && type->kind() == c10::TypeKind::TensorType &&
+      (a.kind == Arg::Kind::Int || a.kind == Arg::Kind::Float || a.kind == Arg::Kind::Bool)) {
+    // A Python number where the schema wants a Tensor (x + 1 traced as add.Tensor): like eager,
+    // pass a 0-dim "wrapped number" tensor so type promotion treats it as a scalar.
+    return constant(c10::IValue(wrapped_number(scalar_value(a, nullptr, where))));
+  }
   return constant(scalar_value(a, type, where));
 }
 
@@ -177,6 +203,10 @@ c10::IValue build_arg(const ArgSpec& s, const std::vector<c10::IValue>& slots) {
   switch (s.k) {
     case ArgSpec::K::Const: return s.value;
     case ArgSpec::K::Slot: return slots[s.slot];
+    case ArgSpec::K::NumberSlot: {
+      const c10::IValue& v = slots[s.slot];
+      return v.isTensor() ? v : c10::IValue(wrapped_number(v));
+    }
     case ArgSpec::K::TensorList: {
       c10::List<at::Tensor> l;
       l.reserve(s.items.size());
@@ -264,7 +294,7 @@ Step plan_aten(const Graph& g, int i) {
     if (!f.kwarg_only() && k < n.args.size()) src = &n.args[k];
     else src = n.kwarg(f.name());
     if (src) {
-      s.args.push_back(convert(*src, f.type(), where + ", argument '" + f.name() + "'"));
+      s.args.push_back(convert(g, *src, f.type(), where + ", argument '" + f.name() + "'"));
     } else {
       HB_USER_CHECK(f.default_value().has_value())
           << where << ": missing argument '" << f.name() << "' of schema '" << schema << "'";
@@ -531,11 +561,13 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
           slots[s.node] = run_flex(*s.flex, slots);
           break;
         case KernelKind::ZerosAndScatter: {
+          // Bind every IValue to a local: iterating over a temporary's tuple would dangle.
           const c10::IValue shape = build_arg(s.args[0], slots);
+          const c10::IValue indices = build_arg(s.args[1], slots);
           std::vector<int64_t> dims;
           for (const c10::IValue& d : shape.toTupleRef().elements()) dims.push_back(d.toInt());
           std::vector<at::Tensor> idx;
-          for (const c10::IValue& t : build_arg(s.args[1], slots).toTupleRef().elements()) idx.push_back(t.toTensor());
+          for (const c10::IValue& t : indices.toTupleRef().elements()) idx.push_back(t.toTensor());
           slots[s.node] = zeros_and_scatter(dims, idx, build_arg(s.args[2], slots).toTensor());
           break;
         }
