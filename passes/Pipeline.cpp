@@ -3,6 +3,10 @@
 #include "backend/ir/Error.h"
 #include "backend/ir/Verifier.h"
 #include "passes/DeadCodeElimination.h"
+#include "passes/HintPropagation.h"
+#include "passes/MemoryPlan.h"
+#include "passes/SliceLegality.h"
+#include "passes/SliceSchedule.h"
 
 namespace hb {
 
@@ -11,6 +15,17 @@ const std::vector<PassInfo>& pipeline() {
       // First: later passes and the runtime should not see (or allocate for) values nobody uses.
       {"dead-code-elimination", dead_code_elimination,
        "drops side-effect-free nodes whose values nobody uses, before anything plans memory for them"},
+      // Then: regions are checked once, on the graph the scheduling passes will see.
+      {"hint-propagation", hint_propagation,
+       "checks the user's hinted_context hints against the graph (after DCE, so unused values cannot fail "
+       "it) before any pass schedules or slices by region"},
+      {"slice-legality", slice_legality_pass,
+       "analysis after hint-propagation (regions and hints final): the dump says what each region can slice"},
+      {"slice-schedule", slice_schedule,
+       "rewrites DFS/auto regions into slice loops; after legality, before memory-plan, which plans the final order"},
+      // Last: plans offsets over the final order; any pass after it would invalidate the plan.
+      {"memory-plan", memory_plan_pass,
+       "analysis over the final order: arena offsets, in-place reuse, planned vs no-reuse peak in the dump"},
   };
   return kPipeline;
 }

@@ -43,3 +43,21 @@ int insert_node(Graph& g, int pos, Node n) {
 }
 
 }  // namespace hb
+
+namespace hb {
+
+void inherit_hints(Node& n, const Node& from) {
+  if (n.hints.empty()) {
+    n.hints = from.hints;
+    if (n.custom_json.empty()) n.custom_json = from.custom_json;
+  }
+  if (n.source.empty()) n.source = from.source;
+}
+
+int insert_node_like(Graph& g, int pos, Node n, int like) {
+  HB_INTERNAL_CHECK(like >= 0 && like < static_cast<int>(g.nodes.size())) << "insert_node_like: bad node " << like;
+  inherit_hints(n, g.nodes[like]);
+  return insert_node(g, pos, std::move(n));
+}
+
+}  // namespace hb

@@ -14,3 +14,16 @@ int remove_nodes(Graph& g, const std::vector<bool>& keep);
 int insert_node(Graph& g, int pos, Node n);
 
 }  // namespace hb
+
+namespace hb {
+
+// Keeps a node that a pass creates or substitutes in the hinted_context region of the node it
+// comes from: copies hints and the custom metadata when `n` has none of its own, and the source
+// location when `n` has none. Passes that rewrite nodes call this so hints survive them.
+void inherit_hints(Node& n, const Node& from);
+
+// insert_node(g, pos, n) after inherit_hints(n, g.nodes[like]): for a node that stands in for, or
+// is derived from, node `like` (an index before the insertion).
+int insert_node_like(Graph& g, int pos, Node n, int like);
+
+}  // namespace hb

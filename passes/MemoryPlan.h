@@ -1,0 +1,120 @@
+// memory-plan (analysis): offsets for the graph's intermediates in ONE arena per graph call.
+//
+//   1. lifetimes   over the final order; a view (and getitem, and an in-place op's result) is not a
+//                  buffer: it extends its base's life. Each tuple element is its own buffer.
+//   2. unplanned   graph inputs, constants, anything the graph returns or that a returned value aliases,
+//                  symbolic shapes, non-tensors.
+//   3. in-place    an elementwise op may write into an input's buffer when that input dies at this op,
+//                  has the same shape and dtype, and the op reads no other view of it.
+//   4. placement   an ArenaAllocator strategy (greedy-by-size as TFLite's arena planner, best-fit
+//                  over alloc/free events as XLA's heap simulator); the plan keeps the smaller arena.
+//
+// The runtime allocates arena_bytes once per call and makes each planned value a view at its offset
+// (plan.offset_of(node, elem)); unplanned values are allocated as usual. The plan is a pure function
+// of the final graph: memory_plan(g) after the pipeline gives exactly what the pass printed.
+// slice_loop bodies get their own plans (bodies), reused by every slice.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/ir/Graph.h"
+#include "passes/Pipeline.h"
+
+namespace hb {
+
+constexpr int64_t kArenaAlignment = 64;  // bytes; every offset and planned size is a multiple
+
+// A tensor value: node's result (elem -1) or element `elem` of its tuple result.
+struct ValueRef {
+  int node = -1;
+  int elem = -1;
+  bool operator==(const ValueRef& o) const { return node == o.node && elem == o.elem; }
+  bool operator<(const ValueRef& o) const { return node != o.node ? node < o.node : elem < o.elem; }
+};
+
+// One allocation: live over nodes [start, end] of the order (inclusive). values[0] defines it; any
+// further values reuse it in place, each written by the node that last read the one before.
+struct PlannedBuffer {
+  std::vector<ValueRef> values;
+  int64_t offset = 0;
+  int64_t size = 0;  // aligned
+  int start = 0;
+  int end = 0;
+};
+
+struct UnplannedValue {
+  ValueRef value;
+  std::string why;  // "input", "constant", "output", "view of %x", "symbolic shape"
+};
+
+struct MemoryPlan {
+  std::string graph;
+  std::string strategy;            // the allocator that placed it
+  std::vector<PlannedBuffer> buffers;
+  std::vector<UnplannedValue> unplanned;
+  int64_t arena_bytes = 0;         // planned peak: the arena's size
+  int64_t no_reuse_bytes = 0;      // every planned buffer in its own memory (no reuse at all)
+  int64_t live_peak_bytes = 0;     // most planned bytes live at once: no allocator can do better
+  std::map<std::string, std::shared_ptr<MemoryPlan>> bodies;  // slice_loop bodies, by subgraph name
+
+  // Offset of a planned value (views are not resolved: they are views of their base), -1 if unplanned.
+  int64_t offset_of(int node, int elem = -1) const;
+};
+
+// ---- allocation strategies --------------------------------------------------------------------
+struct BufferRequest {
+  int64_t size = 0;  // aligned
+  int start = 0, end = 0;
+};
+class ArenaAllocator {
+ public:
+  virtual ~ArenaAllocator() = default;
+  virtual const char* name() const = 0;
+  // An offset per request such that requests live at the same time never overlap.
+  virtual std::vector<int64_t> place(const std::vector<BufferRequest>& reqs) const = 0;
+};
+// Largest first, each into the smallest gap among the time-overlapping buffers placed so far.
+class GreedyBySizeAllocator : public ArenaAllocator {
+ public:
+  const char* name() const override { return "greedy-by-size"; }
+  std::vector<int64_t> place(const std::vector<BufferRequest>& reqs) const override;
+};
+// In execution order: frees return their chunk (coalesced), allocations take the smallest free chunk
+// that fits, else grow the top.
+class BestFitAllocator : public ArenaAllocator {
+ public:
+  const char* name() const override { return "best-fit"; }
+  std::vector<int64_t> place(const std::vector<BufferRequest>& reqs) const override;
+};
+
+struct MemoryPlanOptions {
+  // "greedy-by-size", "best-fit", or "" = run both and keep the smaller arena (ties: greedy-by-size).
+  // The environment variable HINTBACKEND_MEMORY_PLAN_STRATEGY, when set, overrides it.
+  std::string strategy;
+  bool in_place = true;  // HINTBACKEND_MEMORY_PLAN_IN_PLACE=0 turns in-place reuse off
+};
+
+MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt = {});
+
+// Heap simulator: the most bytes live at once over the graph's order, counting everything (inputs for
+// the whole call, outputs to the end, views as their base, symbolic shapes as 0) plus, while a
+// slice_loop runs, its body's simulated peak. The slice chooser compares candidates with it.
+int64_t simulate_peak(const Graph& g, bool count_inputs = true);
+
+// "1.25 GiB" style.
+std::string format_bytes(int64_t bytes);
+
+// For the dump:
+//   memory-plan graph forward: arena 8448 bytes (8.25 KiB) by best-fit, no reuse 16640, live peak 8448, 5 buffers
+//     %mm: offset 0 size 4096 live [3, 5]
+//     %exp: offset 4096 size 4096 live [4, 6] reuses %sub in place
+//     unplanned: %x (input), %view (view of %mm), %out (output)
+std::string to_string(const MemoryPlan& p, const Graph& g);
+
+// Pass entry: records the plan (and the bodies') in ctx.notes; never changes the graph.
+bool memory_plan_pass(Graph& g, PassContext& ctx);
+
+}  // namespace hb

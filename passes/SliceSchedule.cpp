@@ -1,0 +1,350 @@
+#include "passes/SliceSchedule.h"
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "backend/ir/Error.h"
+#include "backend/ir/Printer.h"
+#include "passes/MemoryPlan.h"
+
+namespace hb {
+
+namespace {
+
+Arg list_of(const std::vector<int64_t>& v) {
+  Arg a;
+  a.kind = Arg::Kind::List;
+  for (int64_t x : v) a.items.push_back(Arg::of_int(x));
+  return a;
+}
+std::vector<int64_t> ints_of(const Arg* a) {
+  std::vector<int64_t> v;
+  HB_INTERNAL_CHECK(a && a->kind == Arg::Kind::List) << "slice_loop: malformed integer list";
+  for (const Arg& x : a->items) v.push_back(x.i);
+  return v;
+}
+
+// Contiguous strides that keep the original dim order (by decreasing original stride).
+std::vector<Dim> restride(const TensorType& t) {
+  const int r = static_cast<int>(t.shape.size());
+  std::vector<int> order(r);
+  std::iota(order.begin(), order.end(), 0);
+  if (static_cast<int>(t.stride.size()) == r)
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return t.stride[a].value > t.stride[b].value; });
+  std::vector<Dim> s(r);
+  int64_t acc = 1;
+  for (int k = r - 1; k >= 0; --k) {
+    s[order[k]].value = acc;
+    acc *= std::max<int64_t>(1, t.shape[order[k]].value);
+  }
+  return s;
+}
+
+// The type of one slice: the group dims hold the box sizes.
+ValueType slice_type(const ValueType& v, SliceMap m, int64_t slices, bool keep_strides) {
+  if (v.kind != ValueType::Kind::Tensor || !m.sliced()) return v;
+  ValueType out = v;
+  std::vector<int64_t> grp;
+  for (int d = m.dim; d < m.dim + m.ndims; ++d) grp.push_back(v.tensor.shape[d].value);
+  auto box = slice_box(grp, slices, 0);
+  HB_INTERNAL_CHECK(box.has_value()) << "slice count " << slices << " is not valid for group of " << to_string(v);
+  for (int k = 0; k < m.ndims; ++k) out.tensor.shape[m.dim + k].value = (*box)[k].length;
+  if (!keep_strides) out.tensor.stride = restride(out.tensor);
+  return out;
+}
+
+bool has_size_arg(const std::string& target) {
+  static const std::set<std::string> k = {"aten::view.default", "aten::_unsafe_view.default", "aten::reshape.default",
+                                          "aten::view_copy.default", "aten::expand.default"};
+  return k.count(target) > 0;
+}
+
+void collect_subgraphs(const Arg& a, const Graph& from, Graph& to) {
+  if (a.kind == Arg::Kind::Graph) {
+    auto it = from.subgraphs.find(a.s);
+    if (it != from.subgraphs.end()) to.subgraphs[a.s] = it->second;
+  }
+  for (const Arg& x : a.items) collect_subgraphs(x, from, to);
+}
+
+std::string unique_name(const Graph& g, const std::string& base) {
+  std::string name = base;
+  for (int k = 1; g.find(name) >= 0 || g.subgraphs.count(name); ++k) name = base + "_" + std::to_string(k);
+  return name;
+}
+
+std::string region_name(const Graph& g, const SliceRegion& R) {
+  return "region " + std::to_string(R.region) + " (" + describe(g, R.nodes.front()) + ")";
+}
+
+std::string counts_str(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+}  // namespace
+
+SliceLoopArgs slice_loop_args(const Node& loop) {
+  HB_INTERNAL_CHECK(loop.target == kSliceLoopTarget && loop.args.size() == 2 &&
+                    loop.args[0].kind == Arg::Kind::Graph && loop.args[1].kind == Arg::Kind::List)
+      << "not a well-formed slice_loop node: %" << loop.name;
+  SliceLoopArgs a;
+  a.body = loop.args[0].s;
+  for (const Arg& x : loop.args[1].items) a.inputs.push_back(x.ref);
+  a.in_dims = ints_of(loop.kwarg("in_dims"));
+  a.in_ndims = ints_of(loop.kwarg("in_ndims"));
+  a.out_dims = ints_of(loop.kwarg("out_dims"));
+  a.out_ndims = ints_of(loop.kwarg("out_ndims"));
+  const Arg* s = loop.kwarg("slices");
+  const Arg* e = loop.kwarg("extent");
+  HB_INTERNAL_CHECK(s && e) << "slice_loop %" << loop.name << " lacks slices/extent";
+  a.slices = s->i;
+  a.extent = e->i;
+  return a;
+}
+
+int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
+  HB_INTERNAL_CHECK(!R.sliceable.empty() && !R.outputs.empty()) << "make_slice_loop: nothing to slice";
+  const std::set<int> inside(R.sliceable.begin(), R.sliceable.end());
+  // 1. The body: one placeholder per input (slice-shaped when sliced), the sliceable nodes with their
+  //    types and size arguments per slice, and a tuple of the outputs.
+  auto body = std::make_shared<Graph>();
+  body->name = unique_name(g, "slice_body_" + std::to_string(R.region));
+  std::map<int, int> body_index;
+  for (const SliceInput& in : R.inputs) {
+    Node p;
+    p.op = OpKind::Placeholder;
+    p.name = g.nodes[in.node].name;
+    p.type = slice_type(g.nodes[in.node].type, in.map, slices, /*keep_strides=*/true);
+    body_index[in.node] = static_cast<int>(body->nodes.size());
+    body->nodes.push_back(p);
+  }
+  for (int s : R.sliceable) {
+    Node b = g.nodes[s];
+    const std::vector<SliceMap>& maps = R.maps.at(s);
+    if (b.type.kind == ValueType::Kind::Tuple) {
+      for (size_t e = 0; e < b.type.elems.size() && e < maps.size(); ++e)
+        b.type.elems[e] = slice_type(b.type.elems[e], maps[e], slices, false);
+    } else {
+      b.type = slice_type(b.type, maps[0], slices, b.effects.is_view);
+    }
+    if (has_size_arg(b.target) && b.args.size() >= 2 && b.type.kind == ValueType::Kind::Tensor) {
+      std::vector<int64_t> shape;
+      for (const Dim& d : b.type.tensor.shape) shape.push_back(d.value);
+      b.args[1] = list_of(shape);
+    }
+    auto remap = [&](Arg& a) {
+      auto it = body_index.find(a.ref);
+      HB_INTERNAL_CHECK(it != body_index.end()) << "slice body: %" << b.name << " reads %" << a.s << ", not an input";
+      a.ref = it->second;
+    };
+    for (Arg& a : b.args) {
+      a.for_each_ref_mut(remap);
+      collect_subgraphs(a, g, *body);
+    }
+    for (auto& kv : b.kwargs) {
+      kv.second.for_each_ref_mut(remap);
+      collect_subgraphs(kv.second, g, *body);
+    }
+    body_index[s] = static_cast<int>(body->nodes.size());
+    body->nodes.push_back(std::move(b));
+  }
+  Node ret;
+  ret.op = OpKind::Output;
+  ret.name = "output";
+  while (body->find(ret.name) >= 0) ret.name += "_";
+  Arg tuple;
+  tuple.kind = Arg::Kind::Tuple;
+  for (int o : R.outputs) tuple.items.push_back(Arg::of_ref(body_index.at(o), g.nodes[o].name));
+  ret.args.push_back(tuple);
+  body->nodes.push_back(ret);
+  g.subgraphs[body->name] = body;
+
+  // 2. The loop node.
+  Node loop;
+  loop.name = unique_name(g, "slice_loop_" + std::to_string(R.region));
+  loop.op = OpKind::CallFunction;
+  loop.target = kSliceLoopTarget;
+  loop.hints = g.nodes[R.sliceable.front()].hints;
+  Arg graph_arg;
+  graph_arg.kind = Arg::Kind::Graph;
+  graph_arg.s = body->name;
+  Arg inputs;
+  inputs.kind = Arg::Kind::List;
+  std::vector<int64_t> in_dims, in_ndims, out_dims, out_ndims;
+  for (const SliceInput& in : R.inputs) {
+    inputs.items.push_back(Arg::of_ref(in.node, g.nodes[in.node].name));
+    in_dims.push_back(in.map.dim);
+    in_ndims.push_back(in.map.ndims);
+  }
+  loop.type.kind = ValueType::Kind::Tuple;
+  for (int o : R.outputs) {
+    const SliceMap m = R.maps.at(o)[0];
+    out_dims.push_back(m.dim);
+    out_ndims.push_back(m.ndims);
+    loop.type.elems.push_back(g.nodes[o].type);
+  }
+  loop.args = {graph_arg, inputs};
+  loop.kwargs = {{"in_dims", list_of(in_dims)}, {"in_ndims", list_of(in_ndims)},
+                 {"slices", Arg::of_int(slices)}, {"extent", Arg::of_int(R.extent)},
+                 {"out_dims", list_of(out_dims)}, {"out_ndims", list_of(out_ndims)}};
+
+  // 3. Rebuild the node list: the loop and its getitems take the place of the last sliced node.
+  const int last = R.sliceable.back();
+  std::vector<int> new_index(g.nodes.size(), -1);
+  std::vector<Node> nodes;
+  int loop_index = -1;
+  auto renumber = [&](Node& n) {
+    auto fix = [&](Arg& a) {
+      HB_INTERNAL_CHECK(new_index[a.ref] >= 0) << "slice-schedule: %" << n.name << " reads %" << a.s
+                                               << ", which the loop consumed";
+      a.ref = new_index[a.ref];
+    };
+    for (Arg& a : n.args) a.for_each_ref_mut(fix);
+    for (auto& kv : n.kwargs) kv.second.for_each_ref_mut(fix);
+  };
+  for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
+    if (!inside.count(i)) {
+      Node n = std::move(g.nodes[i]);
+      renumber(n);
+      new_index[i] = static_cast<int>(nodes.size());
+      nodes.push_back(std::move(n));
+      continue;
+    }
+    if (i != last) continue;
+    renumber(loop);
+    loop_index = static_cast<int>(nodes.size());
+    nodes.push_back(loop);
+    for (size_t k = 0; k < R.outputs.size(); ++k) {
+      const Node& orig = g.nodes[R.outputs[k]];
+      Node gi;
+      gi.name = orig.name;
+      gi.op = OpKind::CallFunction;
+      gi.target = "operator::getitem";
+      gi.args = {Arg::of_ref(loop_index, loop.name), Arg::of_int(static_cast<int64_t>(k))};
+      gi.type = orig.type;
+      gi.hints = orig.hints;
+      gi.source = orig.source;
+      new_index[R.outputs[k]] = static_cast<int>(nodes.size());
+      nodes.push_back(std::move(gi));
+    }
+  }
+  g.nodes = std::move(nodes);
+  return loop_index;
+}
+
+std::vector<SliceCandidate> simulate_slice_counts(const Graph& g, const SliceRegion& R) {
+  std::vector<SliceCandidate> out;
+  for (int64_t n : R.slice_counts()) {
+    Graph copy = g;  // subgraphs are shared, the map is not: the original stays untouched
+    if (n > 1) make_slice_loop(copy, R, n);
+    out.push_back({n, simulate_peak(copy)});
+  }
+  return out;
+}
+
+SliceCandidate choose_slice_count(const std::vector<SliceCandidate>& candidates, int64_t budget,
+                                  const std::string& region) {
+  HB_INTERNAL_CHECK(!candidates.empty()) << "choose_slice_count: no candidates for " << region;
+  for (const SliceCandidate& c : candidates)  // ascending slice counts: the first fit is the fastest
+    if (c.peak_bytes <= budget) return c;
+  SliceCandidate lowest = candidates.front();
+  for (const SliceCandidate& c : candidates)
+    if (c.peak_bytes < lowest.peak_bytes) lowest = c;
+  std::ostringstream tried;
+  for (size_t i = 0; i < candidates.size(); ++i)
+    tried << (i ? ", " : "") << candidates[i].slices << ": " << format_bytes(candidates[i].peak_bytes);
+  HB_USER_FAIL() << region << ": memory_budget=" << budget << " bytes (" << format_bytes(budget)
+                 << ") cannot be met. The smallest simulated peak is " << lowest.peak_bytes << " bytes ("
+                 << format_bytes(lowest.peak_bytes) << ") with slices=" << lowest.slices
+                 << "; a memory_budget of at least " << lowest.peak_bytes
+                 << " bytes would fit. Simulated peak per slice count: " << tried.str()
+                 << ". Raise memory_budget, or move nodes that cannot be sliced out of the region "
+                    "(see the slice-legality note in the dump).";
+  return lowest;  // not reached: HB_USER_FAIL throws
+}
+
+bool slice_schedule(Graph& g, PassContext& ctx) {
+  bool changed = false;
+  std::set<int> done;
+  for (;;) {
+    // Legality is recomputed after each rewrite: node indices moved.
+    SliceLegality L = slice_legality(g);
+    const SliceRegion* R = nullptr;
+    for (const SliceRegion& r : L.regions)
+      if (!done.count(r.region)) { R = &r; break; }
+    if (!R) break;
+    done.insert(R->region);
+    const std::string where = region_name(g, *R);
+    const std::string head = "slice-schedule region " + std::to_string(R->region) + ": ";
+    const Schedule sched = R->hints.schedule.value_or(Schedule::BFS);
+    if (sched == Schedule::BFS) {
+      ctx.notes.push_back(head + "bfs, left as is");
+      continue;
+    }
+    if (R->sliceable.empty() || R->extent <= 1 || R->outputs.empty()) {
+      ctx.notes.push_back(head + schedule_name(sched) + " but nothing to slice" +
+                          (R->end_node >= 0 ? " (ends at %" + g.nodes[R->end_node].name + ": " + R->end_reason + ")" : ""));
+      continue;
+    }
+    const std::vector<int64_t> counts = R->slice_counts();
+    const Hints& h = R->hints;
+    int64_t n = 0;
+    std::string how;
+    if (h.slices) {
+      HB_USER_CHECK(std::find(counts.begin(), counts.end(), *h.slices) != counts.end())
+          << where << ": slices=" << *h.slices << " does not split the sliced dims (extent " << R->extent
+          << ") into equal slices that are views; valid counts: " << counts_str(counts);
+      n = *h.slices;
+      how = "slices hint";
+    } else if (h.slice_size) {
+      const bool ok = R->extent % *h.slice_size == 0 &&
+                      std::find(counts.begin(), counts.end(), R->extent / *h.slice_size) != counts.end();
+      std::vector<int64_t> sizes;
+      for (int64_t c : counts) sizes.push_back(R->extent / c);
+      std::sort(sizes.begin(), sizes.end());
+      HB_USER_CHECK(ok) << where << ": slice_size=" << *h.slice_size << " does not divide the sliced dims (extent "
+                        << R->extent << ") into equal slices that are views; valid sizes: " << counts_str(sizes);
+      n = R->extent / *h.slice_size;
+      how = "slice_size hint";
+    } else if (sched == Schedule::Auto || h.memory_budget) {
+      const std::vector<SliceCandidate> cands = simulate_slice_counts(g, *R);
+      std::ostringstream sim;
+      for (size_t i = 0; i < cands.size(); ++i)
+        sim << (i ? ", " : "") << cands[i].slices << ": " << cands[i].peak_bytes;
+      if (!h.memory_budget) {
+        n = 1;
+        how = "auto without memory_budget keeps 1 slice (bfs); simulated peaks " + sim.str();
+      } else {
+        const SliceCandidate c = choose_slice_count(cands, *h.memory_budget, where);
+        n = c.slices;
+        how = std::string(schedule_name(sched)) + " chose slices=" + std::to_string(c.slices) + ": simulated peak " +
+              std::to_string(c.peak_bytes) + " bytes (" + format_bytes(c.peak_bytes) + ") fits memory_budget=" +
+              std::to_string(*h.memory_budget) + " (" + format_bytes(*h.memory_budget) +
+              "); simulated peak per slice count: " + sim.str();
+      }
+    } else {
+      n = R->extent;
+      how = "dfs default: one slice per batch x head";
+    }
+    if (n <= 1) {
+      ctx.notes.push_back(head + how + "; 1 slice, left as is");
+      continue;
+    }
+    const std::string rest = R->end_node < 0 ? "" : "; the region's rest stays outside from %" +
+                                                      g.nodes[R->end_node].name + ": " + R->end_reason;
+    const int loop = make_slice_loop(g, *R, n);
+    changed = true;
+    std::ostringstream note;
+    note << head << schedule_name(sched) << " with slices=" << n << " of extent " << R->extent << " (" << how << "): "
+         << R->sliceable.size() << " nodes into %" << g.nodes[loop].name << " over @" << g.nodes[loop].args[0].s;
+    note << rest;
+    ctx.notes.push_back(note.str());
+  }
+  return changed;
+}
+
+}  // namespace hb

@@ -1,0 +1,149 @@
+"""The backend's contract with torch.compile: registration by entry point, options validation,
+fallback and strict mode for unsupported ops, dumps, logging, and graph-document errors."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import hintbackend
+from conftest import device
+from helpers import randn
+from hintbackend.backend import HintBackendFallbackWarning, UnsupportedGraphError
+
+
+def test_entry_point_without_import():
+    """torch.compile finds "hintbackend" in a fresh interpreter that never imported the package."""
+    code = ("import sys, torch, torch._dynamo\n"
+            "assert 'hintbackend' in torch._dynamo.list_backends(), torch._dynamo.list_backends()\n"
+            "f = torch.compile(lambda x: torch.sin(x) * 2, backend='hintbackend')\n"
+            "x = torch.randn(8)\n"
+            "assert torch.allclose(f(x), torch.sin(x) * 2)\n"
+            "assert 'hintbackend' in sys.modules\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"strictt": True}, "unknown option 'strictt'; valid options are disable_passes, dump_dir, strict, verify_each_pass"),
+    ({"strict": "yes"}, "option 'strict' must be a bool, got 'yes'"),
+    ({"disable_passes": ["no-such-pass"]}, "cannot disable unknown pass 'no-such-pass'; the passes are dead-code-elimination"),
+    ({"dump_dir": 3}, "option 'dump_dir' must be a path string or None, got 3"),
+])
+def test_options_are_validated(options, message):
+    f = torch.compile(lambda x: x + 1, backend="hintbackend", options=options)
+    with pytest.raises(Exception) as info:
+        f(randn(3))
+    assert message in str(info.value)
+
+
+# A custom op that mutates its input: AOT functionalizes it into auto_functionalized, a higher-order
+# op hintbackend has no implementation for.
+@torch.library.custom_op("hbtest::scale_", mutates_args=("x",))
+def scale_(x: torch.Tensor, s: float) -> None:
+    x.mul_(s)
+
+
+@scale_.register_fake
+def _(x, s):
+    return None
+
+
+def model_with_unsupported_op(x):
+    y = x.sin()
+    scale_(y, 3.0)
+    return y.cos()
+
+
+def test_unsupported_op_falls_back_with_one_warning():
+    x = randn(5)
+    f = torch.compile(model_with_unsupported_op, backend="hintbackend")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = f(x)
+    ours = [w for w in caught if issubclass(w.category, HintBackendFallbackWarning)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    assert "auto_functionalized" in str(ours[0].message)
+    torch.testing.assert_close(got, (x.sin() * 3.0).cos())
+
+
+def test_unsupported_op_strict_raises_naming_it():
+    f = torch.compile(model_with_unsupported_op, backend="hintbackend", options={"strict": True})
+    with pytest.raises(Exception) as info:
+        f(randn(5))
+    assert isinstance(info.value, UnsupportedGraphError) or "UnsupportedGraphError" in repr(info.value)
+    assert "auto_functionalized" in str(info.value) and "strict" in str(info.value)
+
+
+def test_dumps_every_stage(tmp_path):
+    f = torch.compile(lambda x, w: torch.relu(x @ w).sum(), backend="hintbackend", options={"dump_dir": str(tmp_path)})
+    x, w = randn(4, 3), randn(3, 2).requires_grad_(True)
+    f(x, w).backward()
+    graphs = sorted(os.listdir(tmp_path))
+    assert any(g.startswith("forward_") for g in graphs) and any(g.startswith("backward_") for g in graphs), graphs
+    fwd = tmp_path / next(g for g in graphs if g.startswith("forward_"))
+    names = set(os.listdir(fwd))
+    assert {"fx_graph.txt", "graph.json", "ir-import.txt", "ir-final.txt", "kernels.txt"} <= names, names
+    assert any(n.startswith("ir-after-1-dead-code-elimination") for n in names), names
+    doc = json.loads((fwd / "graph.json").read_text())
+    assert doc["format"] == "hintbackend.graph" and doc["version"] == 1
+    ir = (fwd / "ir-final.txt").read_text()
+    assert "aten::mm.default" in ir and "aten::relu.default" in ir
+    assert "aten-dispatch aten::mm.default" in (fwd / "kernels.txt").read_text()
+
+
+def test_dump_dir_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("HINTBACKEND_DUMP_DIR", str(tmp_path))
+    torch.compile(lambda x: x.exp(), backend="hintbackend")(randn(3))
+    assert os.listdir(tmp_path), "HINTBACKEND_DUMP_DIR must produce a dump"
+
+
+def test_disabled_pass_is_reported(tmp_path):
+    f = torch.compile(lambda x: (x * 2).sum(), backend="hintbackend",
+                      options={"dump_dir": str(tmp_path), "disable_passes": ["dead-code-elimination"]})
+    f(randn(3))
+    notes = (tmp_path / os.listdir(tmp_path)[0] / "notes.txt").read_text()
+    assert "dead-code-elimination: disabled" in notes
+
+
+def test_logging_under_hintbackend_name(caplog):
+    with caplog.at_level(logging.DEBUG, logger="hintbackend"):
+        torch.compile(lambda x: x.tanh(), backend="hintbackend")(randn(3))
+    assert any(r.name == "hintbackend" and "compiled" in r.getMessage() for r in caplog.records)
+
+
+def test_graph_document_errors_name_the_node():
+    """A hand-written bad document reaches the C++ verifier and comes back as a Python error."""
+    doc = {"format": "hintbackend.graph", "version": 1, "graph": {"name": "g", "nodes": [
+        {"name": "x", "op": "placeholder", "target": "x"},
+        {"name": "r", "op": "call_function", "target": "aten::relu.default", "args": [{"ref": "ghost"}]},
+        {"name": "output", "op": "output", "args": [{"tuple": [{"ref": "r"}]}]}]}}
+    with pytest.raises(ValueError, match=r"node 1 \('r'\): dangling reference to 'ghost'"):
+        hintbackend._core().CompiledGraph(json.dumps(doc), [], {})
+    doc["version"] = 7
+    with pytest.raises(ValueError, match="schema version 7 is not supported"):
+        hintbackend._core().CompiledGraph(json.dumps(doc), [], {})
+
+
+def test_runtime_error_names_the_node():
+    doc = {"format": "hintbackend.graph", "version": 1, "graph": {"name": "g", "nodes": [
+        {"name": "a", "op": "placeholder", "target": "a"}, {"name": "b", "op": "placeholder", "target": "b"},
+        {"name": "mm", "op": "call_function", "target": "aten::mm.default", "args": [{"ref": "a"}, {"ref": "b"}],
+         "source": "model.py:9 in forward"},
+        {"name": "output", "op": "output", "args": [{"tuple": [{"ref": "mm"}]}]}]}}
+    g = hintbackend._core().CompiledGraph(json.dumps(doc), [], {})
+    with pytest.raises(RuntimeError, match=r"%mm \(aten::mm.default\) at model.py:9 in forward"):
+        g.run([torch.randn(2, 3), torch.randn(4, 5)])
+    with pytest.raises(ValueError, match="takes 2 inputs, got 1"):
+        g.run([torch.randn(2, 3)])
+
+
+def test_outside_torch_compile_nothing_changes():
+    assert hintbackend.__version__
+    assert callable(hintbackend.hintbackend)
