@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build hintbackend there (its Python is 3.12, so nothing built here
+# can be carried), run the test corpus on CUDA, the demo, and the benchmarks. Logs go to $OUT.
+#   run: bash benchmarks/gpu_session.sh
+set -uo pipefail
+OUT="${OUT:-/tmp/hb-out}"; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=16
+PY=python3
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+t0=$(date +%s)
+$PY -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5 || exit 1
+echo "build+install: $(( $(date +%s) - t0 )) s"
+$PY -c "import torch, hintbackend; print('hintbackend._C WITH_CUDA =', hintbackend._core().WITH_CUDA)"
+cd /tmp  # import the installed package, not the source tree
+SRC=$OLDPWD
+echo "== pytest on CUDA"
+HINTBACKEND_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider "$SRC/tests/python" 2>&1 | tee "$OUT/pytest_cuda.log" | tail -15
+echo "== demo on CUDA"
+$PY -m hintbackend.demo --device cuda --steps 5 --dump-dir /tmp/hb-dumps 2>&1 | tee "$OUT/demo_cuda.log" | tail -12
+echo "== overhead benchmark"
+$PY "$SRC/benchmarks/overhead.py" --device cuda --iters 2000 2>&1 | tail -4 | tee "$OUT/overhead_cuda.log"
+$PY "$SRC/benchmarks/overhead.py" --device cpu --iters 2000 2>&1 | tail -4 | tee "$OUT/overhead_cpu_gpumachine.log"
+if [ -f "$SRC/benchmarks/slicing.py" ]; then
+  echo "== slicing benchmark"
+  $PY "$SRC/benchmarks/slicing.py" 2>&1 | tee "$OUT/slicing.log" | tail -20
+fi
