@@ -15,6 +15,7 @@ const char* kernel_kind_name(KernelKind k) {
     case KernelKind::FlexForward: return "flex-attention-reference";
     case KernelKind::FlexBackward: return "flex-attention-backward-reference";
     case KernelKind::ZerosAndScatter: return "zeros-and-scatter";
+    case KernelKind::SliceLoop: return "slice-loop";
     case KernelKind::Output: return "output";
     case KernelKind::Unsupported: return "UNSUPPORTED";
   }
@@ -50,6 +51,7 @@ KernelChoice choose(const Node& n) {
   if (t == "higher_order::flex_attention_backward")
     return {KernelKind::FlexBackward, "C++ reference (dense scores, recomputed)"};
   if (t == "flex_lib::zeros_and_scatter.default") return {KernelKind::ZerosAndScatter, ""};
+  if (t == "hintbackend::slice_loop") return {KernelKind::SliceLoop, "DFS: the body runs once per slice"};
   const std::string ns = ns_of(t);
   if (ns == "higher_order")
     return {KernelKind::Unsupported, "higher-order op with no hintbackend implementation"};

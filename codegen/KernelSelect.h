@@ -19,6 +19,7 @@ enum class KernelKind {
   FlexForward,      // higher_order::flex_attention, C++ reference (backend/runtime/FlexAttention.cpp)
   FlexBackward,     // higher_order::flex_attention_backward, C++ reference
   ZerosAndScatter,  // flex_lib::zeros_and_scatter: FlexAttention's captured-buffer gradient scatter
+  SliceLoop,        // hintbackend::slice_loop: a DFS region run slice by slice (passes/SliceSchedule.h)
   Output,
   Unsupported,
 };

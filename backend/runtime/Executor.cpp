@@ -12,6 +12,8 @@
 #include "backend/ir/Error.h"
 #include "backend/runtime/FlexAttention.h"
 #include "passes/Liveness.h"
+#include "passes/SliceLegality.h"
+#include "passes/SliceSchedule.h"
 
 namespace hb::rt {
 
@@ -32,6 +34,16 @@ struct FlexCall {
   ArgSpec score_buffers, mask_buffers;
 };
 
+// A DFS region (passes/SliceSchedule.h has the contract): the body runs once per slice on views of
+// the inputs and its results are copied into slice i of preallocated full results.
+struct SliceLoopCall {
+  std::shared_ptr<Executor> body;
+  std::vector<int> inputs;
+  std::vector<int64_t> in_dims, in_ndims, out_dims, out_ndims;
+  int64_t slices = 1;
+  std::vector<TensorType> results;  // full result types
+};
+
 struct Step {
   KernelKind kind = KernelKind::Aten;
   int node = -1;
@@ -40,6 +52,7 @@ struct Step {
   size_t num_returns = 1;
   std::string sym;                  // SymOp target
   std::shared_ptr<FlexCall> flex;
+  std::shared_ptr<SliceLoopCall> loop;
   std::vector<int> release;         // slots to drop after this step
 };
 
@@ -357,6 +370,64 @@ Step plan_flex(const Graph& g, int i, bool backward,
   return s;
 }
 
+Step plan_slice_loop(const Graph& g, int i, const std::shared_ptr<const std::vector<at::Tensor>>& constants) {
+  const Node& n = g.nodes[i];
+  const std::string where = describe(g, i);
+  const SliceLoopArgs a = slice_loop_args(n);
+  auto call = std::make_shared<SliceLoopCall>();
+  call->body = subgraph_executor(g, n.args.at(0), where, constants);
+  call->inputs = a.inputs;
+  call->in_dims = a.in_dims;
+  call->in_ndims = a.in_ndims;
+  call->out_dims = a.out_dims;
+  call->out_ndims = a.out_ndims;
+  call->slices = a.slices;
+  HB_INTERNAL_CHECK(n.type.kind == ValueType::Kind::Tuple) << where << ": a slice loop's type must be a tuple";
+  for (const ValueType& t : n.type.elems) {
+    HB_INTERNAL_CHECK(t.kind == ValueType::Kind::Tensor && t.tensor.numel().has_value())
+        << where << ": slice loop results must be tensors of static shape";
+    call->results.push_back(t.tensor);
+  }
+  Step s;
+  s.kind = KernelKind::SliceLoop;
+  s.node = i;
+  s.loop = call;
+  return s;
+}
+
+// slice_view(t, d, k, N, i) of the contract: narrow dims d..d+k-1 to slice i's box.
+at::Tensor slice_view(const at::Tensor& t, int64_t d, int64_t k, int64_t slices, int64_t i) {
+  std::vector<int64_t> group(t.sizes().begin() + d, t.sizes().begin() + d + k);
+  auto box = slice_box(group, slices, i);
+  HB_INTERNAL_CHECK(box.has_value()) << "slice " << i << " of " << slices << " is not a box";
+  at::Tensor v = t;
+  for (int64_t j = 0; j < k; ++j) v = v.narrow(d + j, (*box)[j].start, (*box)[j].length);
+  return v;
+}
+
+c10::IValue run_slice_loop(const SliceLoopCall& c, const std::vector<c10::IValue>& slots) {
+  std::vector<at::Tensor> results;
+  for (const TensorType& t : c.results) {
+    std::vector<int64_t> shape;
+    for (const Dim& d : t.shape) shape.push_back(d.value);
+    results.push_back(at::empty(shape, at::TensorOptions().dtype(to_scalar_type(t.dtype)).device(c10::Device(t.device))));
+  }
+  for (int64_t i = 0; i < c.slices; ++i) {
+    std::vector<c10::IValue> in;
+    in.reserve(c.inputs.size());
+    for (size_t j = 0; j < c.inputs.size(); ++j) {
+      const c10::IValue& x = slots[c.inputs[j]];
+      in.push_back(c.in_dims[j] < 0 ? x : c10::IValue(slice_view(x.toTensor(), c.in_dims[j], c.in_ndims[j], c.slices, i)));
+    }
+    std::vector<c10::IValue> out = c.body->run(std::move(in));
+    HB_INTERNAL_CHECK(out.size() == results.size()) << "slice body returned " << out.size() << " values";
+    for (size_t k = 0; k < out.size(); ++k)
+      slice_view(results[k], c.out_dims[k], c.out_ndims[k], c.slices, i).copy_(out[k].toTensor());
+  }
+  std::vector<c10::IValue> r(results.begin(), results.end());
+  return c10::ivalue::Tuple::create(std::move(r));
+}
+
 std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
   std::vector<at::Tensor> out;
   if (v.isNone()) return out;
@@ -508,6 +579,9 @@ Executor::Executor(std::shared_ptr<const Graph> graph, const KernelPlan& kernels
       case KernelKind::FlexBackward:
         s = plan_flex(g, i, s.kind == KernelKind::FlexBackward, constants_);
         break;
+      case KernelKind::SliceLoop:
+        s = plan_slice_loop(g, i, constants_);
+        break;
       case KernelKind::ZerosAndScatter:
         HB_USER_CHECK(n.args.size() == 3) << where << ": zeros_and_scatter takes (shape, indices, values)";
         for (const Arg& a : n.args) s.args.push_back(convert_untyped(a, where));
@@ -559,6 +633,9 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
         case KernelKind::FlexForward:
         case KernelKind::FlexBackward:
           slots[s.node] = run_flex(*s.flex, slots);
+          break;
+        case KernelKind::SliceLoop:
+          slots[s.node] = run_slice_loop(*s.loop, slots);
           break;
         case KernelKind::ZerosAndScatter: {
           // Bind every IValue to a local: iterating over a temporary's tuple would dangle.

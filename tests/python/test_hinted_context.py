@@ -6,19 +6,13 @@ check the contract the serializer and the C++ importer rely on:
 node.meta["custom"]["hintbackend"] == {"region": id, "path": [...], <merged hints>}.
 """
 
-import os
-import sys
 
 import pytest
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
-try:  # the installed package
-    from hintbackend.hoo import HintError, hinted_context
-except Exception:  # not installed yet: import the source directory as `hoo`
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-    from hoo import HintError, hinted_context
+from hintbackend.hoo import HintError, hinted_context
 
 aten = torch.ops.aten
 KEY = "hintbackend"

@@ -1,19 +1,12 @@
 """Every hinted_context validation error, with its message: in eager, under torch.compile, and for
 the functional form. Plus memory_budget parsing and the too-old-torch error."""
 
-import os
 import re
-import sys
 
 import pytest
 import torch
 
-try:  # the installed package
-    import hintbackend.hoo as hoo
-    from hintbackend.hoo import hinted_context as hinted_context_module  # noqa: F401
-except Exception:  # not installed yet: import the source directory as `hoo`
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-    import hoo
+import hintbackend.hoo as hoo
 
 from importlib import import_module
 
