@@ -53,13 +53,13 @@ py::object to_py(const c10::IValue& v) {
 // One compiled FX graph: the IR after the pipeline, its kernel plan, the executor, and the dumps.
 class CompiledGraph {
  public:
-  CompiledGraph(const std::string& document, std::vector<at::Tensor> constants, const py::dict& config) {
+  CompiledGraph(const std::string& document, std::vector<at::Tensor> constants,
+                const std::vector<std::string>& disable_passes, bool verify_each_pass) {
     graph_ = import_json(document);
     dumps_.emplace_back("ir-import", print_graph(*graph_));
     PassContext ctx;
-    if (config.contains("disable_passes"))
-      for (auto p : config["disable_passes"]) ctx.disabled.insert(p.cast<std::string>());
-    if (config.contains("verify_each_pass")) ctx.verify_each = config["verify_each_pass"].cast<bool>();
+    ctx.disabled.insert(disable_passes.begin(), disable_passes.end());
+    ctx.verify_each = verify_each_pass;
     int step = 0;
     ctx.after_pass = [&](const std::string& pass, const Graph& g, bool changed) {
       ++step;
@@ -122,8 +122,9 @@ PYBIND11_MODULE(_C, m) {
   m.attr("WITH_CUDA") = false;
 #endif
   py::class_<hb::CompiledGraph>(m, "CompiledGraph")
-      .def(py::init<const std::string&, std::vector<at::Tensor>, const py::dict&>(), py::arg("document"),
-           py::arg("constants"), py::arg("config"))
+      .def(py::init<const std::string&, std::vector<at::Tensor>, const std::vector<std::string>&, bool>(),
+           py::arg("document"), py::arg("constants"), py::arg("disable_passes") = std::vector<std::string>{},
+           py::arg("verify_each_pass") = false)
       .def("run", &hb::CompiledGraph::run, "Runs the graph on a list of inputs (boxed: the list is cleared)")
       .def_property_readonly("unsupported", &hb::CompiledGraph::unsupported)
       .def_property_readonly("dumps", &hb::CompiledGraph::dumps)

@@ -62,7 +62,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Opt
     text = json.dumps(doc)
     if dumper:
         dumper.write("graph.json", json.dumps(doc, indent=1))
-    compiled = _core().CompiledGraph(text, constants, opts.config())
+    compiled = _core().CompiledGraph(text, constants, **opts.core_args())
     if dumper:
         for stage, body in compiled.dumps:
             dumper.write(f"{stage}.txt", body)

@@ -19,8 +19,8 @@ class Options:
     #: Verify the IR after every pass (slower compile; tests turn it on). Also HINTBACKEND_VERIFY_EACH_PASS=1.
     verify_each_pass: bool = False
 
-    def config(self) -> dict:
-        """The dict the C++ core reads."""
+    def core_args(self) -> dict:
+        """The keyword arguments of the C++ core's CompiledGraph."""
         return {"disable_passes": list(self.disable_passes), "verify_each_pass": self.verify_each_pass}
 
 

@@ -125,10 +125,10 @@ def test_graph_document_errors_name_the_node():
         {"name": "r", "op": "call_function", "target": "aten::relu.default", "args": [{"ref": "ghost"}]},
         {"name": "output", "op": "output", "args": [{"tuple": [{"ref": "r"}]}]}]}}
     with pytest.raises(ValueError, match=r"node 1 \('r'\): dangling reference to 'ghost'"):
-        hintbackend._core().CompiledGraph(json.dumps(doc), [], {})
+        hintbackend._core().CompiledGraph(json.dumps(doc), [])
     doc["version"] = 7
     with pytest.raises(ValueError, match="schema version 7 is not supported"):
-        hintbackend._core().CompiledGraph(json.dumps(doc), [], {})
+        hintbackend._core().CompiledGraph(json.dumps(doc), [])
 
 
 def test_runtime_error_names_the_node():
@@ -137,7 +137,7 @@ def test_runtime_error_names_the_node():
         {"name": "mm", "op": "call_function", "target": "aten::mm.default", "args": [{"ref": "a"}, {"ref": "b"}],
          "source": "model.py:9 in forward"},
         {"name": "output", "op": "output", "args": [{"tuple": [{"ref": "mm"}]}]}]}}
-    g = hintbackend._core().CompiledGraph(json.dumps(doc), [], {})
+    g = hintbackend._core().CompiledGraph(json.dumps(doc), [])
     with pytest.raises(RuntimeError, match=r"%mm \(aten::mm.default\) at model.py:9 in forward"):
         g.run([torch.randn(2, 3), torch.randn(4, 5)])
     with pytest.raises(ValueError, match="takes 2 inputs, got 1"):
