@@ -6,6 +6,10 @@ set -uo pipefail
 OUT="${OUT:-/tmp/hb-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=16
 PY=python3
+# The image's default CMake compiler is /opt/gcc/bin/g++, whose libstdc++ differs from the system one
+# the process loads at run time: a module built with it segfaults in std::ostream (seen 2026-11-21).
+# Build with the system compiler, the one that matches /lib/x86_64-linux-gnu/libstdc++.so.6.
+[ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 t0=$(date +%s)
