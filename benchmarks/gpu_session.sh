@@ -13,6 +13,7 @@ PY=python3
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 t0=$(date +%s)
+rm -rf build/cp3*  # a cached CMake configure would keep the old compiler
 $PY -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5 || exit 1
 echo "build+install: $(( $(date +%s) - t0 )) s"
 $PY -c "import torch, hintbackend; print('hintbackend._C WITH_CUDA =', hintbackend._core().WITH_CUDA)"
