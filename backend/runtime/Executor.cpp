@@ -167,7 +167,9 @@ ArgSpec convert(const Graph& g, const Arg& a, const c10::TypePtr& type_in, const
     if (t && t->kind() == c10::TypeKind::TensorType && is_number(g.nodes[a.ref].type)) s.k = ArgSpec::K::NumberSlot;
     return s;
   }
-  if (a.kind == Arg::Kind::None) return constant(c10::IValue());
+  // None for a non-optional Tensor (e.g. attn_bias of the SDPA backward ops): an undefined tensor, as in eager.
+  if (a.kind == Arg::Kind::None)
+    return constant(type_in && type_in->kind() == c10::TypeKind::TensorType ? c10::IValue(at::Tensor()) : c10::IValue());
   const c10::TypePtr type = unwrap_optional(type_in);
   if (a.kind == Arg::Kind::List || a.kind == Arg::Kind::Tuple) {
     HB_USER_CHECK(type && type->kind() == c10::TypeKind::ListType)
