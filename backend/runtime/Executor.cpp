@@ -463,7 +463,8 @@ c10::IValue run_flex(const FlexCall& c, const std::vector<c10::IValue>& slots) {
 }
 
 // ---- sym ops: Python operators on int/float/bool values ----------------------------------------
-c10::IValue sym_binary(const std::string& op, const c10::IValue& a, const c10::IValue& b, const std::string& where) {
+template <typename Where>
+c10::IValue sym_binary(const std::string& op, const c10::IValue& a, const c10::IValue& b, Where where) {
   const bool ints = (a.isInt() || a.isBool()) && (b.isInt() || b.isBool());
   if (ints) {
     const int64_t x = a.isBool() ? a.toBool() : a.toInt();
@@ -472,7 +473,7 @@ c10::IValue sym_binary(const std::string& op, const c10::IValue& a, const c10::I
     if (op == "operator::sub") return x - y;
     if (op == "operator::mul") return x * y;
     if (op == "operator::floordiv" || op == "operator::mod") {
-      HB_USER_CHECK(y != 0) << where << ": integer division by zero";
+      HB_USER_CHECK(y != 0) << where() << ": integer division by zero";
       int64_t q = x / y;
       if ((x % y != 0) && ((x < 0) != (y < 0))) --q;  // Python floors
       return op == "operator::floordiv" ? c10::IValue(q) : c10::IValue(x - q * y);
@@ -507,33 +508,31 @@ c10::IValue sym_binary(const std::string& op, const c10::IValue& a, const c10::I
     if (op == "torch::sym_max" || op == "torch.sym_max") return std::max(x, y);
     if (op == "torch::sym_min" || op == "torch.sym_min") return std::min(x, y);
   }
-  HB_USER_FAIL() << where << ": '" << op << "' is not defined for these operand types";
+  HB_USER_FAIL() << where() << ": '" << op << "' is not defined for these operand types";
 }
 
-c10::IValue sym_unary(const std::string& op, const c10::IValue& a, const std::string& where) {
+template <typename Where>
+c10::IValue sym_unary(const std::string& op, const c10::IValue& a, Where where) {
   if (op == "operator::neg") return a.isInt() ? c10::IValue(-a.toInt()) : c10::IValue(-a.toScalar().toDouble());
   if (op == "operator::not_" || op == "torch::sym_not") return !(a.isBool() ? a.toBool() : a.toScalar().toDouble() != 0);
   if (op == "torch::sym_float") return a.toScalar().toDouble();
   if (op == "torch::sym_int") return a.isInt() ? a.toInt() : static_cast<int64_t>(a.toScalar().toDouble());
   if (op == "math::ceil") return static_cast<int64_t>(std::ceil(a.toScalar().toDouble()));
   if (op == "math::floor") return static_cast<int64_t>(std::floor(a.toScalar().toDouble()));
-  HB_USER_FAIL() << where << ": '" << op << "' takes two operands";
+  HB_USER_FAIL() << where() << ": '" << op << "' takes two operands";
 }
 
-c10::IValue get_item(const c10::IValue& container, int64_t idx, const std::string& where) {
-  if (container.isTuple()) {
-    const auto& e = container.toTupleRef().elements();
-    if (idx < 0) idx += static_cast<int64_t>(e.size());
-    HB_USER_CHECK(idx >= 0 && idx < static_cast<int64_t>(e.size())) << where << ": index " << idx << " out of range";
-    return e[idx];
-  }
-  if (container.isList()) {
-    const auto l = container.toListRef();
-    if (idx < 0) idx += static_cast<int64_t>(l.size());
-    HB_USER_CHECK(idx >= 0 && idx < static_cast<int64_t>(l.size())) << where << ": index " << idx << " out of range";
-    return l[idx];
-  }
-  HB_USER_FAIL() << where << ": getitem on a value that is neither a tuple nor a list (" << container.tagKind() << ")";
+// `where` is only called on failure: building a node description per call would cost on the hot path.
+template <typename Where>
+c10::IValue get_item(const c10::IValue& container, int64_t idx, Where where) {
+  HB_USER_CHECK(container.isTuple() || container.isList())
+      << where() << ": getitem on a value that is neither a tuple nor a list (" << container.tagKind() << ")";
+  const auto elems = container.isTuple() ? c10::ArrayRef<c10::IValue>(container.toTupleRef().elements())
+                                         : container.toListRef();
+  const int64_t n = static_cast<int64_t>(elems.size());
+  if (idx < 0) idx += n;
+  HB_USER_CHECK(idx >= 0 && idx < n) << where() << ": index " << idx << " out of range";
+  return elems[idx];
 }
 
 }  // namespace
@@ -624,13 +623,13 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
           slots[s.node] = (*constants_)[g.nodes[s.node].constant_index];
           break;
         case KernelKind::GetItem:
-          slots[s.node] = get_item(build_arg(s.args[0], slots), s.args[1].value.toInt(), describe(g, s.node));
+          slots[s.node] = get_item(build_arg(s.args[0], slots), s.args[1].value.toInt(), [&] { return describe(g, s.node); });
           break;
         case KernelKind::SymOp:
           slots[s.node] = s.args.size() == 1
-                              ? sym_unary(s.sym, build_arg(s.args[0], slots), describe(g, s.node))
+                              ? sym_unary(s.sym, build_arg(s.args[0], slots), [&] { return describe(g, s.node); })
                               : sym_binary(s.sym, build_arg(s.args[0], slots), build_arg(s.args[1], slots),
-                                           describe(g, s.node));
+                                           [&] { return describe(g, s.node); });
           break;
         case KernelKind::FlexForward:
         case KernelKind::FlexBackward:
