@@ -1,5 +1,8 @@
 #include "codegen/KernelSelect.h"
 
+#include "backend/ir/Error.h"
+#include "codegen/PointwiseProgram.h"
+
 #include <set>
 #include <sstream>
 
@@ -16,6 +19,7 @@ const char* kernel_kind_name(KernelKind k) {
     case KernelKind::FlexBackward: return "flex-attention-backward-reference";
     case KernelKind::ZerosAndScatter: return "zeros-and-scatter";
     case KernelKind::SliceLoop: return "slice-loop";
+    case KernelKind::FusedPointwise: return "fused-pointwise";
     case KernelKind::Output: return "output";
     case KernelKind::Unsupported: return "UNSUPPORTED";
   }
@@ -52,6 +56,7 @@ KernelChoice choose(const Node& n) {
     return {KernelKind::FlexBackward, "C++ reference (dense scores, recomputed)"};
   if (t == "flex_lib::zeros_and_scatter.default") return {KernelKind::ZerosAndScatter, ""};
   if (t == "hintbackend::slice_loop") return {KernelKind::SliceLoop, "DFS: the body runs once per slice"};
+  if (t == kFusedPointwiseTarget) return {KernelKind::FusedPointwise, ""};
   const std::string ns = ns_of(t);
   if (ns == "higher_order")
     return {KernelKind::Unsupported, "higher-order op with no hintbackend implementation"};
@@ -62,9 +67,21 @@ KernelChoice choose(const Node& n) {
   return {KernelKind::Aten, ""};
 }
 
+// A fused node's choice: its program for the dump, or unsupported with why its body does not compile.
+KernelChoice choose_fused(const Graph& g, const Node& n) {
+  if (n.args.size() != 2 || n.args[0].kind != Arg::Kind::Graph || !g.subgraphs.count(n.args[0].s))
+    return {KernelKind::Unsupported, "malformed fused_pointwise: args must be (@body, [inputs])"};
+  try {
+    return {KernelKind::FusedPointwise, "program: " + compile_pointwise(*g.subgraphs.at(n.args[0].s)).to_string()};
+  } catch (const std::exception& e) {
+    return {KernelKind::Unsupported, e.what()};
+  }
+}
+
 void select_into(const Graph& g, KernelPlan& plan, const std::string& prefix) {
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
     KernelChoice c = choose(g.nodes[i]);
+    if (c.kind == KernelKind::FusedPointwise) c = choose_fused(g, g.nodes[i]);
     if (c.kind == KernelKind::Unsupported) {
       plan.unsupported.push_back(i);
       plan.unsupported_descriptions.push_back(prefix + describe(g, i) + ": " + c.why);

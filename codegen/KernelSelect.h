@@ -20,6 +20,7 @@ enum class KernelKind {
   FlexBackward,     // higher_order::flex_attention_backward, C++ reference
   ZerosAndScatter,  // flex_lib::zeros_and_scatter: FlexAttention's captured-buffer gradient scatter
   SliceLoop,        // hintbackend::slice_loop: a DFS region run slice by slice (passes/SliceSchedule.h)
+  FusedPointwise,   // hintbackend::fused_pointwise: one pointwise program (codegen/PointwiseProgram.h)
   Output,
   Unsupported,
 };

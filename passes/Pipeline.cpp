@@ -5,6 +5,7 @@
 #include "passes/DeadCodeElimination.h"
 #include "passes/HintPropagation.h"
 #include "passes/MemoryPlan.h"
+#include "passes/PointwiseFusion.h"
 #include "passes/SliceLegality.h"
 #include "passes/SliceSchedule.h"
 
@@ -23,6 +24,9 @@ const std::vector<PassInfo>& pipeline() {
        "analysis after hint-propagation (regions and hints final): the dump says what each region can slice"},
       {"slice-schedule", slice_schedule,
        "rewrites DFS/auto regions into slice loops; after legality, before memory-plan, which plans the final order"},
+      {"pointwise-fusion", pointwise_fusion,
+       "groups elementwise chains into one kernel call each; after slice-schedule (whose legality rules "
+       "read plain ATen ops, and whose loop bodies it fuses too), before memory-plan (fewer, final buffers)"},
       // Last: plans offsets over the final order; any pass after it would invalidate the plan.
       {"memory-plan", memory_plan_pass,
        "analysis over the final order: arena offsets, in-place reuse, planned vs no-reuse peak in the dump"},

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "backend/ir/Error.h"
+#include "backend/ir/GraphEdit.h"
 #include "backend/ir/Printer.h"
 #include "passes/MemoryPlan.h"
 
@@ -67,12 +68,6 @@ void collect_subgraphs(const Arg& a, const Graph& from, Graph& to) {
     if (it != from.subgraphs.end()) to.subgraphs[a.s] = it->second;
   }
   for (const Arg& x : a.items) collect_subgraphs(x, from, to);
-}
-
-std::string unique_name(const Graph& g, const std::string& base) {
-  std::string name = base;
-  for (int k = 1; g.find(name) >= 0 || g.subgraphs.count(name); ++k) name = base + "_" + std::to_string(k);
-  return name;
 }
 
 std::string region_name(const Graph& g, const SliceRegion& R) {

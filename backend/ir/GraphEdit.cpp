@@ -60,4 +60,10 @@ int insert_node_like(Graph& g, int pos, Node n, int like) {
   return insert_node(g, pos, std::move(n));
 }
 
+std::string unique_name(const Graph& g, const std::string& base) {
+  std::string name = base;
+  for (int k = 1; g.find(name) >= 0 || g.subgraphs.count(name); ++k) name = base + "_" + std::to_string(k);
+  return name;
+}
+
 }  // namespace hb

@@ -1,5 +1,6 @@
 // Small editing helpers shared by passes: they keep Arg::ref indices consistent.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "backend/ir/Graph.h"
@@ -9,6 +10,9 @@ namespace hb {
 // Drops every node i with keep[i] == false and renumbers references. The caller guarantees no kept
 // node uses a dropped one (checked: an internal error otherwise). Returns the number removed.
 int remove_nodes(Graph& g, const std::vector<bool>& keep);
+
+// `base`, or `base_1`, `base_2` ...: a name no node and no subgraph of g has yet.
+std::string unique_name(const Graph& g, const std::string& base);
 
 // Inserts `n` before position `pos` and renumbers references; returns the new node's index.
 int insert_node(Graph& g, int pos, Node n);

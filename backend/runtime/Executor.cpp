@@ -1,5 +1,6 @@
 #include "backend/runtime/Executor.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/core/function_schema.h>
@@ -11,6 +12,7 @@
 
 #include "backend/ir/Error.h"
 #include "backend/runtime/FlexAttention.h"
+#include "backend/runtime/FusedPointwise.h"
 #include "passes/Liveness.h"
 #include "passes/SliceLegality.h"
 #include "passes/SliceSchedule.h"
@@ -44,6 +46,13 @@ struct SliceLoopCall {
   std::vector<TensorType> results;  // full result types
 };
 
+// A fused pointwise group: the CPU kernel when it accepts the inputs, else the body op by op.
+struct FusedCall {
+  std::unique_ptr<FusedPointwiseKernel> kernel;
+  std::shared_ptr<Executor> body;
+  std::vector<ArgSpec> inputs;
+};
+
 struct Step {
   KernelKind kind = KernelKind::Aten;
   int node = -1;
@@ -53,6 +62,7 @@ struct Step {
   std::string sym;                  // SymOp target
   std::shared_ptr<FlexCall> flex;
   std::shared_ptr<SliceLoopCall> loop;
+  std::shared_ptr<FusedCall> fused;
   std::vector<int> release;         // slots to drop after this step
 };
 
@@ -397,6 +407,33 @@ Step plan_slice_loop(const Graph& g, int i, const std::shared_ptr<const std::vec
   return s;
 }
 
+Step plan_fused(const Graph& g, int i, const std::shared_ptr<const std::vector<at::Tensor>>& constants) {
+  const Node& n = g.nodes[i];
+  const std::string where = describe(g, i);
+  HB_USER_CHECK(n.args.size() == 2 && n.args[1].kind == Arg::Kind::List)
+      << where << ": fused_pointwise takes (@body, [inputs])";
+  auto call = std::make_shared<FusedCall>();
+  call->body = subgraph_executor(g, n.args[0], where, constants);
+  call->kernel = std::make_unique<FusedPointwiseKernel>(compile_pointwise(call->body->graph()));
+  for (const Arg& a : n.args[1].items) call->inputs.push_back(convert_untyped(a, where));
+  Step s;
+  s.kind = KernelKind::FusedPointwise;
+  s.node = i;
+  s.fused = call;
+  return s;
+}
+
+c10::IValue run_fused(const FusedCall& c, const std::vector<c10::IValue>& slots) {
+  std::vector<at::Tensor> in;
+  in.reserve(c.inputs.size());
+  for (const ArgSpec& a : c.inputs) in.push_back(build_arg(a, slots).toTensor());
+  if (c.kernel->accepts(in)) return c.kernel->run(in);
+  std::vector<c10::IValue> args(in.begin(), in.end());
+  std::vector<c10::IValue> out = c.body->run(std::move(args));
+  HB_INTERNAL_CHECK(out.size() == 1) << "fused body returned " << out.size() << " values";
+  return out[0];
+}
+
 // slice_view(t, d, k, N, i) of the contract: narrow dims d..d+k-1 to slice i's box.
 at::Tensor slice_view(const at::Tensor& t, int64_t d, int64_t k, int64_t slices, int64_t i) {
   std::vector<int64_t> group(t.sizes().begin() + d, t.sizes().begin() + d + k);
@@ -583,6 +620,9 @@ Executor::Executor(std::shared_ptr<const Graph> graph, const KernelPlan& kernels
       case KernelKind::SliceLoop:
         s = plan_slice_loop(g, i, constants_);
         break;
+      case KernelKind::FusedPointwise:
+        s = plan_fused(g, i, constants_);
+        break;
       case KernelKind::ZerosAndScatter:
         HB_USER_CHECK(n.args.size() == 3) << where << ": zeros_and_scatter takes (shape, indices, values)";
         for (const Arg& a : n.args) s.args.push_back(convert_untyped(a, where));
@@ -600,6 +640,10 @@ Executor::~Executor() = default;
 
 std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
   const Graph& g = *graph_;
+  // AOT graphs are functional and run outside autograd (inside autograd.Function.forward/backward, or
+  // as an inference graph whose outputs need no grad): skip the Autograd kernels, keep ADInplaceOrView so
+  // in-place ops still bump version counters and views keep their base.
+  at::AutoDispatchBelowAutograd below_autograd;
   HB_USER_CHECK(inputs.size() == placeholders_.size())
       << "graph '" << g.name << "' takes " << placeholders_.size() << " inputs, got " << inputs.size();
   std::vector<c10::IValue> slots(g.nodes.size());
@@ -637,6 +681,9 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
           break;
         case KernelKind::SliceLoop:
           slots[s.node] = run_slice_loop(*s.loop, slots);
+          break;
+        case KernelKind::FusedPointwise:
+          slots[s.node] = run_fused(*s.fused, slots);
           break;
         case KernelKind::ZerosAndScatter: {
           // Bind every IValue to a local: iterating over a temporary's tuple would dangle.

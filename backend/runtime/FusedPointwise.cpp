@@ -1,0 +1,85 @@
+#include "backend/runtime/FusedPointwise.h"
+
+#include <ATen/TensorIterator.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+
+#include "backend/ir/Error.h"
+
+namespace hb::rt {
+namespace {
+
+constexpr int64_t kChunk = 128;  // elements per program evaluation: registers stay in L1
+constexpr size_t kStackValues = 40 * kChunk;
+
+// S: the storage type; T: the compute type (float for f32/f16/bf16, double for f64).
+template <typename S, typename T>
+void run_typed(at::TensorIterator& iter, const PointwiseProgram& p) {
+  const int nin = p.num_inputs;
+  const int ntensors = iter.ntensors();  // output first, then the inputs
+  auto loop = [&](char** data, const int64_t* strides, int64_t size0, int64_t size1) {
+    // Registers, then one staging chunk per input (and the output); on the stack unless large.
+    const size_t need = (p.code.size() + static_cast<size_t>(nin) + 1) * kChunk;
+    T stack_buf[kStackValues];
+    std::vector<T> heap_buf(need > kStackValues ? need : 0);
+    T* regs = need > kStackValues ? heap_buf.data() : stack_buf;
+    T* staged = regs + p.code.size() * kChunk;
+    const T* in_stack[16];
+    std::vector<const T*> in_heap(nin > 16 ? nin : 0);
+    const T** in = nin > 16 ? in_heap.data() : in_stack;
+    for (int64_t j = 0; j < size1; ++j) {
+      for (int64_t s = 0; s < size0; s += kChunk) {
+        const int64_t n = std::min(kChunk, size0 - s);
+        for (int k = 0; k < nin; ++k) {
+          const char* base = data[k + 1] + j * strides[ntensors + k + 1] + s * strides[k + 1];
+          const int64_t st = strides[k + 1];
+          if (std::is_same<S, T>::value && st == static_cast<int64_t>(sizeof(S))) {
+            in[k] = reinterpret_cast<const T*>(base);
+            continue;
+          }
+          T* dst = staged + (k + 1) * kChunk;
+          for (int64_t e = 0; e < n; ++e) dst[e] = static_cast<T>(*reinterpret_cast<const S*>(base + e * st));
+          in[k] = dst;
+        }
+        char* obase = data[0] + j * strides[ntensors] + s * strides[0];
+        const bool direct = std::is_same<S, T>::value && strides[0] == static_cast<int64_t>(sizeof(S));
+        T* out = direct ? reinterpret_cast<T*>(obase) : staged;
+        eval_pointwise<T>(p, in, out, n, regs);
+        if (!direct)
+          for (int64_t e = 0; e < n; ++e) *reinterpret_cast<S*>(obase + e * strides[0]) = static_cast<S>(out[e]);
+      }
+    }
+  };
+  iter.for_each(loop);
+}
+
+}  // namespace
+
+bool FusedPointwiseKernel::accepts(const std::vector<at::Tensor>& inputs) const {
+  if (static_cast<int>(inputs.size()) != program_.num_inputs || inputs.empty()) return false;
+  const c10::ScalarType t = inputs[0].scalar_type();
+  if (t != at::kFloat && t != at::kDouble && t != at::kHalf && t != at::kBFloat16) return false;
+  for (const at::Tensor& x : inputs)
+    if (!x.defined() || !x.device().is_cpu() || x.scalar_type() != t || x.layout() != at::kStrided) return false;
+  return true;
+}
+
+at::Tensor FusedPointwiseKernel::run(const std::vector<at::Tensor>& inputs) const {
+  HB_INTERNAL_CHECK(accepts(inputs)) << "fused pointwise kernel called with inputs it does not accept";
+  at::TensorIteratorConfig cfg;
+  cfg.add_owned_output(at::Tensor());
+  for (const at::Tensor& x : inputs) cfg.add_const_input(x);
+  at::TensorIterator iter = cfg.build();
+  switch (inputs[0].scalar_type()) {
+    case at::kFloat: run_typed<float, float>(iter, program_); break;
+    case at::kDouble: run_typed<double, double>(iter, program_); break;
+    case at::kHalf: run_typed<c10::Half, float>(iter, program_); break;
+    case at::kBFloat16: run_typed<c10::BFloat16, float>(iter, program_); break;
+    default: HB_INTERNAL_CHECK(false) << "unreachable dtype";
+  }
+  return iter.output(0);
+}
+
+}  // namespace hb::rt
