@@ -1,15 +1,21 @@
 """BFS vs DFS slice scheduling on plain-op attention (issue 4), side by side in one process.
 
     python benchmarks/slicing.py [--b 4 --h 16 --s 4096 --d 128] [--device cuda]
+    python benchmarks/slicing.py --device cpu --b 1 --h 4 --s 256 --d 32 --reps 2   # smoke check
 
 Region: q @ k^T * scale, softmax in fp32, @ v, in a hinted_context region, bf16. Prints per schedule:
-median ms per call and peak memory above the inputs, for forward (no_grad) and forward+backward,
-with ratios against BFS.
+median ms per call and peak memory above the inputs (CUDA only), for forward (no_grad) and
+forward+backward, with ratios against BFS. In the fw+bw rows the `partition` column says how
+hintbackend's partition (python/hintbackend/partition.py) split the training graph: `recompute` (the
+forward saves the region's inputs and the backward recomputes the region slice by slice) or `default`
+(torch's default partition: bfs, or a fallback whose reason hintbackend logs).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import time
 
 import torch
 
@@ -32,7 +38,21 @@ def make(schedule, **hints):
     return torch.compile(f, backend="hintbackend", options={"strict": True})
 
 
+class PartitionLog(logging.Handler):
+    """Collects what hintbackend's partition logs (which graphs recompute their dfs/auto regions)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("partition:"):
+            self.messages.append(record.getMessage())
+
+
 def measure(fn, q, k, v, train: bool, reps: int = 10):
+    cuda = q.device.type == "cuda"
+
     def step():
         if train:
             out = fn(q, k, v)
@@ -42,20 +62,27 @@ def measure(fn, q, k, v, train: bool, reps: int = 10):
                 fn(q, k, v)
 
     step()  # compile and warm up
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    step()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
+    peak = None
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
     times = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
     return times[len(times) // 2], peak
 
@@ -66,20 +93,30 @@ def main() -> None:
     p.add_argument("--h", type=int, default=16)
     p.add_argument("--s", type=int, default=4096)
     p.add_argument("--d", type=int, default=128)
+    p.add_argument("--device", default="cuda", help="cuda (the measurement) or cpu (a smoke check: no peaks)")
+    p.add_argument("--reps", type=int, default=10)
     args = p.parse_args()
     torch.manual_seed(0)
     shape = (args.b, args.h, args.s, args.d)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(shape, device=args.device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     configs = [("eager", {}), ("bfs", {}), ("dfs", {"slices": 16}), ("dfs", {"slices": 64}),
                ("auto", {"memory_budget": "2GB"})]
-    print(f"plain-op attention B,H,S,D={shape} bf16 on {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print(f"{'schedule':<18} {'mode':<8} {'ms':>9} {'peak MB':>10} {'time/BFS':>9} {'peak/BFS':>9}")
+    extent = args.b * args.h
+    configs = [(s_, h_) for s_, h_ in configs if h_.get("slices", 1) <= extent]  # small smoke shapes
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    print(f"plain-op attention B,H,S,D={shape} bf16 on {name}, torch {torch.__version__}")
+    print(f"{'schedule':<18} {'mode':<8} {'ms':>9} {'peak MB':>10} {'time/BFS':>9} {'peak/BFS':>9} {'partition':>10}")
+    plog = PartitionLog()
+    hb_log = logging.getLogger("hintbackend")
+    hb_log.addHandler(plog)
+    hb_log.setLevel(logging.INFO)
     for train in (False, True):
         bfs = None
         for sched, hints in configs:
             torch._dynamo.reset()
+            plog.messages.clear()
             try:
-                ms, peak = measure(make(sched, **hints), q, k, v, train)
+                ms, peak = measure(make(sched, **hints), q, k, v, train, args.reps)
             except Exception as e:  # report, keep going
                 print(f"{sched + str(hints):<18} {'fw+bw' if train else 'fw':<8} failed: {str(e).splitlines()[0][:80]}")
                 continue
@@ -88,8 +125,15 @@ def main() -> None:
                 bfs = (ms, peak)
             label = sched + ("" if not hints else " " + ",".join(f"{k_}={v_}" for k_, v_ in hints.items()))
             rt = f"{bfs[0] / ms:>9.2f}" if bfs else f"{'-':>9}"
-            rp = f"{peak / bfs[1]:>9.3f}" if bfs else f"{'-':>9}"
-            print(f"{label:<18} {'fw+bw' if train else 'fw':<8} {ms:>9.2f} {peak / 2**20:>10.0f} {rt} {rp}")
+            rp = f"{peak / bfs[1]:>9.3f}" if bfs and peak is not None else f"{'-':>9}"
+            mb = f"{peak / 2**20:>10.0f}" if peak is not None else f"{'-':>10}"
+            part = "-"
+            if train and sched != "eager":
+                part = "recompute" if any("backward recomputes" in m for m in plog.messages) else "default"
+            print(f"{label:<18} {'fw+bw' if train else 'fw':<8} {ms:>9.2f} {mb} {rt} {rp} {part:>10}")
+            for m in plog.messages:
+                if "keeps the default partition" in m:
+                    print(f"  {m[:160]}")
     print("time/BFS is BFS time over this time (throughput ratio); peak/BFS is this peak over BFS's.")
 
 

@@ -22,6 +22,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from . import _core
 from .dump import Dumper
 from .options import Options, parse_options
+from .partition import partition
 from .serialize import SerializationError, serialize
 
 log = logging.getLogger("hintbackend")
@@ -91,5 +92,7 @@ def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Op
     def make(kind: str) -> Callable:
         return lambda g, inputs: compile_graph(g, inputs, opts, kind)
 
+    # partition: default_partition, except that saved values of dfs/auto regions are recomputed in the
+    # backward (partition.py), so training keeps the regions' intermediates per slice too.
     return aot_autograd(fw_compiler=make("forward"), bw_compiler=make("backward"),
-                        inference_compiler=make("inference"))(gm, example_inputs)
+                        inference_compiler=make("inference"), partition_fn=partition)(gm, example_inputs)

@@ -1,14 +1,27 @@
 """BFS vs DFS slice scheduling through the whole backend: the hinted region runs slice by slice
-(a hintbackend::slice_loop in the IR) and gives the same results as BFS, forward and backward."""
+(a hintbackend::slice_loop in the IR) and gives the same results as BFS, forward and backward.
 
+In training, hintbackend's partition (python/hintbackend/partition.py) recomputes a dfs/auto region's
+saved intermediates in the backward: the forward saves the region's inputs instead of its S x S
+scores, and the backward region (recompute + gradient ops) becomes one slice loop."""
+
+import logging
 import os
+import re
 
 import pytest
 import torch
+import torch.nn.functional as F
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.partitioners import default_partition
 
 from conftest import device
 from helpers import randn
 from hintbackend import hinted_context
+from hintbackend.partition import partition
+
+B, H, S, D = 2, 4, 16, 8  # S differs from every other size, so "S x S" is recognizable in shapes
 
 
 def attention(q, k, v):
@@ -33,22 +46,206 @@ def final_ir(dump_dir):
     return {d: open(os.path.join(dump_dir, d, "ir-final.txt")).read() for d in os.listdir(dump_dir)}
 
 
-@pytest.mark.parametrize("slices", [2, 8])
+def main_graph(ir):
+    """The top-level graph of an ir-final.txt dump, without the slice bodies after it."""
+    return ir[:ir.index("\n}\n")]
+
+
+def has_s_by_s(text):
+    return re.search(rf"\[[^\]]*\b{S}, {S}\]", text) is not None
+
+
+def float64_reference(q, k, v):
+    qq, kk, vv = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    out = attention(qq, kk, vv) * 2
+    out.backward(torch.ones_like(out))
+    return out.detach(), qq.grad, kk.grad, vv.grad
+
+
+@pytest.mark.parametrize("slices", [2, 4, 8])
 def test_dfs_equals_bfs_forward_and_backward(tmp_path, slices):
     torch.manual_seed(0)
-    q, k, v = randn(2, 4, 16, 8), randn(2, 4, 16, 8), randn(2, 4, 16, 8)
+    q, k, v = randn(B, H, S, D), randn(B, H, S, D), randn(B, H, S, D)
     bfs = run("bfs", q, k, v, str(tmp_path / "bfs"))
     dfs = run("dfs", q, k, v, str(tmp_path / "dfs"), slices=slices)
-    for name, a, b in zip(("out", "dq", "dk", "dv"), dfs, bfs):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=lambda m: f"{name}: {m}")
-    # and against a float64 reference of the function itself
-    ref = attention(q.double(), k.double(), v.double()) * 2
-    torch.testing.assert_close(dfs[0].double(), ref, rtol=1e-5, atol=1e-5)
+    ref = float64_reference(q, k, v)
+    for name, a, b, r in zip(("out", "dq", "dk", "dv"), dfs, bfs, ref):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=lambda m: f"{name} dfs vs bfs: {m}")
+        # and against a float64 eager run of the function itself
+        torch.testing.assert_close(a.double(), r, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name} vs eager: {m}")
     dfs_ir = final_ir(str(tmp_path / "dfs"))
     bfs_ir = final_ir(str(tmp_path / "bfs"))
-    assert any(f"slices={slices}" in t and "hintbackend::slice_loop" in t for d, t in dfs_ir.items()
-               if d.startswith("forward")), "the forward DFS region must become a slice loop"
+    for kind in ("forward", "backward"):
+        assert any(f"slices={slices}" in t and "hintbackend::slice_loop" in t for d, t in dfs_ir.items()
+                   if d.startswith(kind)), f"the {kind} DFS region must become a slice loop"
     assert not any("hintbackend::slice_loop" in t for t in bfs_ir.values()), "BFS must not slice"
+    # The S x S scores exist only inside the slice bodies: the forward does not save them and the
+    # backward recomputes them slice by slice. BFS (default partition) has them in both graphs.
+    for d, t in dfs_ir.items():
+        assert not has_s_by_s(main_graph(t)), f"DFS graph {d} holds an S x S value outside its slice loop:\n{t}"
+    for kind in ("forward", "backward"):
+        assert any(has_s_by_s(main_graph(t)) for d, t in bfs_ir.items() if d.startswith(kind))
+
+
+class Captured:
+    """A torch.compile backend that records AOTAutograd's joint graph and partitions it with both
+    default_partition and hintbackend's partition, running the default's forward and backward."""
+
+    def __init__(self):
+        self.results = []  # (default (fw, bw), hintbackend (fw, bw), num_fwd_outputs)
+
+    def __call__(self, gm, example_inputs):
+        def partition_fn(joint, joint_inputs, **kwargs):
+            want = default_partition(joint, joint_inputs, **kwargs)
+            got = partition(joint, joint_inputs, **kwargs)
+            self.results.append((want, got, kwargs["num_fwd_outputs"]))
+            return want
+
+        compiler = lambda g, _: make_boxed_func(g.forward)  # noqa: E731
+        return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, partition_fn=partition_fn)(gm, example_inputs)
+
+
+def saved_values(fw, num_fwd_outputs):
+    out = next(iter(fw.graph.find_nodes(op="output")))
+    return list(out.args[0])[num_fwd_outputs:]
+
+
+def partitions_of(f, *args):
+    backend = Captured()
+    out = torch.compile(f, backend=backend)(*args)
+    out.sum().backward()
+    assert len(backend.results) == 1
+    return backend.results[0]
+
+
+def qkv():
+    return [randn(B, H, S, D).requires_grad_(True) for _ in range(3)]
+
+
+@pytest.mark.parametrize("hints", [None, {"schedule": "bfs"}, {"schedule": "bfs", "slices": 4},
+                                   {"schedule": "dfs", "slices": 1}])
+def test_bfs_and_unhinted_graphs_partition_exactly_like_default(hints):
+    def f(q, k, v):
+        if hints is None:
+            return attention(q, k, v) * 2
+        with hinted_context(**hints):
+            return attention(q, k, v) * 2
+
+    (want_fw, want_bw), (got_fw, got_bw), n = partitions_of(f, *qkv())
+    assert len(saved_values(got_fw, n)) == len(saved_values(want_fw, n))
+    assert got_fw.code == want_fw.code
+    assert got_bw.code == want_bw.code
+
+
+@pytest.mark.parametrize("hints", [{"schedule": "dfs", "slices": 4}, {"schedule": "dfs"},
+                                   {"schedule": "auto", "memory_budget": "1GB"}])
+def test_dfs_and_auto_regions_save_their_inputs_not_their_intermediates(hints):
+    def f(x, w):
+        q, k, v = (x @ w).view(B, S, 3, H, D).permute(2, 0, 3, 1, 4)  # outside the region
+        with hinted_context(**hints):
+            out = attention(q, k, v)
+        return out.sum(1)
+
+    x, w = randn(B, S, 4 * D).requires_grad_(True), randn(4 * D, 3 * H * D).requires_grad_(True)
+    (want_fw, _), (got_fw, got_bw), n = partitions_of(f, x, w)
+    shapes = lambda nodes: [tuple(v.meta["val"].shape) for v in nodes]  # noqa: E731
+    assert (B, H, S, S) in shapes(saved_values(want_fw, n)), "the default saves the softmax"
+    saved = saved_values(got_fw, n)
+    assert not any(has_s_by_s(str(list(shape))) for shape in shapes(saved)), shapes(saved)
+    # what the region reads: q, k and v (selects of the projection), plus what x @ w's backward needs
+    assert sum(v.meta["val"].shape == (B, H, S, D) for v in saved) == 3, shapes(saved)
+    # the recomputed region nodes keep their hints in the backward graph
+    bw_regions = {node.meta.get("custom", {}).get("hintbackend", {}).get("schedule")
+                  for node in got_bw.graph.nodes if node.target == torch.ops.aten._softmax.default}
+    assert bw_regions == {hints["schedule"]}, "the backward must recompute the softmax inside the region"
+
+
+def test_dfs_training_through_a_projection_equals_eager(tmp_path):
+    """q, k, v come from a projection outside the region: the forward saves them, not the scores."""
+    torch.manual_seed(0)
+
+    def f(x, w):
+        q, k, v = (x @ w).view(B, S, 3, H, D).permute(2, 0, 3, 1, 4)
+        with hinted_context(schedule="dfs", slices=4):
+            out = attention(q, k, v)
+        return out.transpose(1, 2).reshape(B, S, H * D)
+
+    x, w = randn(B, S, 4 * D), randn(4 * D, 3 * H * D) * 0.2
+    got = [t.clone().requires_grad_(True) for t in (x, w)]
+    want = [t.double().requires_grad_(True) for t in (x, w)]
+    dump = str(tmp_path / "dump")
+    out = torch.compile(f, backend="hintbackend", options={"strict": True, "dump_dir": dump})(*got)
+    ref = f(*want)
+    cot = randn(*ref.shape)
+    out.backward(cot)
+    ref.backward(cot.double())
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g.grad.double(), r.grad, rtol=1e-5, atol=1e-5)
+    irs = final_ir(dump)
+    assert all("hintbackend::slice_loop" in t for t in irs.values()), "forward and backward must slice"
+    assert not any(has_s_by_s(main_graph(t)) for t in irs.values())
+
+
+def test_dropout_in_a_dfs_region_is_saved_not_recomputed(caplog):
+    """Recomputing dropout would draw a different mask; its outputs are saved and a warning names it."""
+    def f(q, k, v):
+        with hinted_context(schedule="dfs", slices=2):
+            p = F.dropout((q @ k.transpose(-1, -2)).softmax(-1), 0.5)
+            return p @ v
+
+    torch.manual_seed(0)
+    q, k, v = qkv()
+    with caplog.at_level(logging.WARNING, logger="hintbackend"):
+        (_, _), (got_fw, _), n = partitions_of(f, q, k, v)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "hintbackend"]
+    assert any("native_dropout" in m and "draws random numbers" in m and "move the random op" in m
+               for m in warnings), warnings
+    saved = [v.meta["val"] for v in saved_values(got_fw, n)]
+    assert sum(t.shape == (B, H, S, S) for t in saved) == 2, "dropout's output and mask are saved"
+
+    # Same results as torch's own execution of the same graphs (aot_eager), drawing the same mask.
+    results = []
+    for backend, options in (("hintbackend", {"strict": True}), ("aot_eager", None)):
+        torch._dynamo.reset()
+        args = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        torch.manual_seed(1)
+        out = torch.compile(f, backend=backend, options=options)(*args)
+        out.backward(torch.ones_like(out))
+        results.append([out.detach()] + [a.grad for a in args])
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def test_mutated_region_input_keeps_the_default_partition(caplog):
+    """The region reads m, which the graph mutates afterwards: recomputing in the backward would read the
+    mutated m, so this graph keeps the default partition and the log says why."""
+    def f(q, k, v, m):
+        with hinted_context(schedule="dfs", slices=2):
+            out = ((q @ k.transpose(-1, -2)) + m).softmax(-1) @ v
+        m.add_(1)
+        return out
+
+    torch.manual_seed(0)
+    q, k, v = qkv()
+    m = randn(S, S)
+    with caplog.at_level(logging.WARNING, logger="hintbackend"):
+        (want_fw, want_bw), (got_fw, got_bw), _ = partitions_of(f, q, k, v, m.clone())
+    assert got_fw.code == want_fw.code and got_bw.code == want_bw.code
+    assert any("keeps the default partition" in r.getMessage() and "mutated" in r.getMessage()
+               for r in caplog.records if r.name == "hintbackend")
+
+    torch._dynamo.reset()
+    got = [t.detach().clone().requires_grad_(True) for t in (q, k, v)] + [m.clone()]
+    want = [t.detach().clone().requires_grad_(True) for t in (q, k, v)] + [m.clone()]
+    out = torch.compile(f, backend="hintbackend", options={"strict": True})(*got)
+    ref = f(*want)
+    out.pow(2).sum().backward()
+    ref.pow(2).sum().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[3], want[3])
+    for g, r in zip(got[:3], want[:3]):
+        torch.testing.assert_close(g.grad, r.grad, rtol=1e-5, atol=1e-5)
 
 
 def test_auto_schedule_with_an_impossible_budget_errors():

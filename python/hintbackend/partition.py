@@ -1,0 +1,326 @@
+"""Training partition: recompute DFS regions in the backward instead of saving their intermediates.
+
+AOTAutograd hands the partitioner one joint forward+backward graph and asks which forward values to
+save for the backward. torch's ``default_partition`` saves whatever the backward reads, so for an
+attention region it saves the B x H x S x S softmax: the forward materializes it in full (defeating
+the forward slice loop) and the backward starts from it.
+
+``partition`` starts from ``default_partition``'s decision and changes one thing: a saved value made by
+a node of a region whose schedule is ``"dfs"`` or ``"auto"`` is not saved; the backward recomputes it
+from the region's inputs instead. The walk goes back through the value's producers while they are in
+such a region and saves the first values outside one (graph inputs, values made before the region),
+e.g. q, k and v. The recomputed nodes keep their meta (``meta["custom"]["hintbackend"]`` included), so
+in the backward graph the region holds its forward recompute followed by its backward ops, and the
+slice-schedule pass turns all of it into one slice loop.
+
+Not recomputed (their values are saved, as the default does):
+
+- random ops (``nondeterministic_seeded``, e.g. dropout): recomputing would draw different numbers.
+  Their outputs are saved and a warning names the node, since the forward then still materializes
+  them;
+- impure ops, values the default partitioner must save (``MUST_SAVE``, effectful ops, collectives),
+  forward outputs (the caller holds them anyway, so saving them costs nothing), higher-order ops other
+  than ``flex_attention``.
+
+The whole graph keeps the default partition, with a log line saying why, when: no region asks for
+dfs/auto (exactly ``default_partition``), the graph uses activation checkpointing tags or activation
+offloading, a region node mutates, a value to recompute from is mutated (or aliases a mutated value),
+or anything else is unexpected.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Any, Dict, List, Optional, Set
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch._functorch import config as functorch_config
+from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput, MetadataMutationAOTOutput
+from torch._functorch.compile_utils import raise_getitems
+from torch._functorch.partitioners import (
+    _extract_fwd_bwd_modules,
+    _has_tag_must_be_in_backward,
+    _has_tag_must_be_in_forward,
+    _is_primal,
+    default_partition,
+    has_recomputable_ops,
+    is_not_collective,
+    thread_graphsafe_rng_from_hops,
+)
+from torch.fx.experimental.proxy_tensor import is_sym_node
+from torch.utils._ordered_set import OrderedSet
+from torch.utils.checkpoint import CheckpointPolicy
+
+from .hoo.hints import HINTS_KEY
+
+log = logging.getLogger("hintbackend")
+
+#: Region schedules whose intermediates the backward recomputes.
+RECOMPUTE_SCHEDULES = ("dfs", "auto")
+
+
+class _Fallback(Exception):
+    """This graph keeps the default partition; the message says why."""
+
+
+def node_hints(node: fx.Node) -> Optional[dict]:
+    custom = node.meta.get("custom")
+    if not isinstance(custom, dict):
+        return None
+    hints = custom.get(HINTS_KEY)
+    return hints if isinstance(hints, dict) else None
+
+
+def recomputes(node: fx.Node) -> bool:
+    """Whether node belongs to a region whose saved values the backward recomputes."""
+    hints = node_hints(node)
+    if not hints or hints.get("schedule") not in RECOMPUTE_SCHEDULES:
+        return False
+    return hints.get("slices") != 1  # dfs with one slice is BFS: nothing to gain
+
+
+def _describe(node: fx.Node) -> str:
+    hints = node_hints(node) or {}
+    where = f" in region {hints['region']} (schedule={hints.get('schedule')})" if "region" in hints else ""
+    return f"%{node.name} ({node.target}){where}"
+
+
+def _is_random(node: fx.Node) -> bool:
+    """A nondeterministic_seeded op (dropout, rand, bernoulli, SDPA kernels that can drop out): running
+    it again draws different numbers, so the backward must not recompute it."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return torch.Tag.nondeterministic_seeded in target.tags
+    name = getattr(target, "__name__", "") or str(target)
+    return "rng" in name or "rand" in name
+
+
+def _draws(node: fx.Node) -> bool:
+    """Whether a random op really draws here: SDPA kernels are tagged random for their dropout, but
+    with dropout_p=0 they draw nothing (saving their outputs then needs no warning)."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        for i, arg in enumerate(target._schema.arguments):
+            if arg.name == "dropout_p":
+                value = node.args[i] if i < len(node.args) else node.kwargs.get("dropout_p", arg.default_value)
+                return not (isinstance(value, (int, float)) and value == 0)
+    return True
+
+
+def _is_tuple_valued(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), (tuple, list))
+
+
+def _joint_outputs(joint: fx.GraphModule) -> tuple:
+    out = next(iter(joint.graph.find_nodes(op="output")))
+    leaves = list(pytree.arg_tree_leaves(*out.args))
+    descs = list(pytree.arg_tree_leaves(out.meta.get("desc") or [None] * len(leaves)))
+    return leaves, descs
+
+
+class _Plan:
+    """Which values the forward saves once the dfs/auto regions are recomputed."""
+
+    def __init__(self, joint: fx.GraphModule, default_saved: List[fx.Node], default_sym: List[fx.Node],
+                 num_fwd_outputs: int) -> None:
+        leaves, self.descs = _joint_outputs(joint)
+        self.fwd_outputs: Set[fx.Node] = {o for o in leaves[:num_fwd_outputs] if isinstance(o, fx.Node)}
+        self.recomputed: Dict[fx.Node, None] = {}  # an ordered set
+        self.saved: Dict[fx.Node, str] = {}  # value -> why it is saved
+        self.saved_sym: Dict[fx.Node, None] = dict.fromkeys(default_sym)
+        self.random: Dict[fx.Node, None] = {}
+        for value in default_saved:
+            reason = self._keep_reason(value)
+            if reason is not None:
+                self.saved.setdefault(value, f"saved by default, {reason}")
+            else:
+                self._recompute(value)
+
+    def _keep_reason(self, node: fx.Node) -> Optional[str]:
+        """None when the backward may recompute node; else why its value is saved."""
+        if node.op != "call_function":
+            return "not an op"
+        if not recomputes(node):
+            return "outside a dfs/auto region"
+        if node in self.fwd_outputs:
+            return "a forward output"
+        if node.target is operator.getitem:
+            src = node.args[0]
+            if not isinstance(src, fx.Node):
+                raise _Fallback(f"{_describe(node)} indexes a non-node")
+            return self._keep_reason(src)
+        if node.meta.get("recompute") == CheckpointPolicy.MUST_SAVE:
+            return "must be saved"
+        if _has_tag_must_be_in_forward(node) or _has_tag_must_be_in_backward(node):
+            return "pinned to the forward or backward"
+        if isinstance(node.target, torch._ops.OpOverload):
+            if node.target._schema.is_mutable:
+                raise _Fallback(f"{_describe(node)} mutates its input inside a dfs/auto region")
+            if _is_random(node):
+                if _draws(node):
+                    self.random[node] = None
+                return "random"
+            if node.is_impure(impure_random=False):
+                return "impure"
+            return None
+        if node.target is torch.ops.higher_order.flex_attention:
+            return None
+        if _is_random(node):
+            self.random[node] = None
+            return "random"
+        return "an op the partitioner does not know to be pure"
+
+    def _recompute(self, value: fx.Node) -> None:
+        stack = [value]
+        while stack:
+            node = stack.pop()
+            if node in self.recomputed or node in self.saved or node in self.saved_sym:
+                continue
+            if node.op == "get_attr":  # subgraphs and constants go to both graphs
+                continue
+            if is_sym_node(node):
+                self.saved_sym[node] = None
+                continue
+            if node.op == "placeholder" and not _is_primal(node):
+                raise _Fallback(f"a value to recompute reads {node.name}, which is not a forward input")
+            reason = self._keep_reason(node)
+            if reason is not None:
+                if _is_tuple_valued(node):
+                    raise _Fallback(f"{_describe(node)} returns a tuple and would have to be saved ({reason})")
+                self.saved.setdefault(node, f"input of a recomputed value, {reason}")
+                continue
+            self.recomputed[node] = None
+            stack.extend(node.all_input_nodes)
+
+    def check_mutations(self, joint: fx.GraphModule) -> None:
+        """Recomputing reads its inputs again in the backward: none of them may be mutated."""
+        needed = OrderedSet(self.saved) | OrderedSet(self.recomputed)
+        placeholders = {p.meta.get("desc"): p for p in joint.graph.find_nodes(op="placeholder")
+                        if p.meta.get("desc") is not None}
+        mutated: List[fx.Node] = []
+        for desc in self.descs:
+            if isinstance(desc, MetadataMutationAOTOutput):
+                raise _Fallback("the graph changes an input's metadata (shape, strides or dtype) in place")
+            if isinstance(desc, InputMutationAOTOutput):
+                p = placeholders.get(desc.mutated_input)
+                if p is None:
+                    raise _Fallback(f"the graph mutates input {desc.mutated_input}, which has no placeholder")
+                mutated.append(p)
+        for node in joint.graph.nodes:
+            if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+                mutated.extend(node.all_input_nodes)
+        for m in mutated:
+            family = _alias_family(m)
+            hit = next((n for n in family if n in needed), None)
+            if hit is not None:
+                what = "is mutated by the graph" if hit is m else f"aliases %{m.name}, which the graph mutates"
+                raise _Fallback(f"%{hit.name}, which the backward would read to recompute a dfs/auto region, "
+                                f"{what}; the region's intermediates are saved for the backward instead")
+
+
+def _aliased_inputs(node: fx.Node) -> List[fx.Node]:
+    """The inputs node's result may alias (views, in-place and out= results)."""
+    if node.target is operator.getitem:
+        return [a for a in node.all_input_nodes]
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return []
+    schema = node.target._schema
+    if not any(r.alias_info is not None for r in schema.returns):
+        return []
+    return list(node.all_input_nodes)
+
+
+def _alias_family(node: fx.Node) -> Set[fx.Node]:
+    """node, every value it may alias, and every value that may alias those (views of views...)."""
+    roots = {node}
+    stack = [node]
+    while stack:
+        for a in _aliased_inputs(stack.pop()):
+            if a not in roots:
+                roots.add(a)
+                stack.append(a)
+    family = set(roots)
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        for user in n.users:
+            if user not in family and n in _aliased_inputs(user):
+                family.add(user)
+                stack.append(user)
+    return family
+
+
+def _default_saved(joint: fx.GraphModule, fw: fx.GraphModule, num_fwd_outputs: int) -> tuple:
+    """default_partition's saved values and saved symbolic values, as nodes of the joint graph."""
+    by_name = {n.name: n for n in joint.graph.nodes}
+    out = next(iter(fw.graph.find_nodes(op="output")))
+    saved, sym = [], []
+    for o in list(out.args[0])[num_fwd_outputs:]:
+        node = by_name.get(getattr(o, "name", None))
+        if node is None:
+            raise _Fallback(f"cannot find the default partition's saved value {o} in the joint graph")
+        (sym if is_sym_node(node) else saved).append(node)
+    return saved, sym
+
+
+def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
+              static_lifetime_input_indices: Optional[List[int]] = None, **kwargs: Any):
+    """hintbackend's partition_fn for aot_autograd (see the module docstring)."""
+    def default():
+        return default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                 static_lifetime_input_indices=static_lifetime_input_indices, **kwargs)
+
+    if not any(recomputes(n) for n in joint_module.graph.nodes):
+        return default()
+    if has_recomputable_ops(joint_module):
+        log.warning("partition: keeps the default partition for this graph: it has activation checkpointing "
+                    "tags, so its dfs/auto regions' intermediates are saved for the backward in full")
+        return default()
+    if getattr(functorch_config, "enable_activation_offloading", False):
+        log.warning("partition: keeps the default partition for this graph: activation offloading is on")
+        return default()
+    fw_default, bw_default = default()
+    try:
+        saved, sym = _default_saved(joint_module, fw_default, num_fwd_outputs)
+        plan = _Plan(joint_module, saved, sym, num_fwd_outputs)
+        if not plan.recomputed:
+            log.debug("partition: no saved value of a dfs/auto region to recompute")
+            return fw_default, bw_default
+        plan.check_mutations(joint_module)
+    except _Fallback as e:
+        log.warning("partition: keeps the default partition for this graph: %s", e)
+        return fw_default, bw_default
+
+    for node in plan.random:
+        log.warning(
+            "partition: %s draws random numbers, so the backward cannot recompute it; its output is saved "
+            "for the backward and the forward still materializes it in full. To keep the region's memory "
+            "bounded, move the random op (e.g. dropout) out of the hinted_context(schedule=...) region.",
+            _describe(node))
+
+    log.debug("partition: saved values and why:\n  %s",
+              "\n  ".join(f"%{n.name}: {why}" for n, why in plan.saved.items()))
+    primals = [p for p in joint_module.graph.find_nodes(op="placeholder") if _is_primal(p)]
+    static = OrderedSet(p for i, p in enumerate(primals) if i in (static_lifetime_input_indices or []))
+    saved_values, saved_sym = list(plan.saved), list(plan.saved_sym)
+    try:
+        fw, bw = _extract_fwd_bwd_modules(joint_module, saved_values, saved_sym_nodes=saved_sym,
+                                          num_fwd_outputs=num_fwd_outputs, static_lifetime_input_nodes=static)
+    except Exception as e:  # torch internals we did not expect: the default partition is always valid
+        log.warning("partition: keeps the default partition for this graph: extracting the recomputing "
+                    "forward and backward failed: %s: %s", type(e).__name__, e)
+        return fw_default, bw_default
+    fw.graph.eliminate_dead_code(is_impure_node=is_not_collective)
+    bw.graph.eliminate_dead_code(is_impure_node=is_not_collective)
+    fw = raise_getitems(fw)
+    bw = raise_getitems(bw)
+    fw = thread_graphsafe_rng_from_hops(fw, is_backward=False)
+    bw = thread_graphsafe_rng_from_hops(bw, is_backward=True)
+    log.info("partition: the backward recomputes %d nodes of dfs/auto regions; saves %d values (%s) "
+             "instead of the default %d (%s)", len(plan.recomputed), len(saved_values),
+             ", ".join(n.name for n in saved_values), len(saved),
+             ", ".join(n.name for n in saved))
+    return fw, bw
