@@ -58,13 +58,96 @@ bool is_fusable_pointwise(const Graph& g, int i, std::string* why = nullptr);
 PointwiseProgram compile_pointwise(const Graph& body);
 
 // ---- evaluation ----------------------------------------------------------------------------------
+// One op on one element: the single definition of each op's meaning, shared by the CPU loop below
+// and the CUDA kernel (codegen/cuda/FusedPointwise.cu). x, y: operands (y unused by unary ops); k: the
+// instruction's constant. Load and Const are handled by the evaluators.
+#ifdef __CUDACC__
+#define HB_HD __host__ __device__
+#else
+#define HB_HD
+#endif
+
+namespace pw {
+// Math through the overloads each side has: std:: on the host, CUDA's float/double overloads on the device.
+#ifdef __CUDA_ARCH__
+#define HB_PW_MATH(name) \
+  HB_HD inline float name(float v) { return ::name##f(v); } \
+  HB_HD inline double name(double v) { return ::name(v); }
+#else
+#define HB_PW_MATH(name) \
+  inline float name(float v) { return std::name(v); } \
+  inline double name(double v) { return std::name(v); }
+#endif
+HB_PW_MATH(exp) HB_PW_MATH(log) HB_PW_MATH(tanh) HB_PW_MATH(sqrt) HB_PW_MATH(sin) HB_PW_MATH(cos)
+HB_PW_MATH(log1p) HB_PW_MATH(expm1) HB_PW_MATH(erf) HB_PW_MATH(fabs)
+#undef HB_PW_MATH
+#ifdef __CUDA_ARCH__
+HB_HD inline float pow(float a, float b) { return ::powf(a, b); }
+HB_HD inline double pow(double a, double b) { return ::pow(a, b); }
+HB_HD inline bool isnan(float v) { return ::isnan(v); }
+HB_HD inline bool isnan(double v) { return ::isnan(v); }
+#else
+inline float pow(float a, float b) { return std::pow(a, b); }
+inline double pow(double a, double b) { return std::pow(a, b); }
+inline bool isnan(float v) { return std::isnan(v); }
+inline bool isnan(double v) { return std::isnan(v); }
+#endif
+}  // namespace pw
+
+// Every computing op, for the evaluators' switches.
+#define HB_PW_COMPUTE_OPS(X)                                                                        \
+  X(Add) X(Sub) X(Mul) X(Div) X(Maximum) X(Minimum) X(Neg) X(Relu) X(Sigmoid) X(Tanh) X(Exp) X(Log)   \
+  X(Sqrt) X(Rsqrt) X(Abs) X(Reciprocal) X(Sin) X(Cos) X(Log1p) X(Expm1) X(Erf) X(Silu) X(Gelu)       \
+  X(GeluTanh) X(LeakyRelu) X(PowScalar) X(ThresholdBackward) X(SigmoidBackward) X(TanhBackward)      \
+  X(SiluBackward)
+
+template <PwOp OP, typename T>
+HB_HD inline T pw_apply(T x, T y, T k) {
+  const T one = T(1), zero = T(0), half = T(0.5);
+  if constexpr (OP == PwOp::Add) return x + y;
+  else if constexpr (OP == PwOp::Sub) return x - y;
+  else if constexpr (OP == PwOp::Mul) return x * y;
+  else if constexpr (OP == PwOp::Div) return x / y;
+  else if constexpr (OP == PwOp::Maximum) return (pw::isnan(x) || pw::isnan(y)) ? x + y : (x > y ? x : y);
+  else if constexpr (OP == PwOp::Minimum) return (pw::isnan(x) || pw::isnan(y)) ? x + y : (x < y ? x : y);
+  else if constexpr (OP == PwOp::Neg) return -x;
+  else if constexpr (OP == PwOp::Relu) return x < zero ? zero : x;  // NaN stays NaN
+  else if constexpr (OP == PwOp::Sigmoid) return one / (one + pw::exp(-x));
+  else if constexpr (OP == PwOp::Tanh) return pw::tanh(x);
+  else if constexpr (OP == PwOp::Exp) return pw::exp(x);
+  else if constexpr (OP == PwOp::Log) return pw::log(x);
+  else if constexpr (OP == PwOp::Sqrt) return pw::sqrt(x);
+  else if constexpr (OP == PwOp::Rsqrt) return one / pw::sqrt(x);
+  else if constexpr (OP == PwOp::Abs) return pw::fabs(x);
+  else if constexpr (OP == PwOp::Reciprocal) return one / x;
+  else if constexpr (OP == PwOp::Sin) return pw::sin(x);
+  else if constexpr (OP == PwOp::Cos) return pw::cos(x);
+  else if constexpr (OP == PwOp::Log1p) return pw::log1p(x);
+  else if constexpr (OP == PwOp::Expm1) return pw::expm1(x);
+  else if constexpr (OP == PwOp::Erf) return pw::erf(x);
+  else if constexpr (OP == PwOp::Silu) return x / (one + pw::exp(-x));
+  else if constexpr (OP == PwOp::Gelu) return x * half * (one + pw::erf(x * T(0.70710678118654752440)));
+  else if constexpr (OP == PwOp::GeluTanh)
+    return half * x * (one + pw::tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x)));
+  else if constexpr (OP == PwOp::LeakyRelu) return x > zero ? x : x * k;
+  else if constexpr (OP == PwOp::PowScalar) return pw::pow(x, k);
+  else if constexpr (OP == PwOp::ThresholdBackward) return y <= k ? zero : x;  // x: grad, y: self
+  else if constexpr (OP == PwOp::SigmoidBackward) return x * (one - y) * y;    // y: sigmoid's output
+  else if constexpr (OP == PwOp::TanhBackward) return x * (one - y * y);       // y: tanh's output
+  else if constexpr (OP == PwOp::SiluBackward) {                               // y: silu's input
+    const T s = one / (one + pw::exp(-y));
+    return x * s * (one + y * (one - s));
+  } else {
+    return zero;  // Load, Const: not computing ops
+  }
+}
+
 // Evaluates p on n elements: inputs[j] points at n contiguous values of input j; out receives n
-// values. scratch holds p.code.size() * n values. Chunk sizes are the caller's (a few dozen to a few
-// hundred elements keep the registers in L1).
+// values. scratch holds p.code.size() * n values. One op at a time over the whole chunk, so each op is
+// a tight loop the compiler can vectorize; chunks of a few hundred elements keep registers in L1.
 template <typename T>
 void eval_pointwise(const PointwiseProgram& p, const T* const* inputs, T* out, int64_t n, T* scratch) {
   const size_t nr = p.code.size();
-  // reg[r]: where register r's n values are; loads point straight at the input.
   const T* reg_stack[64];
   std::vector<const T*> reg_heap;
   const T** reg = reg_stack;
@@ -75,71 +158,29 @@ void eval_pointwise(const PointwiseProgram& p, const T* const* inputs, T* out, i
   for (size_t r = 0; r < nr; ++r) {
     const PwInstr& in = p.code[r];
     T* d = (r + 1 == nr) ? out : scratch + r * n;
-    const T* x = in.a >= 0 && in.op != PwOp::Load ? reg[in.a] : nullptr;
-    const T* y = in.b >= 0 ? reg[in.b] : nullptr;
+    if (in.op == PwOp::Load) {
+      if (r + 1 < nr) {
+        reg[r] = inputs[in.a];  // no copy: later ops read the input where it is
+        continue;
+      }
+      for (int64_t e = 0; e < n; ++e) d[e] = inputs[in.a][e];
+      reg[r] = d;
+      continue;
+    }
+    const T* x = in.a >= 0 ? reg[in.a] : nullptr;
+    const T* y = in.b >= 0 ? reg[in.b] : x;  // unary ops ignore y
     const T k = static_cast<T>(in.k);
-    const T one = T(1), zero = T(0), half = T(0.5);
     switch (in.op) {
-      case PwOp::Load:
-        if (r + 1 == nr) {
-          for (int64_t e = 0; e < n; ++e) d[e] = inputs[in.a][e];
-        } else {
-          reg[r] = inputs[in.a];
-          continue;
-        }
+      case PwOp::Const:
+        for (int64_t e = 0; e < n; ++e) d[e] = k;
         break;
-      case PwOp::Const: for (int64_t e = 0; e < n; ++e) d[e] = k; break;
-      case PwOp::Add: for (int64_t e = 0; e < n; ++e) d[e] = x[e] + y[e]; break;
-      case PwOp::Sub: for (int64_t e = 0; e < n; ++e) d[e] = x[e] - y[e]; break;
-      case PwOp::Mul: for (int64_t e = 0; e < n; ++e) d[e] = x[e] * y[e]; break;
-      case PwOp::Div: for (int64_t e = 0; e < n; ++e) d[e] = x[e] / y[e]; break;
-      case PwOp::Maximum:
-        for (int64_t e = 0; e < n; ++e)
-          d[e] = (std::isnan(x[e]) || std::isnan(y[e])) ? x[e] + y[e] : (x[e] > y[e] ? x[e] : y[e]);
-        break;
-      case PwOp::Minimum:
-        for (int64_t e = 0; e < n; ++e)
-          d[e] = (std::isnan(x[e]) || std::isnan(y[e])) ? x[e] + y[e] : (x[e] < y[e] ? x[e] : y[e]);
-        break;
-      case PwOp::Neg: for (int64_t e = 0; e < n; ++e) d[e] = -x[e]; break;
-      case PwOp::Relu: for (int64_t e = 0; e < n; ++e) d[e] = x[e] < zero ? zero : x[e]; break;
-      case PwOp::Sigmoid: for (int64_t e = 0; e < n; ++e) d[e] = one / (one + std::exp(-x[e])); break;
-      case PwOp::Tanh: for (int64_t e = 0; e < n; ++e) d[e] = std::tanh(x[e]); break;
-      case PwOp::Exp: for (int64_t e = 0; e < n; ++e) d[e] = std::exp(x[e]); break;
-      case PwOp::Log: for (int64_t e = 0; e < n; ++e) d[e] = std::log(x[e]); break;
-      case PwOp::Sqrt: for (int64_t e = 0; e < n; ++e) d[e] = std::sqrt(x[e]); break;
-      case PwOp::Rsqrt: for (int64_t e = 0; e < n; ++e) d[e] = one / std::sqrt(x[e]); break;
-      case PwOp::Abs: for (int64_t e = 0; e < n; ++e) d[e] = std::abs(x[e]); break;
-      case PwOp::Reciprocal: for (int64_t e = 0; e < n; ++e) d[e] = one / x[e]; break;
-      case PwOp::Sin: for (int64_t e = 0; e < n; ++e) d[e] = std::sin(x[e]); break;
-      case PwOp::Cos: for (int64_t e = 0; e < n; ++e) d[e] = std::cos(x[e]); break;
-      case PwOp::Log1p: for (int64_t e = 0; e < n; ++e) d[e] = std::log1p(x[e]); break;
-      case PwOp::Expm1: for (int64_t e = 0; e < n; ++e) d[e] = std::expm1(x[e]); break;
-      case PwOp::Erf: for (int64_t e = 0; e < n; ++e) d[e] = std::erf(x[e]); break;
-      case PwOp::Silu: for (int64_t e = 0; e < n; ++e) d[e] = x[e] / (one + std::exp(-x[e])); break;
-      case PwOp::Gelu: {
-        const T inv_sqrt2 = static_cast<T>(0.70710678118654752440);
-        for (int64_t e = 0; e < n; ++e) d[e] = x[e] * half * (one + std::erf(x[e] * inv_sqrt2));
-        break;
-      }
-      case PwOp::GeluTanh: {
-        const T c = static_cast<T>(0.79788456080286535588), c3 = static_cast<T>(0.044715);
-        for (int64_t e = 0; e < n; ++e) {
-          const T v = x[e];
-          d[e] = half * v * (one + std::tanh(c * (v + c3 * v * v * v)));
-        }
-        break;
-      }
-      case PwOp::LeakyRelu: for (int64_t e = 0; e < n; ++e) d[e] = x[e] > zero ? x[e] : x[e] * k; break;
-      case PwOp::PowScalar: for (int64_t e = 0; e < n; ++e) d[e] = std::pow(x[e], k); break;
-      case PwOp::ThresholdBackward: for (int64_t e = 0; e < n; ++e) d[e] = y[e] <= k ? zero : x[e]; break;
-      case PwOp::SigmoidBackward: for (int64_t e = 0; e < n; ++e) d[e] = x[e] * (one - y[e]) * y[e]; break;
-      case PwOp::TanhBackward: for (int64_t e = 0; e < n; ++e) d[e] = x[e] * (one - y[e] * y[e]); break;
-      case PwOp::SiluBackward:
-        for (int64_t e = 0; e < n; ++e) {
-          const T s = one / (one + std::exp(-y[e]));
-          d[e] = x[e] * s * (one + y[e] * (one - s));
-        }
+#define HB_PW_CPU_CASE(N)                                                      \
+  case PwOp::N:                                                              \
+    for (int64_t e = 0; e < n; ++e) d[e] = pw_apply<PwOp::N, T>(x[e], y[e], k); \
+    break;
+        HB_PW_COMPUTE_OPS(HB_PW_CPU_CASE)
+#undef HB_PW_CPU_CASE
+      default:
         break;
     }
     reg[r] = d;

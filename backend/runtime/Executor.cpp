@@ -414,7 +414,8 @@ Step plan_fused(const Graph& g, int i, const std::shared_ptr<const std::vector<a
       << where << ": fused_pointwise takes (@body, [inputs])";
   auto call = std::make_shared<FusedCall>();
   call->body = subgraph_executor(g, n.args[0], where, constants);
-  call->kernel = std::make_unique<FusedPointwiseKernel>(compile_pointwise(call->body->graph()));
+  HB_USER_CHECK(n.type.kind == ValueType::Kind::Tensor) << where << ": a fused pointwise result must be a tensor";
+  call->kernel = std::make_unique<FusedPointwiseKernel>(compile_pointwise(call->body->graph()), n.type.tensor);
   for (const Arg& a : n.args[1].items) call->inputs.push_back(convert_untyped(a, where));
   Step s;
   s.kind = KernelKind::FusedPointwise;
@@ -447,9 +448,13 @@ at::Tensor slice_view(const at::Tensor& t, int64_t d, int64_t k, int64_t slices,
 c10::IValue run_slice_loop(const SliceLoopCall& c, const std::vector<c10::IValue>& slots) {
   std::vector<at::Tensor> results;
   for (const TensorType& t : c.results) {
-    std::vector<int64_t> shape;
+    // The traced strides, not contiguous ones: a later view (flex's output transposed and viewed, say)
+    // relies on the layout eager gave the value.
+    std::vector<int64_t> shape, stride;
     for (const Dim& d : t.shape) shape.push_back(d.value);
-    results.push_back(at::empty(shape, at::TensorOptions().dtype(to_scalar_type(t.dtype)).device(c10::Device(t.device))));
+    for (const Dim& d : t.stride) stride.push_back(d.value);
+    const auto opts = at::TensorOptions().dtype(to_scalar_type(t.dtype)).device(c10::Device(t.device));
+    results.push_back(stride.size() == shape.size() ? at::empty_strided(shape, stride, opts) : at::empty(shape, opts));
   }
   for (int64_t i = 0; i < c.slices; ++i) {
     std::vector<c10::IValue> in;

@@ -7,6 +7,11 @@
 #include <algorithm>
 
 #include "backend/ir/Error.h"
+#ifdef HB_WITH_CUDA
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include "codegen/cuda/FusedPointwise.h"
+#endif
 
 namespace hb::rt {
 namespace {
@@ -61,13 +66,47 @@ bool FusedPointwiseKernel::accepts(const std::vector<at::Tensor>& inputs) const 
   if (static_cast<int>(inputs.size()) != program_.num_inputs || inputs.empty()) return false;
   const c10::ScalarType t = inputs[0].scalar_type();
   if (t != at::kFloat && t != at::kDouble && t != at::kHalf && t != at::kBFloat16) return false;
+  const c10::Device dev = inputs[0].device();
+#ifdef HB_WITH_CUDA
+  if (!dev.is_cpu() && !(dev.is_cuda() && cuda::fits(program_, static_cast<int64_t>(result_.shape.size()))))
+    return false;
+#else
+  if (!dev.is_cpu()) return false;
+#endif
   for (const at::Tensor& x : inputs)
-    if (!x.defined() || !x.device().is_cpu() || x.scalar_type() != t || x.layout() != at::kStrided) return false;
+    if (!x.defined() || x.device() != dev || x.scalar_type() != t || x.layout() != at::kStrided) return false;
   return true;
 }
 
 at::Tensor FusedPointwiseKernel::run(const std::vector<at::Tensor>& inputs) const {
   HB_INTERNAL_CHECK(accepts(inputs)) << "fused pointwise kernel called with inputs it does not accept";
+#ifdef HB_WITH_CUDA
+  if (inputs[0].is_cuda()) {
+    const at::TensorOptions opts = inputs[0].options();
+    bool is_static = true;
+    std::vector<int64_t> shape, stride;
+    for (const Dim& d : result_.shape) is_static &= d.is_static(), shape.push_back(d.value);
+    for (const Dim& d : result_.stride) is_static &= d.is_static(), stride.push_back(d.value);
+    std::vector<int64_t> bshape;  // the broadcast shape, which the IR type must agree with
+    for (const at::Tensor& x : inputs) {
+      const int64_t nd = std::max<int64_t>(static_cast<int64_t>(bshape.size()), x.dim());
+      std::vector<int64_t> next(nd, 1);
+      for (int64_t d = 0; d < nd; ++d) {
+        const int64_t a = d - (nd - static_cast<int64_t>(bshape.size()));
+        const int64_t b = d - (nd - x.dim());
+        const int64_t sa = a >= 0 ? bshape[a] : 1, sb = b >= 0 ? x.size(b) : 1;
+        HB_USER_CHECK(sa == sb || sa == 1 || sb == 1) << "fused pointwise: inputs do not broadcast";
+        next[d] = sa == 1 ? sb : sa;
+      }
+      bshape = next;
+    }
+    at::Tensor out = is_static && shape == bshape && stride.size() == shape.size()
+                         ? at::empty_strided(shape, stride, opts)
+                         : at::empty(bshape, opts);
+    cuda::fused_pointwise(program_, inputs, out);
+    return out;
+  }
+#endif
   at::TensorIteratorConfig cfg;
   cfg.add_owned_output(at::Tensor());
   for (const at::Tensor& x : inputs) cfg.add_const_input(x);

@@ -1,6 +1,8 @@
-// The CPU kernel for hintbackend::fused_pointwise nodes (passes/PointwiseFusion.h): a TensorIterator
+// The kernels for hintbackend::fused_pointwise nodes (passes/PointwiseFusion.h). CPU: a TensorIterator
 // over the inputs (broadcasting, any strides, the output laid out as eager would) whose inner loop
-// evaluates the group's PointwiseProgram (codegen/PointwiseProgram.h) chunk by chunk.
+// evaluates the group's PointwiseProgram (codegen/PointwiseProgram.h) chunk by chunk. CUDA (when
+// built with it): codegen/cuda/FusedPointwise.cu into an output with the node's static shape and
+// strides (eager's layout, from the IR), else a contiguous one of the broadcast shape.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -12,14 +14,17 @@ namespace hb::rt {
 
 class FusedPointwiseKernel {
  public:
-  explicit FusedPointwiseKernel(PointwiseProgram program) : program_(std::move(program)) {}
-  // Whether run() handles these inputs: all on CPU, one floating dtype the program computes in.
+  FusedPointwiseKernel(PointwiseProgram program, TensorType result)
+      : program_(std::move(program)), result_(std::move(result)) {}
+  // Whether run() handles these inputs: all on CPU (or all on one CUDA device, in a CUDA build), one
+  // floating dtype the program computes in.
   bool accepts(const std::vector<at::Tensor>& inputs) const;
   at::Tensor run(const std::vector<at::Tensor>& inputs) const;
   const PointwiseProgram& program() const { return program_; }
 
  private:
   PointwiseProgram program_;
+  TensorType result_;
 };
 
 }  // namespace hb::rt

@@ -1,5 +1,5 @@
-"""Pointwise fusion (passes/PointwiseFusion.h): chains of elementwise ops run as one fused kernel on
-CPU. Every op of the fusion table, forward and backward, in float64 (tight tolerances), float32 and
+"""Pointwise fusion (passes/PointwiseFusion.h): chains of elementwise ops run as one fused kernel (CPU,
+and CUDA with HINTBACKEND_TEST_DEVICE=cuda). Every op of the fusion table, forward and backward, in float64 (tight tolerances), float32 and
 bfloat16, with broadcasting and non-contiguous inputs, compared with eager; the dump shows the fusion."""
 
 import glob
@@ -9,10 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import device
 from helpers import check_model, randn
-
-pytestmark = pytest.mark.skipif(device() != "cpu", reason="the fused pointwise kernel is CPU-only for now")
 
 UNARY = {
     "neg": torch.neg, "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "exp": torch.exp,
