@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build hintbackend there (its Python is 3.12, so nothing built here
-# can be carried), run the test corpus on CUDA, the demo, and the benchmarks. Logs go to $OUT.
-#   run: bash benchmarks/gpu_session.sh
+# Calls on the GPU machine: build hintbackend there (its Python is 3.12, so nothing built here can be
+# carried), run the test corpus on CUDA, the demo, and the benchmarks. Logs go to $OUT.
+#   run: bash benchmarks/gpu_session.sh [all|tests|bench]      (default all; each mode builds first,
+#        reusing the build folder a warm machine kept)
 set -uo pipefail
+MODE="${1:-all}"
 OUT="${OUT:-/tmp/hb-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=16
 PY=python3
@@ -13,21 +15,30 @@ PY=python3
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 t0=$(date +%s)
-rm -rf build/cp3*  # a cached CMake configure would keep the old compiler
+# A configure cached with another compiler would keep it: start over then.
+for c in build/cp3*/CMakeCache.txt; do
+  [ -f "$c" ] && ! grep -q "CMAKE_CXX_COMPILER:.*=/usr/bin/g++" "$c" && rm -rf "$(dirname "$c")"
+done
 $PY -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -5 || exit 1
 echo "build+install: $(( $(date +%s) - t0 )) s"
 $PY -c "import torch, hintbackend; print('hintbackend._C WITH_CUDA =', hintbackend._core().WITH_CUDA)"
 cd /tmp  # import the installed package, not the source tree
 SRC=$OLDPWD
-echo "== pytest on CUDA"
-HINTBACKEND_TEST_DEVICE=cuda timeout 300 $PY -m pytest -q -rfE --tb=short -p no:cacheprovider "$SRC/tests/python" > "$OUT/pytest_cuda.log" 2>&1
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_cuda.log" | tail -25
-echo "== demo on CUDA"
-$PY -m hintbackend.demo --device cuda --steps 5 --dump-dir /tmp/hb-dumps 2>&1 | tee "$OUT/demo_cuda.log" | tail -12
-echo "== overhead benchmark"
-$PY "$SRC/benchmarks/overhead.py" --device cuda --iters 2000 > "$OUT/overhead_cuda.log" 2>&1; tail -4 "$OUT/overhead_cuda.log"
-$PY "$SRC/benchmarks/overhead.py" --device cpu --iters 2000 > "$OUT/overhead_cpu.log" 2>&1; tail -4 "$OUT/overhead_cpu.log"
-if [ -f "$SRC/benchmarks/slicing.py" ]; then
-  echo "== slicing benchmark"
-  timeout 240 $PY "$SRC/benchmarks/slicing.py" > "$OUT/slicing.log" 2>&1; tail -16 "$OUT/slicing.log"
+if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
+  echo "== pytest on CUDA"
+  HINTBACKEND_TEST_DEVICE=cuda timeout 330 $PY -m pytest -q -rfE --tb=short -p no:cacheprovider "$SRC/tests/python" \
+    > "$OUT/pytest_cuda.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_cuda.log" | tail -25
+  echo "== demo on CUDA"
+  $PY -m hintbackend.demo --device cuda --steps 5 --dump-dir /tmp/hb-dumps 2>&1 | tee "$OUT/demo_cuda.log" | tail -12
+  echo "== overhead benchmark"
+  $PY "$SRC/benchmarks/overhead.py" --device cuda --iters 2000 > "$OUT/overhead_cuda.log" 2>&1; tail -4 "$OUT/overhead_cuda.log"
+  $PY "$SRC/benchmarks/overhead.py" --device cpu --iters 2000 > "$OUT/overhead_cpu.log" 2>&1; tail -4 "$OUT/overhead_cpu.log"
+fi
+if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
+  for b in slicing memory; do
+    [ -f "$SRC/benchmarks/$b.py" ] || continue
+    echo "== $b benchmark"
+    timeout 300 $PY "$SRC/benchmarks/$b.py" > "$OUT/$b.log" 2>&1; tail -20 "$OUT/$b.log"
+  done
 fi
