@@ -990,8 +990,8 @@ std::string Executor::memory_plan_text() const {
     for (const PlannedBuffer& b : plan_.buffers) placed += static_cast<int>(b.values.size());
     if (plan_.arena_bytes == 0) os << "nothing to place, no arena";
     else
-      os << placed << " results placed through out= overloads into one arena of " << plan_.arena_bytes
-         << " bytes per call on " << arena_device_.str();
+      os << placed << (placed == 1 ? " result" : " results") << " placed through out= overloads into one arena of "
+         << plan_.arena_bytes << " bytes per call on " << arena_device_.str();
     os << "\n" << to_string(plan_, g) << "\n";
   }
   std::set<const Graph*> seen;
