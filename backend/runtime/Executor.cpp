@@ -34,6 +34,15 @@ struct ArgSpec {
   std::vector<ArgSpec> items;   // lists and tuples
 };
 
+// A result the runtime writes into the call's arena: the op runs through its out= overload into a
+// view of the arena with the IR type's layout.
+struct Placement {
+  c10::OperatorHandle out_op;
+  int64_t offset = 0;  // elements of `dtype` from the arena's start
+  std::vector<int64_t> sizes, strides;
+  caffe2::TypeMeta dtype;
+};
+
 struct FlexCall {
   bool backward = false;
   std::vector<ArgSpec> tensors;  // fw: q k v; bw: q k v out lse grad_out grad_lse
@@ -50,15 +59,6 @@ struct SliceLoopCall {
   std::vector<int64_t> in_dims, in_ndims, out_dims, out_ndims;
   int64_t slices = 1;
   std::vector<TensorType> results;  // full result types
-};
-
-// A result the runtime writes into the call's arena: the op runs through its out= overload into a
-// view of the arena with the IR type's layout.
-struct Placement {
-  c10::OperatorHandle out_op;
-  int64_t offset = 0;  // elements of `dtype` from the arena's start
-  std::vector<int64_t> sizes, strides;
-  caffe2::TypeMeta dtype;
 };
 
 struct Step {
@@ -343,9 +343,11 @@ Step plan_aten(const Graph& g, int i) {
   return s;
 }
 
+// `arena`: whether the subgraph's executor places values in an arena of its own; only for subgraphs
+// whose IR types are the shapes they run on (slice_loop bodies).
 std::shared_ptr<Executor> subgraph_executor(const Graph& g, const Arg& a, const std::string& where,
                                             const std::shared_ptr<const std::vector<at::Tensor>>& constants,
-                                            bool arena) {
+                                            bool arena = false) {
   HB_USER_CHECK(a.kind == Arg::Kind::Graph) << where << ": expected a subgraph argument, got " << static_cast<int>(a.kind);
   auto it = g.subgraphs.find(a.s);
   HB_USER_CHECK(it != g.subgraphs.end()) << where << ": unknown subgraph '" << a.s << "'";
@@ -377,13 +379,13 @@ Step plan_flex(const Graph& g, int i, bool backward,
   const size_t base = backward ? 7 : 3;
   // No arena for the mods: they are traced on 0-dim values but run on whole broadcast score grids,
   // so their IR shapes are not the shapes they compute.
-  call->score_mod = subgraph_executor(g, n.args[base], where, constants, false);
-  if (backward) call->joint = subgraph_executor(g, n.args[base + 1], where, constants, false);
+  call->score_mod = subgraph_executor(g, n.args[base], where, constants);
+  if (backward) call->joint = subgraph_executor(g, n.args[base + 1], where, constants);
   const Arg& block_mask = n.args[backward ? 9 : 4];
   HB_USER_CHECK((block_mask.kind == Arg::Kind::Tuple || block_mask.kind == Arg::Kind::List) && !block_mask.items.empty())
       << where << ": the block mask must be a tuple ending in the mask_mod graph";
   // torch 2.11 has 13 entries, 2.5 had 11, newer main 17: the mask graph is always the last one.
-  call->mask_mod = subgraph_executor(g, block_mask.items.back(), where, constants, false);
+  call->mask_mod = subgraph_executor(g, block_mask.items.back(), where, constants);
   call->scale = float_arg(n.args[backward ? 10 : 5], where);
   call->score_buffers = convert_untyped(n.args[backward ? 12 : 7], where);
   call->mask_buffers = convert_untyped(n.args[backward ? 13 : 8], where);
