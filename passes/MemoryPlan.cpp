@@ -83,7 +83,7 @@ Values lifetimes(const Graph& g) {
       const int k = node.args.size() > 1 ? static_cast<int>(node.args[1].i) : 0;
       base = V.find(node.args[0].ref, k);
       if (base < 0) base = V.find(node.args[0].ref, -1);
-    } else if ((node.effects.is_view || node.effects.mutates) && !node.args.empty() &&
+    } else if ((node.effects.is_view || node.effects.mutates || aliases_without_annotation(node)) && !node.args.empty() &&
                node.args[0].kind == Arg::Kind::Ref) {
       base = V.find(node.args[0].ref, -1);
     }
@@ -113,20 +113,6 @@ Values lifetimes(const Graph& g) {
   return V;
 }
 
-bool in_place_op(const Node& n) {
-  static const std::set<std::string> k = {
-      "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::add.Scalar",
-      "aten::mul.Scalar", "aten::div.Scalar", "aten::sub.Scalar", "aten::neg.default", "aten::exp.default",
-      "aten::exp2.default", "aten::log.default", "aten::tanh.default", "aten::sigmoid.default",
-      "aten::relu.default", "aten::gelu.default", "aten::silu.default", "aten::rsqrt.default",
-      "aten::sqrt.default", "aten::reciprocal.default", "aten::abs.default", "aten::pow.Tensor_Scalar",
-      "aten::clamp.default", "aten::where.self", "aten::maximum.default", "aten::minimum.default",
-      "aten::masked_fill.Scalar", "aten::threshold_backward.default", "aten::gelu_backward.default",
-      "aten::sigmoid_backward.default", "aten::tanh_backward.default", "aten::silu_backward.default",
-      "aten::erf.default", "aten::square.default"};
-  return k.count(n.target) > 0;
-}
-
 bool same_shape(const TensorType& a, const TensorType& b) {
   if (a.dtype != b.dtype || a.shape.size() != b.shape.size()) return false;
   for (size_t i = 0; i < a.shape.size(); ++i)
@@ -143,6 +129,29 @@ int64_t arena_of(const std::vector<BufferRequest>& reqs, const std::vector<int64
 }
 
 }  // namespace
+
+// The runtime calls each of these through its out= overload with `out` being the dying input itself
+// (same shape, strides, dtype): all are TensorIterator kernels, which allow an output that fully
+// overlaps an input (as their in-place variants do), or generated out= wrappers that compute the
+// functional result first and then copy it into `out`.
+bool in_place_elementwise(const Node& n) {
+  static const std::set<std::string> k = {
+      "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::add.Scalar",
+      "aten::mul.Scalar", "aten::div.Scalar", "aten::sub.Scalar", "aten::neg.default", "aten::exp.default",
+      "aten::exp2.default", "aten::log.default", "aten::tanh.default", "aten::sigmoid.default",
+      "aten::relu.default", "aten::gelu.default", "aten::silu.default", "aten::rsqrt.default",
+      "aten::sqrt.default", "aten::reciprocal.default", "aten::abs.default", "aten::pow.Tensor_Scalar",
+      "aten::clamp.default", "aten::where.self", "aten::maximum.default", "aten::minimum.default",
+      "aten::masked_fill.Scalar", "aten::threshold_backward.default", "aten::gelu_backward.default",
+      "aten::sigmoid_backward.default", "aten::tanh_backward.default", "aten::silu_backward.default",
+      "aten::erf.default", "aten::square.default"};
+  return k.count(n.target) > 0;
+}
+
+// An op that returns an alias of its first argument although its schema does not say so (so the
+// serializer cannot set is_view): the runtime's result IS a view, so it must not get a buffer of its
+// own, and its base must live as long as it does.
+bool aliases_without_annotation(const Node& n) { return n.target == "aten::_unsafe_view.default"; }
 
 // ---- strategies ---------------------------------------------------------------------------------
 
@@ -263,6 +272,7 @@ MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt) {
     else if (V.last[v] == kForever) why = "output";
     else if (V.bytes[v] < 0) why = "symbolic shape";
     else if (V.bytes[v] == 0) why = "empty";
+    else if (opt.unplaceable) why = opt.unplaceable(g, V.vals[v].node);
     if (!why.empty()) P.unplanned.push_back({V.vals[v], why});
     else plannable[v] = true;
   }
@@ -272,7 +282,7 @@ MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt) {
     const Node& node = g.nodes[V.vals[v].node];
     const int j = V.vals[v].node;
     int reuse = -1;
-    if (opt.in_place && V.vals[v].elem < 0 && in_place_op(node)) {
+    if (opt.in_place && V.vals[v].elem < 0 && in_place_elementwise(node)) {
       std::vector<int> read_roots;
       node.for_each_input([&](const Arg& a) {
         for (auto it = V.id.lower_bound({a.ref, std::numeric_limits<int>::min()});
@@ -339,6 +349,7 @@ MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt) {
   for (int64_t d : delta) P.live_peak_bytes = std::max(P.live_peak_bytes, live += d);
   // 5. slice_loop bodies: one plan each, reused by every slice.
   for (const Node& node : g.nodes) {
+    if (!opt.bodies) break;
     if (node.target != "hintbackend::slice_loop" || node.args.empty() || node.args[0].kind != Arg::Kind::Graph) continue;
     auto it = g.subgraphs.find(node.args[0].s);
     if (it != g.subgraphs.end() && !P.bodies.count(it->first))

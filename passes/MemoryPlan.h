@@ -1,9 +1,10 @@
 // memory-plan (analysis): offsets for the graph's intermediates in ONE arena per graph call.
 //
-//   1. lifetimes   over the final order; a view (and getitem, and an in-place op's result) is not a
-//                  buffer: it extends its base's life. Each tuple element is its own buffer.
+//   1. lifetimes   over the final order; a view (and getitem, an in-place op's result, and
+//                  aten::_unsafe_view, a view its schema does not declare) is not a buffer: it extends
+//                  its base's life. Each tuple element is its own buffer.
 //   2. unplanned   graph inputs, constants, anything the graph returns or that a returned value aliases,
-//                  symbolic shapes, non-tensors.
+//                  symbolic shapes, non-tensors, and what MemoryPlanOptions::unplaceable rejects.
 //   3. in-place    an elementwise op may write into an input's buffer when that input dies at this op,
 //                  has the same shape and dtype, and the op reads no other view of it.
 //   4. placement   an ArenaAllocator strategy (greedy-by-size as TFLite's arena planner, best-fit
@@ -11,10 +12,12 @@
 //
 // The runtime allocates arena_bytes once per call and makes each planned value a view at its offset
 // (plan.offset_of(node, elem)); unplanned values are allocated as usual. The plan is a pure function
-// of the final graph: memory_plan(g) after the pipeline gives exactly what the pass printed.
-// slice_loop bodies get their own plans (bodies), reused by every slice.
+// of the final graph and the options: the pass prints memory_plan(g) (every value placeable); the
+// runtime computes memory_plan(g, {unplaceable = what it cannot place}) and dumps that one as
+// "memory-plan-runtime". slice_loop bodies get their own plans (bodies), reused by every slice.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -95,9 +98,24 @@ struct MemoryPlanOptions {
   // The environment variable HINTBACKEND_MEMORY_PLAN_STRATEGY, when set, overrides it.
   std::string strategy;
   bool in_place = true;  // HINTBACKEND_MEMORY_PLAN_IN_PLACE=0 turns in-place reuse off
+  // Which values the runtime can write into the arena: called per node that would get a buffer,
+  // returns "" when it can, else why not (then the value is unplanned with that reason). Null: every
+  // value can. The runtime (backend/runtime/Executor.cpp) passes "an ATen op it can call through an
+  // out= overload", so the plan it computes has exactly the buffers it places.
+  std::function<std::string(const Graph& g, int node)> unplaceable;
+  // Also plan slice_loop bodies (into MemoryPlan::bodies, with these same options). The runtime turns
+  // it off: each body's executor computes its own plan.
+  bool bodies = true;
 };
 
 MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt = {});
+
+// The elementwise ops whose result may take over a dying input's buffer (step 3). The runtime
+// checks its in-place placements against it.
+bool in_place_elementwise(const Node& n);
+// Ops whose result aliases their first argument although their schema does not say so
+// (aten::_unsafe_view): lifetimes treat them as views.
+bool aliases_without_annotation(const Node& n);
 
 // Heap simulator: the most bytes live at once over the graph's order, counting everything (inputs for
 // the whole call, outputs to the end, views as their base, symbolic shapes as 0) plus, while a

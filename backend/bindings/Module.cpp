@@ -74,6 +74,7 @@ class CompiledGraph {
     if (kernels_.unsupported_descriptions.empty()) {
       auto consts = std::make_shared<const std::vector<at::Tensor>>(std::move(constants));
       executor_ = std::make_unique<rt::Executor>(graph_, kernels_, consts);
+      dumps_.emplace_back("memory-plan-runtime", executor_->memory_plan_text());
     }
   }
 

@@ -4,16 +4,24 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/core/function_schema.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "backend/ir/Error.h"
 #include "backend/runtime/FlexAttention.h"
 #include "backend/runtime/FusedPointwise.h"
 #include "passes/Liveness.h"
+#include "passes/MemoryPlan.h"
 #include "passes/SliceLegality.h"
 #include "passes/SliceSchedule.h"
 
@@ -26,6 +34,15 @@ struct ArgSpec {
   c10::IValue value;            // Const
   int slot = -1;                // Slot, NumberSlot (a SymInt/SymFloat value where a Tensor is expected)
   std::vector<ArgSpec> items;   // lists and tuples
+};
+
+// A result the runtime writes into the call's arena: the op runs through its out= overload into a
+// view of the arena with the IR type's layout.
+struct Placement {
+  c10::OperatorHandle out_op;
+  int64_t offset = 0;  // elements of `dtype` from the arena's start
+  std::vector<int64_t> sizes, strides;
+  caffe2::TypeMeta dtype;
 };
 
 struct FlexCall {
@@ -64,6 +81,8 @@ struct Step {
   std::shared_ptr<SliceLoopCall> loop;
   std::shared_ptr<FusedCall> fused;
   std::vector<int> release;         // slots to drop after this step
+  std::shared_ptr<const Placement> place;  // set: the result goes into the arena (plan_arena)
+  bool fresh_result = false;        // a result that must not alias the arena (see keep_out_of_arena)
 };
 
 c10::IValue build_arg(const ArgSpec& s, const std::vector<c10::IValue>& slots);
@@ -334,15 +353,18 @@ Step plan_aten(const Graph& g, int i) {
   return s;
 }
 
+// `arena`: whether the subgraph's executor places values in an arena of its own; only for subgraphs
+// whose IR types are the shapes they run on (slice_loop bodies).
 std::shared_ptr<Executor> subgraph_executor(const Graph& g, const Arg& a, const std::string& where,
-                                            const std::shared_ptr<const std::vector<at::Tensor>>& constants) {
+                                            const std::shared_ptr<const std::vector<at::Tensor>>& constants,
+                                            bool arena = false) {
   HB_USER_CHECK(a.kind == Arg::Kind::Graph) << where << ": expected a subgraph argument, got " << static_cast<int>(a.kind);
   auto it = g.subgraphs.find(a.s);
   HB_USER_CHECK(it != g.subgraphs.end()) << where << ": unknown subgraph '" << a.s << "'";
   const KernelPlan kp = select_kernels(*it->second);
   HB_USER_CHECK(kp.unsupported_descriptions.empty())
       << where << ": subgraph '" << a.s << "' uses an unsupported op: " << kp.unsupported_descriptions.front();
-  return std::make_shared<Executor>(it->second, kp, constants);
+  return std::make_shared<Executor>(it->second, kp, constants, arena);
 }
 
 double float_arg(const Arg& a, const std::string& where) {
@@ -365,6 +387,8 @@ Step plan_flex(const Graph& g, int i, bool backward,
   const size_t ntensors = backward ? 7 : 3;
   for (size_t k = 0; k < ntensors; ++k) call->tensors.push_back(convert_untyped(n.args[k], where));
   const size_t base = backward ? 7 : 3;
+  // No arena for the mods: they are traced on 0-dim values but run on whole broadcast score grids,
+  // so their IR shapes are not the shapes they compute.
   call->score_mod = subgraph_executor(g, n.args[base], where, constants);
   if (backward) call->joint = subgraph_executor(g, n.args[base + 1], where, constants);
   const Arg& block_mask = n.args[backward ? 9 : 4];
@@ -382,12 +406,14 @@ Step plan_flex(const Graph& g, int i, bool backward,
   return s;
 }
 
-Step plan_slice_loop(const Graph& g, int i, const std::shared_ptr<const std::vector<at::Tensor>>& constants) {
+Step plan_slice_loop(const Graph& g, int i, const std::shared_ptr<const std::vector<at::Tensor>>& constants,
+                     bool arena) {
   const Node& n = g.nodes[i];
   const std::string where = describe(g, i);
   const SliceLoopArgs a = slice_loop_args(n);
   auto call = std::make_shared<SliceLoopCall>();
-  call->body = subgraph_executor(g, n.args.at(0), where, constants);
+  // The body is an ordinary graph with the per-slice types, so its executor plans its own arena.
+  call->body = subgraph_executor(g, n.args.at(0), where, constants, arena);
   call->inputs = a.inputs;
   call->in_dims = a.in_dims;
   call->in_ndims = a.in_ndims;
@@ -445,7 +471,8 @@ at::Tensor slice_view(const at::Tensor& t, int64_t d, int64_t k, int64_t slices,
   return v;
 }
 
-c10::IValue run_slice_loop(const SliceLoopCall& c, const std::vector<c10::IValue>& slots) {
+// `arenas`: counts the body arenas allocated (one per loop, reused by every slice).
+c10::IValue run_slice_loop(const SliceLoopCall& c, const std::vector<c10::IValue>& slots, int64_t& arenas) {
   std::vector<at::Tensor> results;
   for (const TensorType& t : c.results) {
     // The traced strides, not contiguous ones: a later view (flex's output transposed and viewed, say)
@@ -456,6 +483,9 @@ c10::IValue run_slice_loop(const SliceLoopCall& c, const std::vector<c10::IValue
     const auto opts = at::TensorOptions().dtype(to_scalar_type(t.dtype)).device(c10::Device(t.device));
     results.push_back(stride.size() == shape.size() ? at::empty_strided(shape, stride, opts) : at::empty(shape, opts));
   }
+  // The body's arena, once for all slices: nothing placed in slice i outlives its body call (the
+  // body's outputs are never in its arena, and they are copied out before slice i + 1 runs).
+  at::Tensor arena;
   for (int64_t i = 0; i < c.slices; ++i) {
     std::vector<c10::IValue> in;
     in.reserve(c.inputs.size());
@@ -463,7 +493,11 @@ c10::IValue run_slice_loop(const SliceLoopCall& c, const std::vector<c10::IValue
       const c10::IValue& x = slots[c.inputs[j]];
       in.push_back(c.in_dims[j] < 0 ? x : c10::IValue(slice_view(x.toTensor(), c.in_dims[j], c.in_ndims[j], c.slices, i)));
     }
-    std::vector<c10::IValue> out = c.body->run(std::move(in));
+    if (i == 0 && c.body->places(in)) {
+      arena = c.body->new_arena();
+      ++arenas;
+    }
+    std::vector<c10::IValue> out = c.body->run(std::move(in), arena);
     HB_INTERNAL_CHECK(out.size() == results.size()) << "slice body returned " << out.size() << " values";
     for (size_t k = 0; k < out.size(); ++k)
       slice_view(results[k], c.out_dims[k], c.out_ndims[k], c.slices, i).copy_(out[k].toTensor());
@@ -577,16 +611,163 @@ c10::IValue get_item(const c10::IValue& container, int64_t idx, Where where) {
   return elems[idx];
 }
 
+// ---- arena placement --------------------------------------------------------------------------
+
+bool same_argument(const c10::Argument& a, const c10::Argument& b) {
+  if (a.name() != b.name() || !(*a.type() == *b.type())) return false;
+  const c10::AliasInfo* x = a.alias_info();
+  const c10::AliasInfo* y = b.alias_info();
+  return (!x && !y) || (x && y && *x == *y);
+}
+
+// `o` is the out= form of `f`: f's arguments (same names, types, order), then one Tensor(a!)
+// argument, and it returns that one tensor.
+bool is_out_overload_of(const c10::FunctionSchema& f, const c10::FunctionSchema& o) {
+  const auto& fa = f.arguments();
+  const auto& oa = o.arguments();
+  if (oa.size() != fa.size() + 1 || o.returns().size() != 1) return false;
+  for (size_t k = 0; k < fa.size(); ++k)
+    if (!same_argument(fa[k], oa[k])) return false;
+  const c10::Argument& out = oa.back();
+  return out.type()->kind() == c10::TypeKind::TensorType && out.alias_info() && out.alias_info()->isWrite() &&
+         o.returns()[0].type()->kind() == c10::TypeKind::TensorType;
+}
+
+// Overload names registered for an operator name ("aten::sum" -> "", "dim_IntList", "IntList_out", ...).
+std::vector<std::string> overloads_of(const std::string& name) {
+  static std::mutex mu;
+  static std::map<std::string, std::vector<std::string>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(name);
+  if (it == cache.end()) {  // (re)build: libraries may have registered operators since the last time
+    cache.clear();
+    for (const c10::OperatorName& op : c10::Dispatcher::singleton().getAllOpNames())
+      cache[op.name].push_back(op.overload_name);
+    it = cache.find(name);
+    if (it == cache.end()) return {};
+  }
+  return it->second;
+}
+
+// The out= overload of a functional op: by the usual names first ("<overload>_out", "out"), then any
+// overload of the same name with the out= shape (sum.dim_IntList -> sum.IntList_out,
+// threshold_backward -> threshold_backward.grad_input).
+std::optional<c10::OperatorHandle> find_out_overload(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& f = op.schema();
+  const std::string& overload = f.overload_name();
+  std::vector<std::string> names;
+  if (!overload.empty()) names.push_back(overload + "_out");
+  names.push_back("out");
+  for (std::string& n : overloads_of(f.name())) names.push_back(std::move(n));
+  for (const std::string& n : names) {
+    if (n == overload) continue;
+    auto h = c10::Dispatcher::singleton().findSchema({f.name(), n});
+    if (h && is_out_overload_of(f, h->schema())) return h;
+  }
+  return std::nullopt;
+}
+
+// Static shape and the plain contiguous layout (a size-1 dim's stride does not matter).
+bool contiguous_static(const TensorType& t) {
+  if (t.stride.size() != t.shape.size()) return false;
+  int64_t expect = 1;
+  for (size_t k = t.shape.size(); k-- > 0;) {
+    if (!t.shape[k].is_static() || !t.stride[k].is_static()) return false;
+    if (t.shape[k].value != 1 && t.stride[k].value != expect) return false;
+    expect *= t.shape[k].value;
+  }
+  return true;
+}
+
+// Why step `s`'s result cannot be written into the arena; "" when it can, and then *out_op is the
+// out= overload to call. Only an ATen op with an out= overload and one tensor result of static,
+// contiguous layout on a CPU or CUDA device is placeable; every other kind of node (FlexAttention,
+// slice loops, fused kernels ...) allocates its own result.
+std::string unplaceable_why(const Graph& g, const Step& s, std::optional<c10::OperatorHandle>* out_op) {
+  const Node& n = g.nodes[s.node];
+  if (s.kind != KernelKind::Aten || !s.op) return std::string(kernel_kind_name(s.kind));
+  if (n.effects.is_view || n.effects.mutates || aliases_without_annotation(n)) return "alias";
+  if (n.effects.nondeterministic_seeded) return "random";  // its out= overload may draw differently
+  if (n.type.kind == ValueType::Kind::Tuple) return "multi-output op";
+  if (n.type.kind != ValueType::Kind::Tensor) return "not a tensor";
+  const c10::FunctionSchema& f = s.op->schema();
+  if (f.is_mutable() || f.returns().size() != 1 || f.returns()[0].type()->kind() != c10::TypeKind::TensorType ||
+      f.returns()[0].alias_info())
+    return "schema is not one fresh tensor";
+  const TensorType& t = n.type.tensor;
+  if (!contiguous_static(t)) return "not static contiguous";
+  if (to_scalar_type(t.dtype) == c10::ScalarType::Undefined) return "unknown dtype";
+  try {
+    const c10::Device d(t.device);
+    if (!d.is_cpu() && !d.is_cuda()) return "on " + t.device;
+  } catch (const c10::Error&) {
+    return "unknown device";
+  }
+  *out_op = find_out_overload(*s.op);
+  if (!*out_op) return "no matching out= overload";
+  return "";
+}
+
+c10::Device device_of(const TensorType& t) {
+  c10::Device d(t.device);
+  if (d.is_cuda() && !d.has_index()) d.set_index(0);
+  return d;
+}
+
+// A value's place in the arena: a tensor sharing the arena's storage (which keeps it alive) with the
+// planned layout. Built directly, without a dispatcher call per value.
+at::Tensor arena_view(const at::Tensor& arena, const Placement& p) {
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(arena.storage()), arena.key_set(), p.dtype);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(p.sizes, p.strides, p.offset);
+  return t;
+}
+
+bool in_arena(const at::Tensor& t, const c10::StorageImpl* arena) {
+  return t.defined() && t.has_storage() && t.storage().unsafeGetStorageImpl() == arena;
+}
+
+// A result the plan treats as fresh memory must not point into the arena: the arena's bytes are
+// reused once the plan's buffers die, and outputs outlive the call. An op whose schema hides that it
+// returns an alias of an arena value would break both, so such a result is copied out (never seen
+// with ATen's own ops: aten::_unsafe_view, the one known case, is planned as a view).
+void keep_out_of_arena(c10::IValue& v, const c10::StorageImpl* arena) {
+  if (v.isTensor()) {
+    if (in_arena(v.toTensor(), arena)) v = v.toTensor().clone();
+  } else if (v.isTuple()) {
+    bool hit = false;
+    for (const c10::IValue& x : v.toTupleRef().elements()) hit |= x.isTensor() && in_arena(x.toTensor(), arena);
+    if (!hit) return;
+    std::vector<c10::IValue> e(v.toTupleRef().elements().begin(), v.toTupleRef().elements().end());
+    for (c10::IValue& x : e) keep_out_of_arena(x, arena);
+    v = c10::ivalue::Tuple::create(std::move(e));
+  } else if (v.isTensorList()) {
+    bool hit = false;
+    for (const at::Tensor& x : v.toTensorVector()) hit |= in_arena(x, arena);
+    if (!hit) return;
+    std::vector<at::Tensor> e = v.toTensorVector();
+    for (at::Tensor& x : e)
+      if (in_arena(x, arena)) x = x.clone();
+    v = c10::IValue(std::move(e));
+  }
+}
+
+bool env_off(const char* name) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == "0";
+}
+
 }  // namespace
 
 Executor::Executor(std::shared_ptr<const Graph> graph, const KernelPlan& kernels,
-                   std::shared_ptr<const std::vector<at::Tensor>> constants)
+                   std::shared_ptr<const std::vector<at::Tensor>> constants, bool arena)
     : graph_(std::move(graph)), constants_(std::move(constants)) {
   const Graph& g = *graph_;
   HB_INTERNAL_CHECK(kernels.nodes.size() == g.nodes.size()) << "kernel plan does not match the graph";
   HB_INTERNAL_CHECK(kernels.unsupported.empty()) << "executor built for a graph with unsupported nodes";
+  arena_enabled_ = arena && !env_off("HINTBACKEND_ARENA");
   placeholders_ = g.placeholders();
   const Liveness live = liveness(g);
+  std::vector<int> step_of(g.nodes.size(), -1);
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
     const Node& n = g.nodes[i];
     const std::string where = describe(g, i);
@@ -623,7 +804,7 @@ Executor::Executor(std::shared_ptr<const Graph> graph, const KernelPlan& kernels
         s = plan_flex(g, i, s.kind == KernelKind::FlexBackward, constants_);
         break;
       case KernelKind::SliceLoop:
-        s = plan_slice_loop(g, i, constants_);
+        s = plan_slice_loop(g, i, constants_, arena_enabled_);
         break;
       case KernelKind::FusedPointwise:
         s = plan_fused(g, i, constants_);
@@ -637,13 +818,31 @@ Executor::Executor(std::shared_ptr<const Graph> graph, const KernelPlan& kernels
     }
     s.release = live.release_after[i];
     max_stack_ = std::max(max_stack_, s.args.size() + s.num_returns);
+    // Results that are fresh memory by the plan's model (not a view): checked against the arena.
+    s.fresh_result = (s.kind == KernelKind::Aten && !n.effects.is_view && !n.effects.mutates &&
+                      !aliases_without_annotation(n)) ||
+                     s.kind == KernelKind::FlexForward || s.kind == KernelKind::FlexBackward ||
+                     s.kind == KernelKind::ZerosAndScatter;
+    step_of[i] = static_cast<int>(steps_.size());
     steps_.push_back(std::move(s));
   }
+  if (constants_)
+    for (const at::Tensor& c : *constants_) constants_require_grad_ |= c.defined() && c.requires_grad();
+  if (arena_enabled_) plan_arena(step_of);
+}
+
+std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
+  at::Tensor arena;  // one per call, only when something is placed
+  if (places(inputs)) {
+    arena = new_arena();
+    ++allocations_;
+  }
+  return run(std::move(inputs), arena);
 }
 
 Executor::~Executor() = default;
 
-std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
+std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, const at::Tensor& arena) const {
   const Graph& g = *graph_;
   // AOT graphs are functional and run outside autograd (inside autograd.Function.forward/backward, or
   // as an inference graph whose outputs need no grad): skip the Autograd kernels, keep ADInplaceOrView so
@@ -657,12 +856,25 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
   std::vector<c10::IValue> stack;
   stack.reserve(max_stack_);
   std::vector<c10::IValue> outputs;
+  const c10::StorageImpl* arena_storage = arena.defined() ? arena.storage().unsafeGetStorageImpl() : nullptr;
+  int64_t placed = 0, loop_arenas = 0;
   for (const Step& s : steps_) {
     try {
       switch (s.kind) {
         case KernelKind::Aten:
           stack.clear();
           for (const ArgSpec& a : s.args) stack.push_back(build_arg(a, slots));
+          if (s.place && arena_storage) {  // into the arena, through the out= overload
+            at::Tensor out = arena_view(arena, *s.place);
+            stack.push_back(out);
+            s.place->out_op.callBoxed(stack);
+            HB_INTERNAL_CHECK(out.sizes().equals(s.place->sizes))
+                << describe(g, s.node) << ": result shape " << out.sizes() << " is not the IR type's; "
+                << "rerun with HINTBACKEND_ARENA=0 and report it with a dump (dump_dir)";
+            slots[s.node] = std::move(out);
+            ++placed;
+            break;
+          }
           s.op->callBoxed(stack);
           if (s.num_returns == 1) slots[s.node] = std::move(stack[0]);
           else if (s.num_returns == 0) slots[s.node] = c10::IValue();
@@ -685,7 +897,7 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
           slots[s.node] = run_flex(*s.flex, slots);
           break;
         case KernelKind::SliceLoop:
-          slots[s.node] = run_slice_loop(*s.loop, slots);
+          slots[s.node] = run_slice_loop(*s.loop, slots, loop_arenas);
           break;
         case KernelKind::FusedPointwise:
           slots[s.node] = run_fused(*s.fused, slots);
@@ -708,6 +920,8 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
           } else {
             outputs.push_back(v);
           }
+          if (arena_storage)  // never: the plan does not place what is returned (but outputs outlive the arena)
+            for (c10::IValue& x : outputs) keep_out_of_arena(x, arena_storage);
           break;
         }
         default:
@@ -717,9 +931,137 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
       throw std::runtime_error("hintbackend: while running " + describe(g, s.node) + ": " +
                                e.what_without_backtrace());
     }
+    if (s.fresh_result && arena_storage) keep_out_of_arena(slots[s.node], arena_storage);
     for (int r : s.release) slots[r] = c10::IValue();
   }
+  last_arena_bytes_ = arena_storage ? plan_.arena_bytes : 0;
+  last_placed_ = placed;
+  allocations_ += loop_arenas;
   return outputs;
+}
+
+// ---- arena placement ----------------------------------------------------------------------------
+
+void Executor::plan_arena(const std::vector<int>& step_of) {
+  const Graph& g = *graph_;
+  const int n = static_cast<int>(g.nodes.size());
+  std::vector<std::string> why(n);
+  std::vector<std::optional<c10::OperatorHandle>> out_ops(n);
+  std::map<std::string, int64_t> bytes_on;  // device -> bytes of placeable results there
+  for (int i = 0; i < n; ++i) {
+    if (step_of[i] < 0) {
+      why[i] = "input";
+      continue;
+    }
+    why[i] = unplaceable_why(g, steps_[step_of[i]], &out_ops[i]);
+    if (!why[i].empty()) continue;
+    const TensorType& t = g.nodes[i].type.tensor;
+    bytes_on[device_of(t).str()] += t.numel().value_or(0) * dtype_bytes(t.dtype);
+  }
+  // One arena per call, on one device: the one with the most placeable bytes.
+  std::string device;
+  int64_t most = -1;
+  for (const auto& kv : bytes_on)
+    if (kv.second > most) {
+      most = kv.second;
+      device = kv.first;
+    }
+  if (!device.empty()) arena_device_ = c10::Device(device);
+  for (int i = 0; i < n; ++i)
+    if (why[i].empty() && device_of(g.nodes[i].type.tensor).str() != device)
+      why[i] = "on " + g.nodes[i].type.tensor.device + ", the arena is on " + device;
+  MemoryPlanOptions opt;
+  opt.in_place = !env_off("HINTBACKEND_MEMORY_PLAN_IN_PLACE");
+  opt.bodies = false;  // each slice_loop body's executor plans its own
+  opt.unplaceable = [&](const Graph& graph, int node) { return &graph == &g ? why[node] : std::string("subgraph"); };
+  plan_ = hb::memory_plan(g, opt);
+  for (const PlannedBuffer& b : plan_.buffers) {
+    for (size_t k = 0; k < b.values.size(); ++k) {
+      const ValueRef& v = b.values[k];
+      const Node& node = g.nodes[v.node];
+      HB_INTERNAL_CHECK(v.elem < 0 && why[v.node].empty() && step_of[v.node] >= 0)
+          << describe(g, v.node) << ": the memory plan placed a value the runtime cannot place";
+      const TensorType& t = node.type.tensor;
+      if (k > 0) {
+        // In place: the op writes over an input that dies here, through its out= overload. Only the
+        // elementwise ops the planner allows (all safe with out == that input), same layout.
+        const TensorType& first = g.nodes[b.values[0].node].type.tensor;
+        bool same = in_place_elementwise(node) && first.dtype == t.dtype && first.shape.size() == t.shape.size();
+        for (size_t d = 0; same && d < t.shape.size(); ++d)
+          same = first.shape[d].value == t.shape[d].value && first.stride[d].value == t.stride[d].value;
+        HB_INTERNAL_CHECK(same) << describe(g, v.node) << ": in-place reuse of a buffer with another layout";
+      }
+      std::vector<int64_t> sizes, strides;
+      for (const Dim& d : t.shape) sizes.push_back(d.value);
+      for (const Dim& d : t.stride) strides.push_back(d.value);
+      const int64_t elem = dtype_bytes(t.dtype);
+      HB_INTERNAL_CHECK(b.offset % elem == 0) << describe(g, v.node) << ": arena offset not aligned to its dtype";
+      Step& s = steps_[step_of[v.node]];
+      s.place = std::make_shared<const Placement>(Placement{*out_ops[v.node], b.offset / elem, std::move(sizes),
+                                                            std::move(strides),
+                                                            caffe2::TypeMeta::fromScalarType(to_scalar_type(t.dtype))});
+      s.fresh_result = false;
+      max_stack_ = std::max(max_stack_, s.args.size() + 1);
+    }
+  }
+}
+
+bool Executor::places(const std::vector<c10::IValue>& inputs) const {
+  if (plan_.arena_bytes == 0) return false;
+  // out= overloads refuse arguments that require grad while autograd records: then run as before.
+  if (!c10::GradMode::is_enabled() || c10::impl::tls_is_dispatch_keyset_excluded(c10::autograd_dispatch_keyset))
+    return true;
+  if (constants_require_grad_) return false;
+  for (const c10::IValue& v : inputs)
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().requires_grad()) return false;
+  return true;
+}
+
+at::Tensor Executor::new_arena() const {
+  if (plan_.arena_bytes == 0) return at::Tensor();
+  at::Tensor arena = at::empty({plan_.arena_bytes}, at::TensorOptions().dtype(at::kByte).device(arena_device_));
+  // A wrong IR shape must not grow the arena under the views already made of it: fail instead.
+  arena.storage().unsafeGetStorageImpl()->set_resizable(false);
+  return arena;
+}
+
+Executor::ArenaStats Executor::arena_stats() const {
+  ArenaStats s;
+  s.arena_bytes = last_arena_bytes_.load();
+  s.placed = last_placed_.load();
+  s.allocations = allocations_.load();
+  return s;
+}
+
+std::string Executor::memory_plan_text() const {
+  const Graph& g = *graph_;
+  std::ostringstream os;
+  os << "memory-plan-runtime graph " << g.name << ": ";
+  if (!arena_enabled_) {
+    os << "arena off (HINTBACKEND_ARENA=0 or turned off for this graph): every op allocates its own result\n";
+  } else {
+    int placed = 0;
+    for (const PlannedBuffer& b : plan_.buffers) placed += static_cast<int>(b.values.size());
+    if (plan_.arena_bytes == 0) os << "nothing to place, no arena";
+    else
+      os << placed << (placed == 1 ? " result" : " results") << " placed through out= overloads into one arena of "
+         << plan_.arena_bytes << " bytes per call on " << arena_device_.str();
+    os << "\n" << to_string(plan_, g) << "\n";
+  }
+  std::set<const Graph*> seen;
+  for (const Step& s : steps_) {
+    std::vector<const Executor*> subs;
+    if (s.loop) subs.push_back(s.loop->body.get());
+    if (s.flex)
+      for (const auto& e : {s.flex->score_mod, s.flex->joint, s.flex->mask_mod})
+        if (e) subs.push_back(e.get());
+    if (s.loop)
+      os << "slice_loop %" << g.nodes[s.node].name << ": " << s.loop->slices << " slices of graph "
+         << s.loop->body->graph().name << ", one arena per loop (reused by every slice)\n";
+    for (const Executor* e : subs)
+      if (seen.insert(&e->graph()).second) os << e->memory_plan_text();
+  }
+  return os.str();
 }
 
 }  // namespace hb::rt

@@ -1,16 +1,28 @@
 // The runtime: executes an IR graph with no Python in the per-node path. The constructor turns
 // the graph and its kernel plan into a list of steps once (dispatcher handles resolved, constant
 // arguments converted to IValues against the op's schema, release lists from liveness); run()
-// then walks the steps. Each intermediate is released after its last use.
+// then walks the steps.
+//
+// Memory: the constructor also decides which results it can place (an ATen op with an out=
+// overload, one tensor of static contiguous layout) and computes the memory plan over those only
+// (passes/MemoryPlan.h). Each run() then allocates ONE arena of arena_bytes() (at::empty, so on
+// CUDA from the caching allocator) and calls each placed op through its out= overload into a view
+// of the arena at its planned offset. Everything else (inputs, outputs, views, multi-output ops,
+// ops without out=) is allocated by its op as before and released after its last use. Outputs
+// never live in the arena. HINTBACKEND_ARENA=0 (read at construction) turns placement off.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/ir/Graph.h"
 #include "codegen/KernelSelect.h"
+#include "passes/MemoryPlan.h"
 
 namespace hb::rt {
 
@@ -19,8 +31,9 @@ struct Step;
 class Executor {
  public:
   // `constants`: the document's tensor constants (get_attr nodes index into it), shared by subgraphs.
+  // `arena`: place intermediates in one arena per call (also off when HINTBACKEND_ARENA=0).
   Executor(std::shared_ptr<const Graph> graph, const KernelPlan& kernels,
-           std::shared_ptr<const std::vector<at::Tensor>> constants);
+           std::shared_ptr<const std::vector<at::Tensor>> constants, bool arena = true);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -28,9 +41,31 @@ class Executor {
   // Inputs in placeholder order; returns the graph's outputs flattened (one IValue per element of
   // the returned tuple or list; a single value if the graph returns one).
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs) const;
+  // The same in a caller's arena from new_arena() (slice loops: one arena for all slices); an
+  // undefined `arena` runs without placement.
+  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs, const at::Tensor& arena) const;
+  // Whether a run on these inputs places values: the plan has an arena, and autograd will not
+  // record (out= overloads refuse inputs that require grad while it does).
+  bool places(const std::vector<c10::IValue>& inputs) const;
+  // A fresh arena for one call: arena_bytes() bytes, not resizable, on the plan's device.
+  at::Tensor new_arena() const;
 
   int num_inputs() const { return static_cast<int>(placeholders_.size()); }
   const Graph& graph() const { return *graph_; }
+
+  // The plan run() uses (empty when placement is off) and its bytes.
+  const MemoryPlan& runtime_plan() const { return plan_; }
+  int64_t arena_bytes() const { return plan_.arena_bytes; }
+  // For the dumps ("memory-plan-runtime"): this graph's plan, why each op's result is not placed,
+  // then the plans of the subgraphs it runs (slice_loop bodies, FlexAttention mods).
+  std::string memory_plan_text() const;
+
+  struct ArenaStats {
+    int64_t arena_bytes = 0;  // the last run's arena (0: none allocated)
+    int64_t placed = 0;       // the last run: results written into the arena through out= overloads
+    int64_t allocations = 0;  // all runs: arenas allocated, this graph's and its slice_loop bodies'
+  };
+  ArenaStats arena_stats() const;
 
  private:
   std::shared_ptr<const Graph> graph_;
@@ -39,6 +74,14 @@ class Executor {
   std::vector<Step> steps_;
   std::vector<int> release_inputs_;  // placeholders nobody reads: dropped at once
   size_t max_stack_ = 0;
+
+  // Arena placement (plan_arena in Executor.cpp).
+  void plan_arena(const std::vector<int>& step_of);
+  bool arena_enabled_ = true;
+  bool constants_require_grad_ = false;
+  MemoryPlan plan_;
+  c10::Device arena_device_ = c10::Device(c10::kCPU);
+  mutable std::atomic<int64_t> last_arena_bytes_{0}, last_placed_{0}, allocations_{0};
 };
 
 }  // namespace hb::rt

@@ -6,6 +6,7 @@
                        ir-after-<k>-<pass>.txt  after each pass ("(unchanged)" when it did nothing)
                        ir-final.txt           the IR that runs
                        kernels.txt            which kernel runs each node
+                       memory-plan-runtime.txt  the memory plan the runtime uses (what it places in its arena)
                        notes.txt              what passes reported (disabled passes, schedules, plans)
 """
 

@@ -96,6 +96,8 @@ def test_dumps_every_stage(tmp_path):
     ir = (fwd / "ir-final.txt").read_text()
     assert "aten::mm.default" in ir and "aten::relu.default" in ir
     assert "aten-dispatch aten::mm.default" in (fwd / "kernels.txt").read_text()
+    runtime_plan = (fwd / "memory-plan-runtime.txt").read_text()
+    assert runtime_plan.startswith("memory-plan-runtime graph") and "%mm" in runtime_plan, runtime_plan
 
 
 def test_dump_dir_from_environment(tmp_path, monkeypatch):

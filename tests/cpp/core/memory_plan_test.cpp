@@ -128,7 +128,8 @@ struct Oracle {
     for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
       const Node& n = g.nodes[i];
       if (n.target == "operator::getitem") root[{i, -1}] = root_of({n.args[0].ref, static_cast<int>(n.args[1].i)});
-      else if (n.effects.is_view || n.effects.mutates) root[{i, -1}] = root_of({n.args[0].ref, -1});
+      else if (n.effects.is_view || n.effects.mutates || n.target == "aten::_unsafe_view.default")
+        root[{i, -1}] = root_of({n.args[0].ref, -1});  // _unsafe_view: a view its schema does not declare
     }
     const Node& out = g.nodes[g.output_node()];
     out.for_each_input([&](const Arg& a) {
@@ -205,7 +206,7 @@ void check_invariants(const Graph& g, const MemoryPlan& p) {
 }
 
 TEST(memory_plan, invariants_hold_on_random_graphs) {
-  int planned = 0, reused = 0, in_place = 0;
+  int planned = 0, reused = 0, in_place = 0, rejected_planned = 0;
   for (uint32_t seed = 1; seed <= 400; ++seed) {
     Gen gen(seed);
     const Graph g = gen.build();
@@ -221,6 +222,22 @@ TEST(memory_plan, invariants_hold_on_random_graphs) {
       reused += p.arena_bytes < p.no_reuse_bytes;
       for (const PlannedBuffer& b : p.buffers) in_place += b.values.size() > 1;
     }
+    {  // What the runtime cannot place gets no buffer, says why, and the rest still holds.
+      SCOPED_TRACE("seed " + std::to_string(seed) + " with unplaceable nodes");
+      MemoryPlanOptions opt;
+      opt.in_place = seed % 2 == 1;
+      const uint32_t salt = seed * 2654435761u;
+      auto rejected = [&](int node) { return ((static_cast<uint32_t>(node) * 40503u) ^ salt) % 3 == 0; };
+      opt.unplaceable = [&](const Graph&, int node) { return rejected(node) ? std::string("test says no") : ""; };
+      const MemoryPlan p = memory_plan(g, opt);
+      check_invariants(g, p);
+      for (const PlannedBuffer& b : p.buffers)
+        for (const ValueRef& v : b.values) EXPECT_FALSE(rejected(v.node)) << g.nodes[v.node].name;
+      for (const UnplannedValue& u : p.unplanned)
+        if (u.why == "test says no") EXPECT_TRUE(rejected(u.value.node)) << g.nodes[u.value.node].name;
+      if (::testing::Test::HasFailure()) return;
+      rejected_planned += static_cast<int>(p.buffers.size());
+    }
     // The chooser keeps the smaller of the two.
     const int64_t both = memory_plan(g).arena_bytes;
     MemoryPlanOptions a, b;
@@ -232,6 +249,7 @@ TEST(memory_plan, invariants_hold_on_random_graphs) {
   EXPECT_GT(planned, 1000);
   EXPECT_GT(reused, 300);
   EXPECT_GT(in_place, 20);
+  EXPECT_GT(rejected_planned, 300);
 }
 
 TEST(memory_plan, allocators_alone_never_overlap_live_requests) {
@@ -304,6 +322,58 @@ TEST(memory_plan, elementwise_chain_reuses_in_place_and_skips_inputs_outputs_vie
   EXPECT_EQ(memory_plan(g, off).buffers.size(), 3u);
 }
 
+// The runtime's view of the plan: x -> exp -> _unsafe_view -> mul -> max (tuple) -> getitem -> neg (returned).
+// _unsafe_view is a view of exp (its schema hides it); the rejected tuple op gets no buffers and says why.
+TEST(memory_plan, unplaceable_values_and_unsafe_view) {
+  Gen gen(0);
+  Graph& g = gen.g;
+  TensorType t;
+  t.shape = {Dim{16, ""}, Dim{16, ""}};
+  t.stride = {Dim{16, ""}, Dim{1, ""}};
+  Node x;
+  x.name = "x";
+  x.op = OpKind::Placeholder;
+  x.type = gen.tv(t);
+  gen.add(x);
+  gen.add(gen.call("aten::exp.default", {gen.ref(0)}, gen.tv(t)));                          // 1
+  gen.add(gen.call("aten::_unsafe_view.default", {gen.ref(1)}, gen.tv(t)));                 // 2
+  gen.add(gen.call("aten::mul.Tensor", {gen.ref(2), Arg::of_int(2)}, gen.tv(t)));           // 3
+  ValueType pair;
+  pair.kind = ValueType::Kind::Tuple;
+  pair.elems = {gen.tv(t), gen.tv(t)};
+  gen.add(gen.call("aten::_fake_pair.default", {gen.ref(3)}, pair));                       // 4
+  gen.add(gen.call("operator::getitem", {gen.ref(4), Arg::of_int(0)}, gen.tv(t)));          // 5
+  gen.add(gen.call("aten::neg.default", {gen.ref(5)}, gen.tv(t)));                           // 6
+  Node out;
+  out.name = "output";
+  out.op = OpKind::Output;
+  Arg tup;
+  tup.kind = Arg::Kind::Tuple;
+  tup.items = {gen.ref(6)};
+  out.args = {tup};
+  gen.add(out);
+  const MemoryPlan all = memory_plan(g);
+  check_invariants(g, all);
+  EXPECT_EQ(all.offset_of(2), -1) << "_unsafe_view must not get a buffer of its own";
+  ASSERT_GE(all.offset_of(1), 0);
+  ASSERT_GE(all.offset_of(3), 0);
+  EXPECT_NE(all.offset_of(1), all.offset_of(3)) << "mul reads exp through the view: no in-place reuse";
+  EXPECT_GE(all.offset_of(4, 0), 0);
+  MemoryPlanOptions opt;
+  opt.unplaceable = [](const Graph& graph, int node) {
+    return graph.nodes[node].type.kind == ValueType::Kind::Tuple ? std::string("multi-output op") : std::string();
+  };
+  const MemoryPlan p = memory_plan(g, opt);
+  check_invariants(g, p);
+  EXPECT_EQ(p.offset_of(4, 0), -1);
+  EXPECT_EQ(p.offset_of(4, 1), -1);
+  EXPECT_GE(p.offset_of(3), 0);
+  ASSERT_EQ(p.buffers.size(), 2u);
+  const std::string d = to_string(p, g);
+  EXPECT_NE(d.find("%n2 (view of %n1)"), std::string::npos) << d;
+  EXPECT_NE(d.find("%n4.0 (multi-output op), %n4.1 (multi-output op)"), std::string::npos) << d;
+}
+
 std::shared_ptr<Graph> load(const std::string& name) {
   std::ifstream in(std::string(HB_SOURCE_DIR) + "/tests/fixtures/ir/" + name);
   std::stringstream ss;
@@ -324,10 +394,12 @@ TEST(memory_plan, dump_reports_peaks_buffers_and_bodies) {
       "memory-plan graph forward: arena 0 bytes (0 bytes) by greedy-by-size, no reuse 0, live peak 0, 0 buffers",
       "  unplanned: %q (input), %k (input), %v (input), %slice_loop_0.0 (output), %_unsafe_view_2 (view of "
       "%slice_loop_0.0), %sum_1 (output)",
-      "memory-plan graph slice_body_0: arena 1024 bytes (1 KiB) by greedy-by-size, no reuse 3328, live peak 1024, "
-      "8 buffers",
-      "  %bmm: offset 0 size 512 live [9, 10]",
-      "  %_unsafe_view_1: offset 512 size 512 live [10, 12] then %mul in place",
+      "memory-plan graph slice_body_0: arena 1024 bytes (1 KiB) by greedy-by-size, no reuse 2816, live peak 1024, "
+      "6 buffers",
+      // _unsafe_view is a view at run time: bmm lives until mul reads it through %_unsafe_view_1, and
+      // mul cannot take bmm's buffer in place (it reads a view of it, not bmm itself).
+      "  %bmm: offset 0 size 512 live [9, 11]",
+      "  %mul: offset 512 size 512 live [11, 12]",
   };
   size_t k = 0;
   for (const std::string& l : lines)
