@@ -36,10 +36,10 @@ struct ArgSpec {
   std::vector<ArgSpec> items;   // lists and tuples
 };
 
-// A result the runtime writes into the call's arena: the op runs through its out= overload into a
-// view of the arena with the IR type's layout.
+// A result the runtime writes into the call's arena: an ATen op runs through its out= overload (a
+// fused pointwise group's kernel writes directly) into a view of the arena with the IR type's layout.
 struct Placement {
-  c10::OperatorHandle out_op;
+  std::optional<c10::OperatorHandle> out_op;  // ATen ops; none for fused pointwise groups
   int64_t offset = 0;  // elements of `dtype` from the arena's start
   std::vector<int64_t> sizes, strides;
   caffe2::TypeMeta dtype;
@@ -450,15 +450,18 @@ Step plan_fused(const Graph& g, int i, const std::shared_ptr<const std::vector<a
   return s;
 }
 
-c10::IValue run_fused(const FusedCall& c, const std::vector<c10::IValue>& slots) {
+// `out`: where the result goes (an arena view), or undefined to allocate it.
+c10::IValue run_fused(const FusedCall& c, const std::vector<c10::IValue>& slots, const at::Tensor& out) {
   std::vector<at::Tensor> in;
   in.reserve(c.inputs.size());
   for (const ArgSpec& a : c.inputs) in.push_back(build_arg(a, slots).toTensor());
-  if (c.kernel->accepts(in)) return c.kernel->run(in);
+  if (c.kernel->accepts(in)) return c.kernel->run(in, out);
   std::vector<c10::IValue> args(in.begin(), in.end());
-  std::vector<c10::IValue> out = c.body->run(std::move(args));
-  HB_INTERNAL_CHECK(out.size() == 1) << "fused body returned " << out.size() << " values";
-  return out[0];
+  std::vector<c10::IValue> r = c.body->run(std::move(args));
+  HB_INTERNAL_CHECK(r.size() == 1) << "fused body returned " << r.size() << " values";
+  if (!out.defined()) return r[0];
+  out.copy_(r[0].toTensor());
+  return out;
 }
 
 // slice_view(t, d, k, N, i) of the contract: narrow dims d..d+k-1 to slice i's box.
@@ -685,6 +688,10 @@ bool contiguous_static(const TensorType& t) {
 // slice loops, fused kernels ...) allocates its own result.
 std::string unplaceable_why(const Graph& g, const Step& s, std::optional<c10::OperatorHandle>* out_op) {
   const Node& n = g.nodes[s.node];
+  if (s.kind == KernelKind::FusedPointwise) {  // its kernels write into any preallocated result
+    if (n.type.kind != ValueType::Kind::Tensor || !contiguous_static(n.type.tensor)) return "not static contiguous";
+    return "";
+  }
   if (s.kind != KernelKind::Aten || !s.op) return std::string(kernel_kind_name(s.kind));
   if (n.effects.is_view || n.effects.mutates || aliases_without_annotation(n)) return "alias";
   if (n.effects.nondeterministic_seeded) return "random";  // its out= overload may draw differently
@@ -867,7 +874,7 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, const at
           if (s.place && arena_storage) {  // into the arena, through the out= overload
             at::Tensor out = arena_view(arena, *s.place);
             stack.push_back(out);
-            s.place->out_op.callBoxed(stack);
+            s.place->out_op->callBoxed(stack);
             HB_INTERNAL_CHECK(out.sizes().equals(s.place->sizes))
                 << describe(g, s.node) << ": result shape " << out.sizes() << " is not the IR type's; "
                 << "rerun with HINTBACKEND_ARENA=0 and report it with a dump (dump_dir)";
@@ -900,7 +907,12 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, const at
           slots[s.node] = run_slice_loop(*s.loop, slots, loop_arenas);
           break;
         case KernelKind::FusedPointwise:
-          slots[s.node] = run_fused(*s.fused, slots);
+          if (s.place && arena_storage) {
+            slots[s.node] = run_fused(*s.fused, slots, arena_view(arena, *s.place));
+            ++placed;
+          } else {
+            slots[s.node] = run_fused(*s.fused, slots, at::Tensor());
+          }
           break;
         case KernelKind::ZerosAndScatter: {
           // Bind every IValue to a local: iterating over a temporary's tuple would dangle.
@@ -997,7 +1009,7 @@ void Executor::plan_arena(const std::vector<int>& step_of) {
       const int64_t elem = dtype_bytes(t.dtype);
       HB_INTERNAL_CHECK(b.offset % elem == 0) << describe(g, v.node) << ": arena offset not aligned to its dtype";
       Step& s = steps_[step_of[v.node]];
-      s.place = std::make_shared<const Placement>(Placement{*out_ops[v.node], b.offset / elem, std::move(sizes),
+      s.place = std::make_shared<const Placement>(Placement{out_ops[v.node], b.offset / elem, std::move(sizes),
                                                             std::move(strides),
                                                             caffe2::TypeMeta::fromScalarType(to_scalar_type(t.dtype))});
       s.fresh_result = false;

@@ -78,7 +78,7 @@ bool FusedPointwiseKernel::accepts(const std::vector<at::Tensor>& inputs) const 
   return true;
 }
 
-at::Tensor FusedPointwiseKernel::run(const std::vector<at::Tensor>& inputs) const {
+at::Tensor FusedPointwiseKernel::run(const std::vector<at::Tensor>& inputs, const at::Tensor& given) const {
   HB_INTERNAL_CHECK(accepts(inputs)) << "fused pointwise kernel called with inputs it does not accept";
 #ifdef HB_WITH_CUDA
   if (inputs[0].is_cuda()) {
@@ -100,15 +100,20 @@ at::Tensor FusedPointwiseKernel::run(const std::vector<at::Tensor>& inputs) cons
       }
       bshape = next;
     }
-    at::Tensor out = is_static && shape == bshape && stride.size() == shape.size()
+    at::Tensor out = given.defined() ? given
+                     : is_static && shape == bshape && stride.size() == shape.size()
                          ? at::empty_strided(shape, stride, opts)
                          : at::empty(bshape, opts);
+    HB_INTERNAL_CHECK(out.sizes().equals(bshape)) << "fused pointwise: the preallocated result has shape "
+                                                  << out.sizes() << ", the inputs broadcast to " << bshape;
     cuda::fused_pointwise(program_, inputs, out);
     return out;
   }
 #endif
   at::TensorIteratorConfig cfg;
-  cfg.add_owned_output(at::Tensor());
+  // A given result must already have the broadcast shape: TensorIterator would otherwise resize it.
+  cfg.resize_outputs(false);
+  cfg.add_owned_output(given);
   for (const at::Tensor& x : inputs) cfg.add_const_input(x);
   at::TensorIterator iter = cfg.build();
   switch (inputs[0].scalar_type()) {

@@ -19,7 +19,8 @@ class FusedPointwiseKernel {
   // Whether run() handles these inputs: all on CPU (or all on one CUDA device, in a CUDA build), one
   // floating dtype the program computes in.
   bool accepts(const std::vector<at::Tensor>& inputs) const;
-  at::Tensor run(const std::vector<at::Tensor>& inputs) const;
+  // `out`: a preallocated result of the broadcast shape (an arena view), or undefined to allocate one.
+  at::Tensor run(const std::vector<at::Tensor>& inputs, const at::Tensor& out = at::Tensor()) const;
   const PointwiseProgram& program() const { return program_; }
 
  private:
