@@ -358,19 +358,30 @@ MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt) {
   return P;
 }
 
-int64_t simulate_peak(const Graph& g, bool count_inputs) {
+namespace {
+// The heap simulator's sweep. Values in `arena` (may be null) are not counted as they live: instead
+// `arena_bytes` is live for the whole call.
+int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* arena, int64_t arena_bytes,
+                   int arena_from = 0, int arena_to = -1) {
   const Values V = lifetimes(g);
   const int n = static_cast<int>(g.nodes.size());
   std::vector<int64_t> delta(n + 1, 0);
   for (int v = 0; v < static_cast<int>(V.vals.size()); ++v) {
     if (V.root[v] != v || V.bytes[v] <= 0) continue;
+    if (arena && arena->count(V.vals[v])) continue;
     const Node& node = g.nodes[V.vals[v].node];
     const bool input = node.op == OpKind::Placeholder || node.op == OpKind::GetAttr;
     if (input && !count_inputs) continue;
     const int start = input ? 0 : V.vals[v].node;
     const int end = (input || V.last[v] == kForever) ? n - 1 : V.last[v];
-    delta[start] += V.bytes[v];
-    delta[end + 1] -= V.bytes[v];
+    // Rounded like the arena's buffers (allocators round too), so the two simulations compare alike.
+    const int64_t bytes = (V.bytes[v] + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+    delta[start] += bytes;
+    delta[end + 1] -= bytes;
+  }
+  if (arena_bytes > 0) {
+    delta[arena_from] += arena_bytes;
+    delta[(arena_to < 0 ? n - 1 : arena_to) + 1] -= arena_bytes;
   }
   int64_t live = 0, peak = 0;
   for (int i = 0; i < n; ++i) {
@@ -384,6 +395,21 @@ int64_t simulate_peak(const Graph& g, bool count_inputs) {
     peak = std::max(peak, live + extra);
   }
   return peak;
+}
+}  // namespace
+
+int64_t simulate_peak(const Graph& g, bool count_inputs) { return sweep_peak(g, count_inputs, nullptr, 0); }
+
+int64_t simulate_peak_with_arena(const Graph& g, const MemoryPlan& plan) {
+  std::set<ValueRef> placed;
+  int from = static_cast<int>(g.nodes.size()), to = -1;
+  for (const PlannedBuffer& b : plan.buffers) {
+    placed.insert(b.values.begin(), b.values.end());
+    from = std::min(from, b.start);
+    to = std::max(to, b.end);
+  }
+  if (placed.empty()) return simulate_peak(g);
+  return sweep_peak(g, true, &placed, plan.arena_bytes, from, to);
 }
 
 std::string to_string(const MemoryPlan& p, const Graph& g) {

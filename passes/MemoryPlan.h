@@ -122,6 +122,11 @@ bool aliases_without_annotation(const Node& n);
 // slice_loop runs, its body's simulated peak. The slice chooser compares candidates with it.
 int64_t simulate_peak(const Graph& g, bool count_inputs = true);
 
+// The same simulation when the values `plan` places live in one arena: the arena's bytes from the
+// first placed value's definition to the last one's last use, every other value as it lives. The runtime keeps the arena only when this is not
+// above simulate_peak(g): an arena held across the call must not cost more than allocating per op.
+int64_t simulate_peak_with_arena(const Graph& g, const MemoryPlan& plan);
+
 // "1.25 GiB" style.
 std::string format_bytes(int64_t bytes);
 

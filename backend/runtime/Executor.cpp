@@ -839,17 +839,15 @@ Executor::Executor(std::shared_ptr<const Graph> graph, const KernelPlan& kernels
 }
 
 std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
-  at::Tensor arena;  // one per call, only when something is placed
-  if (places(inputs)) {
-    arena = new_arena();
-    ++allocations_;
-  }
-  return run(std::move(inputs), arena);
+  // One arena per call, only when something is placed: allocated at the first placed result and
+  // dropped after the last one dies, so it lives no longer than the values it holds.
+  const bool lazy = arena_pays_ && places(inputs);
+  return run(std::move(inputs), at::Tensor(), lazy);
 }
 
 Executor::~Executor() = default;
 
-std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, const at::Tensor& arena) const {
+std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tensor arena, bool lazy) const {
   const Graph& g = *graph_;
   // AOT graphs are functional and run outside autograd (inside autograd.Function.forward/backward, or
   // as an inference graph whose outputs need no grad): skip the Autograd kernels, keep ADInplaceOrView so
@@ -865,7 +863,14 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, const at
   std::vector<c10::IValue> outputs;
   const c10::StorageImpl* arena_storage = arena.defined() ? arena.storage().unsafeGetStorageImpl() : nullptr;
   int64_t placed = 0, loop_arenas = 0;
+  bool used_arena = arena.defined();
   for (const Step& s : steps_) {
+    if (lazy && s.place && !arena.defined() && !used_arena) {
+      arena = new_arena();
+      arena_storage = arena.storage().unsafeGetStorageImpl();
+      used_arena = true;
+      ++allocations_;
+    }
     try {
       switch (s.kind) {
         case KernelKind::Aten:
@@ -945,8 +950,13 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, const at
     }
     if (s.fresh_result && arena_storage) keep_out_of_arena(slots[s.node], arena_storage);
     for (int r : s.release) slots[r] = c10::IValue();
+    if (lazy && arena.defined() && s.node == arena_last_node_) {
+      // Every placed value is dead: the storage goes back to the allocator with the last view of it.
+      arena.reset();
+      arena_storage = nullptr;
+    }
   }
-  last_arena_bytes_ = arena_storage ? plan_.arena_bytes : 0;
+  last_arena_bytes_ = used_arena ? plan_.arena_bytes : 0;
   last_placed_ = placed;
   allocations_ += loop_arenas;
   return outputs;
@@ -987,6 +997,20 @@ void Executor::plan_arena(const std::vector<int>& step_of) {
   opt.bodies = false;  // each slice_loop body's executor plans its own
   opt.unplaceable = [&](const Graph& graph, int node) { return &graph == &g ? why[node] : std::string("subgraph"); };
   plan_ = hb::memory_plan(g, opt);
+  for (const PlannedBuffer& b : plan_.buffers) arena_last_node_ = std::max(arena_last_node_, b.end);
+  if (plan_.arena_bytes > 0) {
+    // The arena is held from its first placed value to its last while unplaced values (multi-output
+    // ops, views' bases ...) come and go around it: keep it only if the simulated peak does not grow.
+    const int64_t with = simulate_peak_with_arena(g, plan_), without = simulate_peak(g);
+    std::ostringstream note;
+    note << "simulated call peak " << with << " bytes (" << format_bytes(with) << ") with the arena, " << without
+         << " bytes (" << format_bytes(without) << ") allocating per op";
+    arena_pays_ = with <= without;
+    arena_note_ = arena_pays_ ? note.str()
+                              : "arena off for calls of this graph: " + note.str() +
+                                    " (the results it cannot place live around the arena); a slice loop running "
+                                    "it as its body still uses the arena, once for all slices";
+  }
   for (const PlannedBuffer& b : plan_.buffers) {
     for (size_t k = 0; k < b.values.size(); ++k) {
       const ValueRef& v = b.values[k];
@@ -1054,10 +1078,10 @@ std::string Executor::memory_plan_text() const {
   } else {
     int placed = 0;
     for (const PlannedBuffer& b : plan_.buffers) placed += static_cast<int>(b.values.size());
-    if (plan_.arena_bytes == 0) os << "nothing to place, no arena";
+    if (plan_.arena_bytes == 0) os << (arena_note_.empty() ? "nothing to place, no arena" : arena_note_);
     else
       os << placed << (placed == 1 ? " result" : " results") << " placed through out= overloads into one arena of "
-         << plan_.arena_bytes << " bytes per call on " << arena_device_.str();
+         << plan_.arena_bytes << " bytes per call on " << arena_device_.str() << "; " << arena_note_;
     os << "\n" << to_string(plan_, g) << "\n";
   }
   std::set<const Graph*> seen;

@@ -43,7 +43,8 @@ class Executor {
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs) const;
   // The same in a caller's arena from new_arena() (slice loops: one arena for all slices); an
   // undefined `arena` runs without placement.
-  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs, const at::Tensor& arena) const;
+  // `lazy`: allocate the arena at the first placed result and drop it after the last one dies.
+  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs, at::Tensor arena, bool lazy = false) const;
   // Whether a run on these inputs places values: the plan has an arena, and autograd will not
   // record (out= overloads refuse inputs that require grad while it does).
   bool places(const std::vector<c10::IValue>& inputs) const;
@@ -66,6 +67,9 @@ class Executor {
     int64_t allocations = 0;  // all runs: arenas allocated, this graph's and its slice_loop bodies'
   };
   ArenaStats arena_stats() const;
+  // Whether calls use the arena: only when it does not raise the call's simulated peak over allocating
+  // per op (the dump's memory-plan-runtime note gives both). Slice-loop bodies use it regardless.
+  bool arena_for_calls() const { return arena_pays_ && plan_.arena_bytes > 0; }
 
  private:
   std::shared_ptr<const Graph> graph_;
@@ -80,6 +84,9 @@ class Executor {
   bool arena_enabled_ = true;
   bool constants_require_grad_ = false;
   MemoryPlan plan_;
+  std::string arena_note_;
+  int arena_last_node_ = -1;  // the last node any placed value lives to
+  bool arena_pays_ = true;    // the arena does not raise the call's simulated peak (else calls skip it)  // the simulated peaks with and without the arena (the dump says why it is off)
   c10::Device arena_device_ = c10::Device(c10::kCPU);
   mutable std::atomic<int64_t> last_arena_bytes_{0}, last_placed_{0}, allocations_{0};
 };

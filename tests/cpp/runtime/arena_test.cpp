@@ -361,7 +361,7 @@ struct Chain {
 };
 
 TEST(Arena, RandomChainsMatchNoArenaBitwise) {
-  int placed = 0, in_place = 0;
+  int placed = 0, in_place = 0, skipped = 0;
   for (uint32_t seed = 1; seed <= 60; ++seed) {
     Chain c(seed);
     const std::string text = c.build();
@@ -381,12 +381,19 @@ TEST(Arena, RandomChainsMatchNoArenaBitwise) {
     // A second call reuses nothing of the first call's outputs.
     expect_bitwise(tensors(on->run(inputs(seed + 1000))), tensors(off->run(inputs(seed + 1000))), "second call");
     expect_bitwise(first, kept, "first outputs after a second call");
-    EXPECT_EQ(on->arena_stats().allocations, on->arena_bytes() > 0 ? 2 : 0);
+    EXPECT_EQ(on->arena_stats().allocations, on->arena_for_calls() ? 2 : 0);
+    if (on->arena_bytes() > 0 && !on->arena_for_calls()) {
+      ++skipped;  // the arena would raise the simulated peak: calls allocate per op, and the dump says why
+      EXPECT_NE(on->memory_plan_text().find("arena off for calls of this graph: simulated call peak"),
+                std::string::npos) << on->memory_plan_text();
+    }
     if (::testing::Test::HasFailure()) return;
   }
-  // Not vacuous: values were placed and some in place.
-  EXPECT_GT(placed, 150);
-  EXPECT_GT(in_place, 10);
+  // Not vacuous: values were placed and some in place, and the peak rule kept some arenas and not others.
+  EXPECT_GT(placed, 60);
+  EXPECT_GT(in_place, 5);
+  EXPECT_GT(skipped, 0);
+  EXPECT_LT(skipped, 60);
 }
 
 }  // namespace
