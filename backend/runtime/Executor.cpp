@@ -712,6 +712,10 @@ std::string unplaceable_why(const Graph& g, const Step& s, std::optional<c10::Op
   }
   *out_op = find_out_overload(*s.op);
   if (!*out_op) return "no matching out= overload";
+  // An out= overload without a kernel of its own for the device is torch's generated wrapper: it runs
+  // the functional op and copies the result into `out`, a transient second result (convolution.out).
+  const c10::DispatchKey key = c10::Device(t.device).is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
+  if (!(*out_op)->hasKernelForDispatchKey(key)) return "out= overload copies (no " + t.device + " kernel)";
   return "";
 }
 
