@@ -15,12 +15,13 @@ Liveness liveness(const Graph& g) {
       L.last_use[a.ref] = (i == out) ? Liveness::kForever : std::max(L.last_use[a.ref], i);
     });
   }
-  // Views (and getitem of a tuple) extend their inputs' lives to their own: walk backwards so a
-  // chain of views carries the last use all the way to the base.
+  // Views extend their inputs' lives to their own: walk backwards so a chain of views carries the last
+  // use all the way to the base. A getitem does not: the element it takes out holds its own
+  // reference, and the tuple (with the elements nobody took, e.g. max_pool's indices) can go as soon
+  // as the last getitem ran, as torch's own generated code drops it.
   for (int i = n - 1; i >= 0; --i) {
     const Node& node = g.nodes[i];
-    const bool aliases = node.effects.is_view || node.target == "operator::getitem";
-    if (!aliases) continue;
+    if (!node.effects.is_view) continue;
     node.for_each_input([&](const Arg& a) { L.last_use[a.ref] = std::max(L.last_use[a.ref], L.last_use[i]); });
   }
   L.release_after.assign(n, {});
