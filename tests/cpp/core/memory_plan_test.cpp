@@ -3,6 +3,8 @@
 // planned peak <= no-reuse peak), for each strategy; plus small exact cases and the dump format.
 #include <gtest/gtest.h>
 
+#include "tests/cpp/core/IrTestUtil.h"
+
 #include <fstream>
 #include <random>
 #include <set>
@@ -374,12 +376,7 @@ TEST(memory_plan, unplaceable_values_and_unsafe_view) {
   EXPECT_NE(d.find("%n4.0 (multi-output op), %n4.1 (multi-output op)"), std::string::npos) << d;
 }
 
-std::shared_ptr<Graph> load(const std::string& name) {
-  std::ifstream in(std::string(HB_SOURCE_DIR) + "/tests/fixtures/ir/" + name);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return import_json(ss.str());
-}
+std::shared_ptr<Graph> load(const std::string& name) { return test::load_fixture(name); }
 
 TEST(memory_plan, dump_reports_peaks_buffers_and_bodies) {
   auto g = load("attention_dfs.json");

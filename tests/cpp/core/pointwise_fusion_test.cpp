@@ -2,6 +2,8 @@
 // the compiled program, and its evaluation against float64 formulas written out here.
 #include <gtest/gtest.h>
 
+#include "tests/cpp/core/IrTestUtil.h"
+
 #include <cmath>
 #include <fstream>
 #include <random>
@@ -16,23 +18,9 @@
 namespace hb {
 namespace {
 
-std::shared_ptr<Graph> load(const std::string& name) {
-  std::ifstream in(std::string(HB_SOURCE_DIR) + "/tests/fixtures/ir/" + name);
-  EXPECT_TRUE(in.good()) << "missing fixture " << name;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return import_json(ss.str());
-}
+std::shared_ptr<Graph> load(const std::string& name) { return test::load_fixture(name); }
 
-void check_lines(const std::string& text, const std::vector<std::string>& expected) {
-  std::istringstream in(text);
-  std::string line;
-  size_t k = 0;
-  while (k < expected.size() && std::getline(in, line))
-    if (line.find(expected[k]) != std::string::npos) ++k;
-  EXPECT_EQ(k, expected.size()) << "CHECK not found (in order): '" << (k < expected.size() ? expected[k] : "")
-                                << "'\n--- in ---\n" << text;
-}
+using test::check_lines;
 
 std::string fused(Graph& g, PassContext& ctx) {
   ctx.verify_each = true;

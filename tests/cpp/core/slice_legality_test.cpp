@@ -3,6 +3,8 @@
 // (written by make_fixtures.py).
 #include <gtest/gtest.h>
 
+#include "tests/cpp/core/IrTestUtil.h"
+
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -13,13 +15,7 @@
 namespace hb {
 namespace {
 
-std::shared_ptr<Graph> load(const std::string& name) {
-  std::ifstream in(std::string(HB_SOURCE_DIR) + "/tests/fixtures/ir/" + name);
-  EXPECT_TRUE(in.good()) << "missing fixture " << name << " (run tests/fixtures/ir/make_fixtures.py)";
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return import_json(ss.str());
-}
+std::shared_ptr<Graph> load(const std::string& name) { return test::load_fixture(name); }
 
 std::string name_of(const Graph& g, int node) { return node < 0 ? "" : g.nodes[node].name; }
 

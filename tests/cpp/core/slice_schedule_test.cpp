@@ -2,6 +2,8 @@
 // contract, the slice-count hints, and the auto chooser (fits a budget; errors on an impossible one).
 #include <gtest/gtest.h>
 
+#include "tests/cpp/core/IrTestUtil.h"
+
 #include <fstream>
 #include <sstream>
 
@@ -15,29 +17,14 @@
 namespace hb {
 namespace {
 
-std::shared_ptr<Graph> load(const std::string& name) {
-  std::ifstream in(std::string(HB_SOURCE_DIR) + "/tests/fixtures/ir/" + name);
-  EXPECT_TRUE(in.good()) << "missing fixture " << name;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return import_json(ss.str());
-}
+std::shared_ptr<Graph> load(const std::string& name) { return test::load_fixture(name); }
 
 void set_hints(Graph& g, const std::function<void(Hints&)>& f) {
   for (Node& n : g.nodes)
     if (!n.hints.empty()) f(n.hints);
 }
 
-// CHECK-style: each expected line must occur, in order, as part of a line of `text`.
-void check_lines(const std::string& text, const std::vector<std::string>& expected) {
-  std::istringstream in(text);
-  std::string line;
-  size_t k = 0;
-  while (k < expected.size() && std::getline(in, line))
-    if (line.find(expected[k]) != std::string::npos) ++k;
-  EXPECT_EQ(k, expected.size()) << "CHECK not found (in order): '" << (k < expected.size() ? expected[k] : "")
-                                << "'\n--- in ---\n" << text;
-}
+using test::check_lines;
 
 std::string run(Graph& g, const std::vector<std::string>& passes, PassContext& ctx) {
   ctx.verify_each = true;
