@@ -63,7 +63,8 @@ struct SliceLoopCall {
   std::vector<TensorType> results;  // full result types
 };
 
-// A fused pointwise group: the CPU kernel when it accepts the inputs, else the body op by op.
+// A fused pointwise group: its kernel (CPU, or CUDA in a CUDA build) when it accepts the inputs,
+// else the body op by op.
 struct FusedCall {
   std::unique_ptr<FusedPointwiseKernel> kernel;
   std::shared_ptr<Executor> body;

@@ -3,13 +3,15 @@
 // arguments converted to IValues against the op's schema, release lists from liveness); run()
 // then walks the steps.
 //
-// Memory: the constructor also decides which results it can place (an ATen op with an out=
-// overload, one tensor of static contiguous layout) and computes the memory plan over those only
-// (passes/MemoryPlan.h). Each run() then allocates ONE arena of arena_bytes() (at::empty, so on
-// CUDA from the caching allocator) and calls each placed op through its out= overload into a view
-// of the arena at its planned offset. Everything else (inputs, outputs, views, multi-output ops,
-// ops without out=) is allocated by its op as before and released after its last use. Outputs
-// never live in the arena. HINTBACKEND_ARENA=0 (read at construction) turns placement off.
+// Memory: the constructor also decides which results it can place (an ATen op with its own out=
+// kernel, or a fused pointwise group; one tensor of static contiguous layout) and computes the
+// memory plan over those only (passes/MemoryPlan.h). A run() then allocates ONE arena of
+// arena_bytes() (at::empty, so on CUDA from the caching allocator) at the first placed result, writes
+// each placed result into a view of it at its planned offset, and drops it after the last one dies.
+// Calls skip the arena where it would raise the simulated peak (arena_for_calls()). Everything else
+// (inputs, outputs, views, multi-output ops, ops without out=) is allocated by its op as before and
+// released after its last use. Outputs never live in the arena. HINTBACKEND_ARENA=0 (read at
+// construction) turns placement off.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -84,9 +86,9 @@ class Executor {
   bool arena_enabled_ = true;
   bool constants_require_grad_ = false;
   MemoryPlan plan_;
-  std::string arena_note_;
+  std::string arena_note_;    // the simulated peaks with and without the arena (the dump says why it is off)
   int arena_last_node_ = -1;  // the last node any placed value lives to
-  bool arena_pays_ = true;    // the arena does not raise the call's simulated peak (else calls skip it)  // the simulated peaks with and without the arena (the dump says why it is off)
+  bool arena_pays_ = true;    // the arena does not raise the call's simulated peak (else calls skip it)
   c10::Device arena_device_ = c10::Device(c10::kCPU);
   mutable std::atomic<int64_t> last_arena_bytes_{0}, last_placed_{0}, allocations_{0};
 };
