@@ -47,7 +47,17 @@ def _target_name(target: Any) -> str:
     return f"python::{module}.{name}"
 
 
-def _effects(target: Any) -> dict:
+def _draws(target: Any, node: torch.fx.Node) -> bool:
+    """Whether a nondeterministic_seeded op draws in this call: SDPA kernels carry the tag for their
+    dropout, but with a constant dropout_p of 0 they draw nothing (and may be sliced, removed or placed)."""
+    for i, arg in enumerate(target._schema.arguments):
+        if arg.name == "dropout_p":
+            value = node.args[i] if i < len(node.args) else node.kwargs.get("dropout_p", arg.default_value)
+            return not (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0)
+    return True
+
+
+def _effects(target: Any, node: torch.fx.Node) -> dict:
     if not isinstance(target, torch._ops.OpOverload):
         return {}
     schema = target._schema
@@ -56,7 +66,7 @@ def _effects(target: Any) -> dict:
         out["mutates"] = True
     if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
         out["is_view"] = True
-    if torch.Tag.nondeterministic_seeded in target.tags:
+    if torch.Tag.nondeterministic_seeded in target.tags and _draws(target, node):
         out["random"] = True
     return out
 
@@ -140,7 +150,7 @@ class _Serializer:
             entry: dict = {"name": node.name, "op": node.op}
             if node.op == "call_function":
                 entry["target"] = _target_name(node.target)
-                effects = _effects(node.target)
+                effects = _effects(node.target, node)
                 if effects:
                     entry["effects"] = effects
             elif node.op == "placeholder":

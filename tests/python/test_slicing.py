@@ -258,3 +258,28 @@ def test_auto_schedule_with_an_impossible_budget_errors():
     with pytest.raises(Exception, match="memory_budget"):
         with torch.no_grad():
             torch.compile(f, backend="hintbackend")(q, k, v)
+
+
+def test_sdpa_without_dropout_slices_forward_and_backward(tmp_path):
+    """SDPA kernels are tagged random for their dropout; with dropout_p=0 they draw nothing, so a dfs
+    region around one slices (both graphs) and equals BFS."""
+    def f(q, k, v, schedule):
+        with hinted_context(schedule=schedule, slices=4):
+            out = F.scaled_dot_product_attention(q, k, v)
+        return out * 2
+
+    torch.manual_seed(5)
+    q, k, v = randn(2, 4, 16, 8), randn(2, 4, 16, 8), randn(2, 4, 16, 8)
+    results = {}
+    for schedule in ("bfs", "dfs"):
+        torch._dynamo.reset()
+        xs = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        out = torch.compile(lambda *a: f(*a, schedule), backend="hintbackend",
+                            options={"strict": True, "dump_dir": str(tmp_path / schedule)})(*xs)
+        out.backward(torch.ones_like(out))
+        results[schedule] = [out.detach()] + [x.grad for x in xs]
+    for got, want in zip(results["dfs"], results["bfs"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    irs = final_ir(str(tmp_path / "dfs"))
+    fw = "".join(t for d, t in irs.items() if d.startswith("forward"))
+    assert "hintbackend::slice_loop(" in fw, fw
