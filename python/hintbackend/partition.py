@@ -55,6 +55,7 @@ from torch.utils._ordered_set import OrderedSet
 from torch.utils.checkpoint import CheckpointPolicy
 
 from .hoo.hints import HINTS_KEY
+from .serialize import draws_random
 
 log = logging.getLogger("hintbackend")
 
@@ -96,18 +97,6 @@ def _is_random(node: fx.Node) -> bool:
         return torch.Tag.nondeterministic_seeded in target.tags
     name = getattr(target, "__name__", "") or str(target)
     return "rng" in name or "rand" in name
-
-
-def _draws(node: fx.Node) -> bool:
-    """Whether a random op really draws here: SDPA kernels are tagged random for their dropout, but
-    with dropout_p=0 they draw nothing (saving their outputs then needs no warning)."""
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        for i, arg in enumerate(target._schema.arguments):
-            if arg.name == "dropout_p":
-                value = node.args[i] if i < len(node.args) else node.kwargs.get("dropout_p", arg.default_value)
-                return not (isinstance(value, (int, float)) and value == 0)
-    return True
 
 
 def _is_tuple_valued(node: fx.Node) -> bool:
@@ -160,7 +149,7 @@ class _Plan:
             if node.target._schema.is_mutable:
                 raise _Fallback(f"{_describe(node)} mutates its input inside a dfs/auto region")
             if _is_random(node):
-                if _draws(node):
+                if draws_random(node.target, node):
                     self.random[node] = None
                 return "random"
             if node.is_impure(impure_random=False):

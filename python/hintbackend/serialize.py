@@ -47,7 +47,7 @@ def _target_name(target: Any) -> str:
     return f"python::{module}.{name}"
 
 
-def _draws(target: Any, node: torch.fx.Node) -> bool:
+def draws_random(target: Any, node: torch.fx.Node) -> bool:
     """Whether a nondeterministic_seeded op draws in this call: SDPA kernels carry the tag for their
     dropout, but with a constant dropout_p of 0 they draw nothing (and may be sliced, removed or placed)."""
     for i, arg in enumerate(target._schema.arguments):
@@ -66,7 +66,7 @@ def _effects(target: Any, node: torch.fx.Node) -> dict:
         out["mutates"] = True
     if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
         out["is_view"] = True
-    if torch.Tag.nondeterministic_seeded in target.tags and _draws(target, node):
+    if torch.Tag.nondeterministic_seeded in target.tags and draws_random(target, node):
         out["random"] = True
     return out
 
