@@ -71,13 +71,19 @@ struct FusedCall {
   std::vector<ArgSpec> inputs;
 };
 
+// A sym op (Python operators on int/float/bool values), resolved from its target at plan time.
+enum class SymCode {
+  Add, Sub, Mul, FloorDiv, Mod, TrueDiv, Pow, Eq, Ne, Lt, Le, Gt, Ge, And, Or, Max, Min,  // binary
+  Neg, Not, Float, Int, Ceil, Floor,                                                      // unary
+};
+
 struct Step {
   KernelKind kind = KernelKind::Aten;
   int node = -1;
   std::optional<c10::OperatorHandle> op;
   std::vector<ArgSpec> args;
   size_t num_returns = 1;
-  std::string sym;                  // SymOp target
+  SymCode sym = SymCode::Add;       // SymOp: resolved from the target at plan time
   std::shared_ptr<FlexCall> flex;
   std::shared_ptr<SliceLoopCall> loop;
   std::shared_ptr<FusedCall> fused;
@@ -543,63 +549,81 @@ c10::IValue run_flex(const FlexCall& c, const std::vector<c10::IValue>& slots) {
 }
 
 // ---- sym ops: Python operators on int/float/bool values ----------------------------------------
-template <typename Where>
-c10::IValue sym_binary(const std::string& op, const c10::IValue& a, const c10::IValue& b, Where where) {
-  const bool ints = (a.isInt() || a.isBool()) && (b.isInt() || b.isBool());
-  if (ints) {
-    const int64_t x = a.isBool() ? a.toBool() : a.toInt();
-    const int64_t y = b.isBool() ? b.toBool() : b.toInt();
-    if (op == "operator::add") return x + y;
-    if (op == "operator::sub") return x - y;
-    if (op == "operator::mul") return x * y;
-    if (op == "operator::floordiv" || op == "operator::mod") {
-      HB_USER_CHECK(y != 0) << where() << ": integer division by zero";
-      int64_t q = x / y;
-      if ((x % y != 0) && ((x < 0) != (y < 0))) --q;  // Python floors
-      return op == "operator::floordiv" ? c10::IValue(q) : c10::IValue(x - q * y);
-    }
-    if (op == "operator::truediv") return static_cast<double>(x) / static_cast<double>(y);
-    if (op == "operator::pow") return std::pow(static_cast<double>(x), static_cast<double>(y));
-    if (op == "operator::eq") return x == y;
-    if (op == "operator::ne") return x != y;
-    if (op == "operator::lt") return x < y;
-    if (op == "operator::le") return x <= y;
-    if (op == "operator::gt") return x > y;
-    if (op == "operator::ge") return x >= y;
-    if (op == "operator::and_") return static_cast<int64_t>(x & y);
-    if (op == "operator::or_") return static_cast<int64_t>(x | y);
-    if (op == "torch::sym_max" || op == "torch.sym_max") return std::max(x, y);
-    if (op == "torch::sym_min" || op == "torch.sym_min") return std::min(x, y);
-  } else {
-    const double x = a.toScalar().toDouble(), y = b.toScalar().toDouble();
-    if (op == "operator::add") return x + y;
-    if (op == "operator::sub") return x - y;
-    if (op == "operator::mul") return x * y;
-    if (op == "operator::truediv") return x / y;
-    if (op == "operator::floordiv") return std::floor(x / y);
-    if (op == "operator::mod") return x - std::floor(x / y) * y;
-    if (op == "operator::pow") return std::pow(x, y);
-    if (op == "operator::eq") return x == y;
-    if (op == "operator::ne") return x != y;
-    if (op == "operator::lt") return x < y;
-    if (op == "operator::le") return x <= y;
-    if (op == "operator::gt") return x > y;
-    if (op == "operator::ge") return x >= y;
-    if (op == "torch::sym_max" || op == "torch.sym_max") return std::max(x, y);
-    if (op == "torch::sym_min" || op == "torch.sym_min") return std::min(x, y);
+
+SymCode sym_code(const std::string& t, const std::string& where) {
+  static const std::map<std::string, SymCode> kCodes = {
+      {"operator::add", SymCode::Add}, {"operator::sub", SymCode::Sub}, {"operator::mul", SymCode::Mul},
+      {"operator::floordiv", SymCode::FloorDiv}, {"operator::mod", SymCode::Mod},
+      {"operator::truediv", SymCode::TrueDiv}, {"operator::pow", SymCode::Pow}, {"operator::eq", SymCode::Eq},
+      {"operator::ne", SymCode::Ne}, {"operator::lt", SymCode::Lt}, {"operator::le", SymCode::Le},
+      {"operator::gt", SymCode::Gt}, {"operator::ge", SymCode::Ge}, {"operator::and_", SymCode::And},
+      {"operator::or_", SymCode::Or}, {"torch::sym_max", SymCode::Max}, {"torch.sym_max", SymCode::Max},
+      {"torch::sym_min", SymCode::Min}, {"torch.sym_min", SymCode::Min}, {"operator::neg", SymCode::Neg},
+      {"operator::not_", SymCode::Not}, {"torch::sym_not", SymCode::Not}, {"torch::sym_float", SymCode::Float},
+      {"torch::sym_int", SymCode::Int}, {"math::ceil", SymCode::Ceil}, {"math::floor", SymCode::Floor}};
+  auto it = kCodes.find(t);
+  HB_INTERNAL_CHECK(it != kCodes.end()) << where << ": sym op '" << t << "' has no runtime opcode";
+  return it->second;
+}
+
+bool sym_unary_code(SymCode c) { return c >= SymCode::Neg; }
+
+// What ints and floats share; nullopt for what they do differently (division, modulo, bit ops).
+template <typename T>
+std::optional<c10::IValue> sym_common(SymCode op, T x, T y) {
+  switch (op) {
+    case SymCode::Add: return c10::IValue(x + y);
+    case SymCode::Sub: return c10::IValue(x - y);
+    case SymCode::Mul: return c10::IValue(x * y);
+    case SymCode::Pow: return c10::IValue(std::pow(static_cast<double>(x), static_cast<double>(y)));
+    case SymCode::TrueDiv: return c10::IValue(static_cast<double>(x) / static_cast<double>(y));
+    case SymCode::Eq: return c10::IValue(x == y);
+    case SymCode::Ne: return c10::IValue(x != y);
+    case SymCode::Lt: return c10::IValue(x < y);
+    case SymCode::Le: return c10::IValue(x <= y);
+    case SymCode::Gt: return c10::IValue(x > y);
+    case SymCode::Ge: return c10::IValue(x >= y);
+    case SymCode::Max: return c10::IValue(std::max(x, y));
+    case SymCode::Min: return c10::IValue(std::min(x, y));
+    default: return std::nullopt;
   }
-  HB_USER_FAIL() << where() << ": '" << op << "' is not defined for these operand types";
 }
 
 template <typename Where>
-c10::IValue sym_unary(const std::string& op, const c10::IValue& a, Where where) {
-  if (op == "operator::neg") return a.isInt() ? c10::IValue(-a.toInt()) : c10::IValue(-a.toScalar().toDouble());
-  if (op == "operator::not_" || op == "torch::sym_not") return !(a.isBool() ? a.toBool() : a.toScalar().toDouble() != 0);
-  if (op == "torch::sym_float") return a.toScalar().toDouble();
-  if (op == "torch::sym_int") return a.isInt() ? a.toInt() : static_cast<int64_t>(a.toScalar().toDouble());
-  if (op == "math::ceil") return static_cast<int64_t>(std::ceil(a.toScalar().toDouble()));
-  if (op == "math::floor") return static_cast<int64_t>(std::floor(a.toScalar().toDouble()));
-  HB_USER_FAIL() << where() << ": '" << op << "' takes two operands";
+c10::IValue sym_binary(SymCode op, const c10::IValue& a, const c10::IValue& b, Where where) {
+  if ((a.isInt() || a.isBool()) && (b.isInt() || b.isBool())) {
+    const int64_t x = a.isBool() ? a.toBool() : a.toInt();
+    const int64_t y = b.isBool() ? b.toBool() : b.toInt();
+    if (auto r = sym_common<int64_t>(op, x, y)) return *r;
+    if (op == SymCode::FloorDiv || op == SymCode::Mod) {
+      HB_USER_CHECK(y != 0) << where() << ": integer division by zero";
+      int64_t q = x / y;
+      if ((x % y != 0) && ((x < 0) != (y < 0))) --q;  // Python floors
+      return op == SymCode::FloorDiv ? c10::IValue(q) : c10::IValue(x - q * y);
+    }
+    if (op == SymCode::And) return static_cast<int64_t>(x & y);
+    if (op == SymCode::Or) return static_cast<int64_t>(x | y);
+  } else {
+    const double x = a.toScalar().toDouble(), y = b.toScalar().toDouble();
+    if (auto r = sym_common<double>(op, x, y)) return *r;
+    if (op == SymCode::FloorDiv) return std::floor(x / y);
+    if (op == SymCode::Mod) return x - std::floor(x / y) * y;
+  }
+  HB_USER_FAIL() << where() << ": this operator is not defined for these operand types";
+}
+
+template <typename Where>
+c10::IValue sym_unary(SymCode op, const c10::IValue& a, Where where) {
+  switch (op) {
+    case SymCode::Neg: return a.isInt() ? c10::IValue(-a.toInt()) : c10::IValue(-a.toScalar().toDouble());
+    case SymCode::Not: return !(a.isBool() ? a.toBool() : a.toScalar().toDouble() != 0);
+    case SymCode::Float: return a.toScalar().toDouble();
+    case SymCode::Int: return a.isInt() ? a.toInt() : static_cast<int64_t>(a.toScalar().toDouble());
+    case SymCode::Ceil: return static_cast<int64_t>(std::ceil(a.toScalar().toDouble()));
+    case SymCode::Floor: return static_cast<int64_t>(std::floor(a.toScalar().toDouble()));
+    default: break;
+  }
+  HB_USER_FAIL() << where() << ": this operator takes two operands";
 }
 
 // `where` is only called on failure: building a node description per call would cost on the hot path.
@@ -807,8 +831,10 @@ Executor::Executor(std::shared_ptr<const Graph> graph, const KernelPlan& kernels
         s.args.push_back(constant(c10::IValue(n.args[1].i)));
         break;
       case KernelKind::SymOp:
-        s.sym = n.target;
-        HB_USER_CHECK(n.args.size() == 1 || n.args.size() == 2) << where << ": expected one or two operands";
+        s.sym = sym_code(n.target, where);
+        HB_USER_CHECK(n.args.size() == (sym_unary_code(s.sym) ? 1u : 2u))
+            << where << ": '" << n.target << "' takes " << (sym_unary_code(s.sym) ? "one operand" : "two operands")
+            << ", got " << n.args.size();
         for (const Arg& a : n.args) s.args.push_back(convert_untyped(a, where));
         break;
       case KernelKind::FlexForward:

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "backend/ir/Error.h"
+#include <ATen/ExpandUtils.h>
 #ifdef HB_WITH_CUDA
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -62,17 +63,26 @@ void run_typed(at::TensorIterator& iter, const PointwiseProgram& p) {
 
 }  // namespace
 
+FusedPointwiseKernel::FusedPointwiseKernel(PointwiseProgram program, const TensorType& result)
+    : program_(std::move(program)) {
+  bool is_static = result.stride.size() == result.shape.size();
+  for (const Dim& d : result.shape) is_static &= d.is_static();
+  for (const Dim& d : result.stride) is_static &= d.is_static();
+  if (is_static) {
+    for (const Dim& d : result.shape) static_shape_.push_back(d.value);
+    for (const Dim& d : result.stride) static_stride_.push_back(d.value);
+  }
+#ifdef HB_WITH_CUDA
+  device_program_ = cuda::make_device_program(program_, static_cast<int64_t>(result.shape.size()));
+#endif
+}
+
 bool FusedPointwiseKernel::accepts(const std::vector<at::Tensor>& inputs) const {
   if (static_cast<int>(inputs.size()) != program_.num_inputs || inputs.empty()) return false;
   const c10::ScalarType t = inputs[0].scalar_type();
   if (t != at::kFloat && t != at::kDouble && t != at::kHalf && t != at::kBFloat16) return false;
   const c10::Device dev = inputs[0].device();
-#ifdef HB_WITH_CUDA
-  if (!dev.is_cpu() && !(dev.is_cuda() && cuda::fits(program_, static_cast<int64_t>(result_.shape.size()))))
-    return false;
-#else
-  if (!dev.is_cpu()) return false;
-#endif
+  if (!dev.is_cpu() && !(dev.is_cuda() && device_program_)) return false;
   for (const at::Tensor& x : inputs)
     if (!x.defined() || x.device() != dev || x.scalar_type() != t || x.layout() != at::kStrided) return false;
   return true;
@@ -82,31 +92,15 @@ at::Tensor FusedPointwiseKernel::run(const std::vector<at::Tensor>& inputs, cons
   HB_INTERNAL_CHECK(accepts(inputs)) << "fused pointwise kernel called with inputs it does not accept";
 #ifdef HB_WITH_CUDA
   if (inputs[0].is_cuda()) {
-    const at::TensorOptions opts = inputs[0].options();
-    bool is_static = true;
-    std::vector<int64_t> shape, stride;
-    for (const Dim& d : result_.shape) is_static &= d.is_static(), shape.push_back(d.value);
-    for (const Dim& d : result_.stride) is_static &= d.is_static(), stride.push_back(d.value);
-    std::vector<int64_t> bshape;  // the broadcast shape, which the IR type must agree with
-    for (const at::Tensor& x : inputs) {
-      const int64_t nd = std::max<int64_t>(static_cast<int64_t>(bshape.size()), x.dim());
-      std::vector<int64_t> next(nd, 1);
-      for (int64_t d = 0; d < nd; ++d) {
-        const int64_t a = d - (nd - static_cast<int64_t>(bshape.size()));
-        const int64_t b = d - (nd - x.dim());
-        const int64_t sa = a >= 0 ? bshape[a] : 1, sb = b >= 0 ? x.size(b) : 1;
-        HB_USER_CHECK(sa == sb || sa == 1 || sb == 1) << "fused pointwise: inputs do not broadcast";
-        next[d] = sa == 1 ? sb : sa;
-      }
-      bshape = next;
-    }
+    at::DimVector bshape(inputs[0].sizes());  // the broadcast shape, which the IR type must agree with
+    for (size_t j = 1; j < inputs.size(); ++j) bshape = at::infer_size_dimvector(bshape, inputs[j].sizes());
     at::Tensor out = given.defined() ? given
-                     : is_static && shape == bshape && stride.size() == shape.size()
-                         ? at::empty_strided(shape, stride, opts)
-                         : at::empty(bshape, opts);
+                     : c10::IntArrayRef(static_shape_).equals(bshape)
+                         ? at::empty_strided(static_shape_, static_stride_, inputs[0].options())
+                         : at::empty(bshape, inputs[0].options());
     HB_INTERNAL_CHECK(out.sizes().equals(bshape)) << "fused pointwise: the preallocated result has shape "
                                                   << out.sizes() << ", the inputs broadcast to " << bshape;
-    cuda::fused_pointwise(program_, inputs, out);
+    cuda::fused_pointwise(*device_program_, inputs, out);
     return out;
   }
 #endif

@@ -6,16 +6,20 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <vector>
 
 #include "codegen/PointwiseProgram.h"
+
+namespace hb::cuda {
+struct DeviceProgram;  // codegen/cuda/FusedPointwise.h (CUDA builds)
+}  // namespace hb::cuda
 
 namespace hb::rt {
 
 class FusedPointwiseKernel {
  public:
-  FusedPointwiseKernel(PointwiseProgram program, TensorType result)
-      : program_(std::move(program)), result_(std::move(result)) {}
+  FusedPointwiseKernel(PointwiseProgram program, const TensorType& result);
   // Whether run() handles these inputs: all on CPU (or all on one CUDA device, in a CUDA build), one
   // floating dtype the program computes in.
   bool accepts(const std::vector<at::Tensor>& inputs) const;
@@ -25,7 +29,10 @@ class FusedPointwiseKernel {
 
  private:
   PointwiseProgram program_;
-  TensorType result_;
+  // The result's traced layout, when static: the CUDA kernel writes into eager's layout.
+  std::vector<int64_t> static_shape_, static_stride_;
+  // Built once in CUDA builds; null without CUDA or when the program is over the kernel's limits.
+  std::shared_ptr<const cuda::DeviceProgram> device_program_;
 };
 
 }  // namespace hb::rt

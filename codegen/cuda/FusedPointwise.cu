@@ -74,18 +74,26 @@ void launch(const DevProgram& p, const DevOperands& o) {
 
 }  // namespace
 
-bool fits(const PointwiseProgram& p, int64_t ndim) {
-  return static_cast<int>(p.code.size()) <= kMaxProgram && p.num_inputs <= kMaxInputs && ndim <= kMaxDims;
+struct DeviceProgram {
+  DevProgram code;
+  int num_inputs = 0;
+};
+
+std::shared_ptr<const DeviceProgram> make_device_program(const PointwiseProgram& p, int64_t ndim) {
+  if (static_cast<int>(p.code.size()) > kMaxProgram || p.num_inputs > kMaxInputs || ndim > kMaxDims) return nullptr;
+  auto dp = std::make_shared<DeviceProgram>();
+  dp->num_inputs = p.num_inputs;
+  dp->code.n = static_cast<int>(p.code.size());
+  for (int i = 0; i < dp->code.n; ++i)
+    dp->code.code[i] = {p.code[i].op, static_cast<int16_t>(p.code[i].a), static_cast<int16_t>(p.code[i].b),
+                        p.code[i].k};
+  return dp;
 }
 
-void fused_pointwise(const PointwiseProgram& p, const std::vector<at::Tensor>& inputs, const at::Tensor& out) {
-  HB_INTERNAL_CHECK(fits(p, out.dim())) << "fused pointwise program too large for the CUDA kernel";
+void fused_pointwise(const DeviceProgram& p, const std::vector<at::Tensor>& inputs, const at::Tensor& out) {
   HB_INTERNAL_CHECK(static_cast<int>(inputs.size()) == p.num_inputs) << "fused pointwise: wrong input count";
+  HB_INTERNAL_CHECK(out.dim() <= kMaxDims) << "fused pointwise: result of " << out.dim() << " dims";
   if (out.numel() == 0) return;
-  DevProgram dp;
-  dp.n = static_cast<int>(p.code.size());
-  for (int i = 0; i < dp.n; ++i)
-    dp.code[i] = {p.code[i].op, static_cast<int16_t>(p.code[i].a), static_cast<int16_t>(p.code[i].b), p.code[i].k};
   DevOperands o;
   o.ndim = static_cast<int>(out.dim());
   o.nin = p.num_inputs;
@@ -96,16 +104,20 @@ void fused_pointwise(const PointwiseProgram& p, const std::vector<at::Tensor>& i
     o.out_strides[d] = out.stride(d);
   }
   for (int j = 0; j < o.nin; ++j) {
-    const at::Tensor e = inputs[j].expand(out.sizes());  // a view: strides 0 where broadcast
-    o.in[j] = e.const_data_ptr();
-    for (int d = 0; d < o.ndim; ++d) o.in_strides[j][d] = e.stride(d);
+    // Broadcast strides, right-aligned as in expand(): 0 along missing and size-1 dims.
+    const at::Tensor& x = inputs[j];
+    o.in[j] = x.const_data_ptr();
+    const int lead = o.ndim - static_cast<int>(x.dim());
+    HB_INTERNAL_CHECK(lead >= 0) << "fused pointwise: input " << j << " has more dims than the result";
+    for (int d = 0; d < o.ndim; ++d)
+      o.in_strides[j][d] = d < lead || x.size(d - lead) == 1 ? 0 : x.stride(d - lead);
   }
   const c10::cuda::CUDAGuard guard(out.device());
   switch (out.scalar_type()) {
-    case at::kFloat: launch<float, float>(dp, o); break;
-    case at::kDouble: launch<double, double>(dp, o); break;
-    case at::kHalf: launch<c10::Half, float>(dp, o); break;
-    case at::kBFloat16: launch<c10::BFloat16, float>(dp, o); break;
+    case at::kFloat: launch<float, float>(p.code, o); break;
+    case at::kDouble: launch<double, double>(p.code, o); break;
+    case at::kHalf: launch<c10::Half, float>(p.code, o); break;
+    case at::kBFloat16: launch<c10::BFloat16, float>(p.code, o); break;
     default: HB_INTERNAL_CHECK(false) << "fused pointwise: unsupported dtype " << out.scalar_type();
   }
 }

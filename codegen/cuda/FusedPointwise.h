@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <vector>
 
 #include "codegen/PointwiseProgram.h"
@@ -14,11 +15,13 @@ constexpr int kMaxProgram = 96;  // instructions
 constexpr int kMaxInputs = 16;
 constexpr int kMaxDims = 8;
 
-// Whether the kernel can run p at all (sizes within the limits above).
-bool fits(const PointwiseProgram& p, int64_t ndim);
+// The program in the kernel's parameter layout, built once per fused node (not per launch).
+struct DeviceProgram;
+// nullptr when p, or a result of `ndim` dims, is over the limits above (the body then runs op by op).
+std::shared_ptr<const DeviceProgram> make_device_program(const PointwiseProgram& p, int64_t ndim);
 
 // out = p(inputs), broadcasting the inputs to out's shape; out is preallocated (any strides), every
 // tensor on the same CUDA device with one dtype (f16, bf16, f32, f64). Runs on the current stream.
-void fused_pointwise(const PointwiseProgram& p, const std::vector<at::Tensor>& inputs, const at::Tensor& out);
+void fused_pointwise(const DeviceProgram& p, const std::vector<at::Tensor>& inputs, const at::Tensor& out);
 
 }  // namespace hb::cuda

@@ -59,6 +59,31 @@ struct Gen {
     v.tensor = t;
     return v;
   }
+  // f32[16, 16], contiguous: the hand-written tests' one type.
+  static TensorType matrix16() {
+    TensorType t;
+    t.shape = {Dim{16, ""}, Dim{16, ""}};
+    t.stride = {Dim{16, ""}, Dim{1, ""}};
+    return t;
+  }
+  int input(const std::string& name, const TensorType& t) {
+    Node x;
+    x.name = name;
+    x.op = OpKind::Placeholder;
+    x.type = tv(t);
+    return add(x);
+  }
+  // The graph returns (node,).
+  void output(int node) {
+    Node out;
+    out.name = "output";
+    out.op = OpKind::Output;
+    Arg tup;
+    tup.kind = Arg::Kind::Tuple;
+    tup.items = {ref(node)};
+    out.args = {tup};
+    add(out);
+  }
 
   Graph build() {
     const int inputs = 1 + pick(3);
@@ -281,14 +306,8 @@ TEST(memory_plan, allocators_alone_never_overlap_live_requests) {
 TEST(memory_plan, elementwise_chain_reuses_in_place_and_skips_inputs_outputs_views) {
   Gen gen(0);
   Graph& g = gen.g;
-  TensorType t;
-  t.shape = {Dim{16, ""}, Dim{16, ""}};
-  t.stride = {Dim{16, ""}, Dim{1, ""}};
-  Node x;
-  x.name = "x";
-  x.op = OpKind::Placeholder;
-  x.type = gen.tv(t);
-  gen.add(x);
+  const TensorType t = Gen::matrix16();
+  gen.input("x", t);
   gen.add(gen.call("aten::exp.default", {gen.ref(0)}, gen.tv(t)));                    // 1
   Node v = gen.call("aten::view.default", {gen.ref(1)}, gen.tv(t));                   // 2
   v.effects.is_view = true;
@@ -296,14 +315,7 @@ TEST(memory_plan, elementwise_chain_reuses_in_place_and_skips_inputs_outputs_vie
   gen.add(gen.call("aten::mul.Tensor", {gen.ref(1), Arg::of_int(2)}, gen.tv(t)));     // 3
   gen.add(gen.call("aten::sum.default", {gen.ref(2), gen.ref(3)}, gen.tv(t)));        // 4: last read of the view
   gen.add(gen.call("aten::neg.default", {gen.ref(4)}, gen.tv(t)));                     // 5
-  Node out;
-  out.name = "output";
-  out.op = OpKind::Output;
-  Arg tup;
-  tup.kind = Arg::Kind::Tuple;
-  tup.items = {gen.ref(5)};
-  out.args = {tup};
-  gen.add(out);
+  gen.output(5);
   const MemoryPlan p = memory_plan(g);
   check_invariants(g, p);
   // exp is read through its view until node 4, so mul (node 3) cannot take it over.
@@ -329,14 +341,8 @@ TEST(memory_plan, elementwise_chain_reuses_in_place_and_skips_inputs_outputs_vie
 TEST(memory_plan, unplaceable_values_and_unsafe_view) {
   Gen gen(0);
   Graph& g = gen.g;
-  TensorType t;
-  t.shape = {Dim{16, ""}, Dim{16, ""}};
-  t.stride = {Dim{16, ""}, Dim{1, ""}};
-  Node x;
-  x.name = "x";
-  x.op = OpKind::Placeholder;
-  x.type = gen.tv(t);
-  gen.add(x);
+  const TensorType t = Gen::matrix16();
+  gen.input("x", t);
   gen.add(gen.call("aten::exp.default", {gen.ref(0)}, gen.tv(t)));                          // 1
   gen.add(gen.call("aten::_unsafe_view.default", {gen.ref(1)}, gen.tv(t)));                 // 2
   gen.add(gen.call("aten::mul.Tensor", {gen.ref(2), Arg::of_int(2)}, gen.tv(t)));           // 3
@@ -346,14 +352,7 @@ TEST(memory_plan, unplaceable_values_and_unsafe_view) {
   gen.add(gen.call("aten::_fake_pair.default", {gen.ref(3)}, pair));                       // 4
   gen.add(gen.call("operator::getitem", {gen.ref(4), Arg::of_int(0)}, gen.tv(t)));          // 5
   gen.add(gen.call("aten::neg.default", {gen.ref(5)}, gen.tv(t)));                           // 6
-  Node out;
-  out.name = "output";
-  out.op = OpKind::Output;
-  Arg tup;
-  tup.kind = Arg::Kind::Tuple;
-  tup.items = {gen.ref(6)};
-  out.args = {tup};
-  gen.add(out);
+  gen.output(6);
   const MemoryPlan all = memory_plan(g);
   check_invariants(g, all);
   EXPECT_EQ(all.offset_of(2), -1) << "_unsafe_view must not get a buffer of its own";
