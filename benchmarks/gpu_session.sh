@@ -36,7 +36,7 @@ if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   $PY "$SRC/benchmarks/overhead.py" --device cpu --iters 2000 > "$OUT/overhead_cpu.log" 2>&1; tail -4 "$OUT/overhead_cpu.log"
 fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
-  for b in slicing memory; do
+  for b in slicing memory fusion; do
     [ -f "$SRC/benchmarks/$b.py" ] || continue
     echo "== $b benchmark"
     timeout 300 $PY "$SRC/benchmarks/$b.py" > "$OUT/$b.log" 2>&1; tail -20 "$OUT/$b.log"

@@ -111,7 +111,7 @@ HB_HD inline T pw_apply(T x, T y, T k) {
   else if constexpr (OP == PwOp::Maximum) return (pw::isnan(x) || pw::isnan(y)) ? x + y : (x > y ? x : y);
   else if constexpr (OP == PwOp::Minimum) return (pw::isnan(x) || pw::isnan(y)) ? x + y : (x < y ? x : y);
   else if constexpr (OP == PwOp::Neg) return -x;
-  else if constexpr (OP == PwOp::Relu) return x < zero ? zero : x;  // NaN stays NaN
+  else if constexpr (OP == PwOp::Relu) return x < zero ? zero : x;  // NaN stays NaN; a select, no branch
   else if constexpr (OP == PwOp::Sigmoid) return one / (one + pw::exp(-x));
   else if constexpr (OP == PwOp::Tanh) return pw::tanh(x);
   else if constexpr (OP == PwOp::Exp) return pw::exp(x);
@@ -129,7 +129,10 @@ HB_HD inline T pw_apply(T x, T y, T k) {
   else if constexpr (OP == PwOp::Gelu) return x * half * (one + pw::erf(x * T(0.70710678118654752440)));
   else if constexpr (OP == PwOp::GeluTanh)
     return half * x * (one + pw::tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x)));
-  else if constexpr (OP == PwOp::LeakyRelu) return x > zero ? x : x * k;
+  else if constexpr (OP == PwOp::LeakyRelu) {
+    const T m = x * k;  // both sides computed first: a select the compiler vectorizes, not a branch
+    return x > zero ? x : m;
+  }
   else if constexpr (OP == PwOp::PowScalar) return pw::pow(x, k);
   else if constexpr (OP == PwOp::ThresholdBackward) return y <= k ? zero : x;  // x: grad, y: self
   else if constexpr (OP == PwOp::SigmoidBackward) return x * (one - y) * y;    // y: sigmoid's output
@@ -167,16 +170,19 @@ void eval_pointwise(const PointwiseProgram& p, const T* const* inputs, T* out, i
       reg[r] = d;
       continue;
     }
-    const T* x = in.a >= 0 ? reg[in.a] : nullptr;
-    const T* y = in.b >= 0 ? reg[in.b] : x;  // unary ops ignore y
+    // d never overlaps an operand (registers are distinct, the output is a fresh or arena buffer no
+    // input shares): __restrict lets the compiler vectorize the loops.
+    T* __restrict dd = d;
+    const T* __restrict x = in.a >= 0 ? reg[in.a] : nullptr;
+    const T* __restrict y = in.b >= 0 ? reg[in.b] : x;  // unary ops ignore y
     const T k = static_cast<T>(in.k);
     switch (in.op) {
       case PwOp::Const:
-        for (int64_t e = 0; e < n; ++e) d[e] = k;
+        for (int64_t e = 0; e < n; ++e) dd[e] = k;
         break;
 #define HB_PW_CPU_CASE(N)                                                      \
   case PwOp::N:                                                              \
-    for (int64_t e = 0; e < n; ++e) d[e] = pw_apply<PwOp::N, T>(x[e], y[e], k); \
+    for (int64_t e = 0; e < n; ++e) dd[e] = pw_apply<PwOp::N, T>(x[e], y[e], k); \
     break;
         HB_PW_COMPUTE_OPS(HB_PW_CPU_CASE)
 #undef HB_PW_CPU_CASE

@@ -20,8 +20,9 @@ namespace hb::rt {
 class FusedPointwiseKernel {
  public:
   FusedPointwiseKernel(PointwiseProgram program, const TensorType& result);
-  // Whether run() handles these inputs: all on CPU (or all on one CUDA device, in a CUDA build), one
-  // floating dtype the program computes in.
+  // Whether run() handles these inputs: all on CPU with a small result (kCpuMaxElements), or all on
+  // one CUDA device in a CUDA build; one floating dtype the program computes in. Otherwise the caller
+  // runs the body op by op.
   bool accepts(const std::vector<at::Tensor>& inputs) const;
   // `out`: a preallocated result of the broadcast shape (an arena view), or undefined to allocate one.
   at::Tensor run(const std::vector<at::Tensor>& inputs, const at::Tensor& out = at::Tensor()) const;
@@ -31,6 +32,7 @@ class FusedPointwiseKernel {
   PointwiseProgram program_;
   // The result's traced layout, when static: the CUDA kernel writes into eager's layout.
   std::vector<int64_t> static_shape_, static_stride_;
+  int64_t static_numel_ = -1;  // -1: symbolic
   // Built once in CUDA builds; null without CUDA or when the program is over the kernel's limits.
   std::shared_ptr<const cuda::DeviceProgram> device_program_;
 };

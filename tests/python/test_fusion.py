@@ -104,3 +104,15 @@ def test_disable_pass_turns_fusion_off(tmp_path):
     torch.manual_seed(3)
     check_model(f, [randn(4, 8)], options={"dump_dir": str(tmp_path), "disable_passes": ["pointwise-fusion"]})
     assert fused_bodies(str(tmp_path)) == 0
+
+
+def test_large_cpu_groups_run_op_by_op_with_the_same_results(tmp_path):
+    """Above the CPU kernel's size limit (backend/runtime/FusedPointwise.cpp) the group's body runs op by
+    op through ATen; results and gradients still match eager."""
+    def f(x, b):
+        return torch.sigmoid(F.gelu(x * 1.25 + b) * 0.5)
+
+    torch.manual_seed(4)
+    check_model(f, [randn(64, 256, dtype=torch.float64), randn(256, dtype=torch.float64)],
+                options={"dump_dir": str(tmp_path)})
+    assert fused_bodies(str(tmp_path)) >= 1
