@@ -21,6 +21,10 @@ namespace {
 // ATen's vectorized, multithreaded kernels on larger tensors (measured on 2 cores: sigmoid, gelu, tanh
 // chains 1.4x to 11x slower from 8K elements up). Bigger results run the body op by op.
 constexpr int64_t kCpuMaxElements = 2048;
+// On CUDA the kernel (it interprets the program per element) saves launches on small and medium
+// tensors but runs at about 390 GB/s: on an H200 a 16M-element chain took 0.35 ms against eager's four
+// kernels' 0.17 ms. Bigger results run the body op by op until the kernel is generated per program.
+constexpr int64_t kCudaMaxElements = int64_t(1) << 19;
 
 constexpr int64_t kChunk = 128;  // elements per program evaluation: registers stay in L1
 constexpr size_t kStackValues = 40 * kChunk;
@@ -90,12 +94,10 @@ bool FusedPointwiseKernel::accepts(const std::vector<at::Tensor>& inputs) const 
   if (t != at::kFloat && t != at::kDouble && t != at::kHalf && t != at::kBFloat16) return false;
   const c10::Device dev = inputs[0].device();
   if (!dev.is_cpu() && !(dev.is_cuda() && device_program_)) return false;
-  if (dev.is_cpu()) {
-    int64_t numel = static_numel_;
-    if (numel < 0)
-      for (const at::Tensor& x : inputs) numel = std::max(numel, x.numel());
-    if (numel > kCpuMaxElements) return false;
-  }
+  int64_t numel = static_numel_;
+  if (numel < 0)
+    for (const at::Tensor& x : inputs) numel = std::max(numel, x.numel());
+  if (numel > (dev.is_cpu() ? kCpuMaxElements : kCudaMaxElements)) return false;
   for (const at::Tensor& x : inputs)
     if (!x.defined() || x.device() != dev || x.scalar_type() != t || x.layout() != at::kStrided) return false;
   return true;

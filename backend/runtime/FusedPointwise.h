@@ -20,8 +20,9 @@ namespace hb::rt {
 class FusedPointwiseKernel {
  public:
   FusedPointwiseKernel(PointwiseProgram program, const TensorType& result);
-  // Whether run() handles these inputs: all on CPU with a small result (kCpuMaxElements), or all on
-  // one CUDA device in a CUDA build; one floating dtype the program computes in. Otherwise the caller
+  // Whether run() handles these inputs: all on CPU, or all on one CUDA device in a CUDA build, with a
+  // result within the device's size limit (kCpuMaxElements, kCudaMaxElements: where the kernel beats
+  // ATen's per-op kernels); one floating dtype the program computes in. Otherwise the caller
   // runs the body op by op.
   bool accepts(const std::vector<at::Tensor>& inputs) const;
   // `out`: a preallocated result of the broadcast shape (an arena view), or undefined to allocate one.
