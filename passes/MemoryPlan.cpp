@@ -313,33 +313,56 @@ MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt) {
     phys[v] = static_cast<int>(P.buffers.size());
     P.buffers.push_back(b);
   }
-  // 3. Place with each strategy; keep the smaller arena.
-  std::vector<BufferRequest> reqs;
-  for (const PlannedBuffer& b : P.buffers) {
-    reqs.push_back({b.size, b.start, b.end});
-    P.no_reuse_bytes += b.size;
+  // 3. Busy periods: maximal spans of the order during which some buffer is live. Each is placed on
+  //    its own from offset 0 (they never overlap in time), so the runtime may hold one arena per
+  //    period, freed between them, or one arena of the largest period's size for all of them.
+  std::vector<int> by_start(P.buffers.size());
+  for (size_t i = 0; i < by_start.size(); ++i) by_start[i] = static_cast<int>(i);
+  std::stable_sort(by_start.begin(), by_start.end(),
+                   [&](int a, int b) { return P.buffers[a].start < P.buffers[b].start; });
+  for (int b : by_start) {
+    PlannedBuffer& buf = P.buffers[b];
+    if (P.segments.empty() || buf.start > P.segments.back().end) P.segments.push_back({buf.start, buf.end, 0});
+    P.segments.back().end = std::max(P.segments.back().end, buf.end);
+    buf.segment = static_cast<int>(P.segments.size()) - 1;
   }
+  // 4. Place each period with each strategy; keep the strategy whose largest period is smallest.
+  for (const PlannedBuffer& b : P.buffers) P.no_reuse_bytes += b.size;
   const char* env = std::getenv("HINTBACKEND_MEMORY_PLAN_STRATEGY");
   const std::string want = env && *env ? env : opt.strategy;
   GreedyBySizeAllocator greedy;
   BestFitAllocator best_fit;
   const ArenaAllocator* strategies[] = {&greedy, &best_fit};
   bool found = false;
-  std::vector<int64_t> best_off;
+  std::vector<int64_t> best_off(P.buffers.size(), 0), best_seg;
   for (const ArenaAllocator* a : strategies) {
     if (!want.empty() && want != a->name()) continue;
-    std::vector<int64_t> off = a->place(reqs);
-    const int64_t arena = arena_of(reqs, off);
+    std::vector<int64_t> off(P.buffers.size(), 0), seg_bytes(P.segments.size(), 0);
+    for (size_t k = 0; k < P.segments.size(); ++k) {
+      std::vector<int> members;
+      std::vector<BufferRequest> reqs;
+      for (size_t i = 0; i < P.buffers.size(); ++i) {
+        if (P.buffers[i].segment != static_cast<int>(k)) continue;
+        members.push_back(static_cast<int>(i));
+        reqs.push_back({P.buffers[i].size, P.buffers[i].start, P.buffers[i].end});
+      }
+      const std::vector<int64_t> o = a->place(reqs);
+      for (size_t m = 0; m < members.size(); ++m) off[members[m]] = o[m];
+      seg_bytes[k] = arena_of(reqs, o);
+    }
+    const int64_t arena = seg_bytes.empty() ? 0 : *std::max_element(seg_bytes.begin(), seg_bytes.end());
     if (!found || arena < P.arena_bytes) {
       found = true;
       P.arena_bytes = arena;
       P.strategy = a->name();
       best_off = off;
+      best_seg = seg_bytes;
     }
   }
   HB_USER_CHECK(found) << "memory plan strategy '" << want << "' is not one of greedy-by-size, best-fit";
   for (size_t i = 0; i < P.buffers.size(); ++i) P.buffers[i].offset = best_off[i];
-  // 4. The lower bound: the most planned bytes live at one node.
+  for (size_t k = 0; k < P.segments.size(); ++k) P.segments[k].bytes = best_seg[k];
+  // 5. The lower bound: the most planned bytes live at one node.
   std::vector<int64_t> delta(g.nodes.size() + 1, 0);
   for (const PlannedBuffer& b : P.buffers) {
     delta[b.start] += b.size;
@@ -347,7 +370,7 @@ MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt) {
   }
   int64_t live = 0;
   for (int64_t d : delta) P.live_peak_bytes = std::max(P.live_peak_bytes, live += d);
-  // 5. slice_loop bodies: one plan each, reused by every slice.
+  // 6. slice_loop bodies: one plan each, reused by every slice.
   for (const Node& node : g.nodes) {
     if (!opt.bodies) break;
     if (node.target != "hintbackend::slice_loop" || node.args.empty() || node.args[0].kind != Arg::Kind::Graph) continue;
@@ -361,8 +384,8 @@ MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt) {
 namespace {
 // The heap simulator's sweep. Values in `arena` (may be null) are not counted as they live: instead
 // `arena_bytes` is live for the whole call.
-int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* arena, int64_t arena_bytes,
-                   int arena_from = 0, int arena_to = -1) {
+int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* arena,
+                   const std::vector<ArenaSegment>& windows) {
   const Values V = lifetimes(g);
   const int n = static_cast<int>(g.nodes.size());
   std::vector<int64_t> delta(n + 1, 0);
@@ -379,9 +402,9 @@ int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* 
     delta[start] += bytes;
     delta[end + 1] -= bytes;
   }
-  if (arena_bytes > 0) {
-    delta[arena_from] += arena_bytes;
-    delta[(arena_to < 0 ? n - 1 : arena_to) + 1] -= arena_bytes;
+  for (const ArenaSegment& w : windows) {
+    delta[w.start] += w.bytes;
+    delta[w.end + 1] -= w.bytes;
   }
   int64_t live = 0, peak = 0;
   for (int i = 0; i < n; ++i) {
@@ -398,18 +421,13 @@ int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* 
 }
 }  // namespace
 
-int64_t simulate_peak(const Graph& g, bool count_inputs) { return sweep_peak(g, count_inputs, nullptr, 0); }
+int64_t simulate_peak(const Graph& g, bool count_inputs) { return sweep_peak(g, count_inputs, nullptr, {}); }
 
 int64_t simulate_peak_with_arena(const Graph& g, const MemoryPlan& plan) {
   std::set<ValueRef> placed;
-  int from = static_cast<int>(g.nodes.size()), to = -1;
-  for (const PlannedBuffer& b : plan.buffers) {
-    placed.insert(b.values.begin(), b.values.end());
-    from = std::min(from, b.start);
-    to = std::max(to, b.end);
-  }
+  for (const PlannedBuffer& b : plan.buffers) placed.insert(b.values.begin(), b.values.end());
   if (placed.empty()) return simulate_peak(g);
-  return sweep_peak(g, true, &placed, plan.arena_bytes, from, to);
+  return sweep_peak(g, true, &placed, plan.segments);
 }
 
 std::string to_string(const MemoryPlan& p, const Graph& g) {
@@ -422,6 +440,11 @@ std::string to_string(const MemoryPlan& p, const Graph& g) {
   os << "memory-plan graph " << p.graph << ": arena " << p.arena_bytes << " bytes (" << format_bytes(p.arena_bytes)
      << ") by " << p.strategy << ", no reuse " << p.no_reuse_bytes << ", live peak " << p.live_peak_bytes << ", "
      << p.buffers.size() << " buffers";
+  if (p.segments.size() > 1) {
+    os << " in " << p.segments.size() << " busy periods (one arena each):";
+    for (const ArenaSegment& s : p.segments)
+      os << " [" << s.start << ", " << s.end << "] " << format_bytes(s.bytes) << (&s == &p.segments.back() ? "" : ",");
+  }
   for (const PlannedBuffer& b : p.buffers) {
     os << "\n  " << vname(b.values[0]) << ": offset " << b.offset << " size " << b.size << " live [" << b.start
        << ", " << b.end << "]";

@@ -7,10 +7,16 @@
 //                  symbolic shapes, non-tensors, and what MemoryPlanOptions::unplaceable rejects.
 //   3. in-place    an elementwise op may write into an input's buffer when that input dies at this op,
 //                  has the same shape and dtype, and the op reads no other view of it.
-//   4. placement   an ArenaAllocator strategy (greedy-by-size as TFLite's arena planner, best-fit
-//                  over alloc/free events as XLA's heap simulator); the plan keeps the smaller arena.
+//   4. periods     busy periods: maximal spans of the order during which some buffer is live. Each is
+//                  placed on its own from offset 0, since periods never overlap in time.
+//   5. placement   an ArenaAllocator strategy (greedy-by-size as TFLite's arena planner, best-fit
+//                  over alloc/free events as XLA's heap simulator); the plan keeps the strategy whose
+//                  largest period is smallest. arena_bytes is that largest period.
 //
-// The runtime allocates arena_bytes once per call and makes each planned value a view at its offset
+// The runtime allocates one arena per busy period of a call (most graphs have one), at the period's
+// first placed value, and drops it after the period's last use, so memory no value needs is never
+// held while unplaced ops (and their hidden workspaces) run between periods. A slice_loop body runs
+// every period of every slice in one arena of arena_bytes. Each planned value is a view at its offset
 // (plan.offset_of(node, elem)); unplanned values are allocated as usual. The plan is a pure function
 // of the final graph and the options: the pass prints memory_plan(g) (every value placeable); the
 // runtime computes memory_plan(g, {unplaceable = what it cannot place}) and dumps that one as
@@ -42,10 +48,19 @@ struct ValueRef {
 // further values reuse it in place, each written by the node that last read the one before.
 struct PlannedBuffer {
   std::vector<ValueRef> values;
-  int64_t offset = 0;
-  int64_t size = 0;  // aligned
+  int64_t offset = 0;  // within its period's arena
+  int64_t size = 0;    // aligned
   int start = 0;
   int end = 0;
+  int segment = 0;     // its busy period (MemoryPlan::segments)
+};
+
+// A busy period: nodes [start, end] of the order, during which some planned buffer is live; outside
+// all periods no planned value is.
+struct ArenaSegment {
+  int start = 0;
+  int end = 0;
+  int64_t bytes = 0;  // this period's arena
 };
 
 struct UnplannedValue {
@@ -58,7 +73,8 @@ struct MemoryPlan {
   std::string strategy;            // the allocator that placed it
   std::vector<PlannedBuffer> buffers;
   std::vector<UnplannedValue> unplanned;
-  int64_t arena_bytes = 0;         // planned peak: the arena's size
+  std::vector<ArenaSegment> segments;  // in order, disjoint
+  int64_t arena_bytes = 0;         // planned peak: the largest period's arena
   int64_t no_reuse_bytes = 0;      // every planned buffer in its own memory (no reuse at all)
   int64_t live_peak_bytes = 0;     // most planned bytes live at once: no allocator can do better
   std::map<std::string, std::shared_ptr<MemoryPlan>> bodies;  // slice_loop bodies, by subgraph name
@@ -122,9 +138,10 @@ bool aliases_without_annotation(const Node& n);
 // slice_loop runs, its body's simulated peak. The slice chooser compares candidates with it.
 int64_t simulate_peak(const Graph& g, bool count_inputs = true);
 
-// The same simulation when the values `plan` places live in one arena: the arena's bytes from the
-// first placed value's definition to the last one's last use, every other value as it lives. The runtime keeps the arena only when this is not
-// above simulate_peak(g): an arena held across the call must not cost more than allocating per op.
+// The same simulation when the values `plan` places live in arenas: each busy period's arena bytes
+// from its first placed value's definition to its last one's last use, every other value as it lives.
+// The runtime keeps the arenas only when this is not above simulate_peak(g): an arena must not cost
+// more than allocating per op.
 int64_t simulate_peak_with_arena(const Graph& g, const MemoryPlan& plan);
 
 // "1.25 GiB" style.

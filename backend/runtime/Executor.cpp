@@ -41,6 +41,7 @@ struct ArgSpec {
 struct Placement {
   std::optional<c10::OperatorHandle> out_op;  // ATen ops; none for fused pointwise groups
   int64_t offset = 0;  // elements of `dtype` from the arena's start
+  int segment = 0;     // the plan's busy period: in a call, the arena allocated for that period
   std::vector<int64_t> sizes, strides;
   caffe2::TypeMeta dtype;
 };
@@ -870,8 +871,9 @@ Executor::Executor(std::shared_ptr<const Graph> graph, const KernelPlan& kernels
 }
 
 std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
-  // One arena per call, only when something is placed: allocated at the first placed result and
-  // dropped after the last one dies, so it lives no longer than the values it holds.
+  // One arena per busy period of the plan (usually one per call), only when something is placed:
+  // allocated at the period's first placed result and dropped after its last one dies, so it lives
+  // no longer than the values it holds.
   const bool lazy = arena_pays_ && places(inputs);
   return run(std::move(inputs), at::Tensor(), lazy);
 }
@@ -893,13 +895,13 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
   stack.reserve(max_stack_);
   std::vector<c10::IValue> outputs;
   const c10::StorageImpl* arena_storage = arena.defined() ? arena.storage().unsafeGetStorageImpl() : nullptr;
-  int64_t placed = 0, loop_arenas = 0;
-  bool used_arena = arena.defined();
+  int64_t placed = 0, loop_arenas = 0, largest_arena = arena.defined() ? plan_.arena_bytes : 0;
   for (const Step& s : steps_) {
-    if (lazy && s.place && !arena.defined() && !used_arena) {
-      arena = new_arena();
+    if (lazy && s.place && !arena.defined()) {
+      const int64_t bytes = plan_.segments.at(s.place->segment).bytes;
+      arena = new_arena(bytes);
       arena_storage = arena.storage().unsafeGetStorageImpl();
-      used_arena = true;
+      largest_arena = std::max(largest_arena, bytes);
       ++allocations_;
     }
     try {
@@ -981,13 +983,14 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
     }
     if (s.fresh_result && arena_storage) keep_out_of_arena(slots[s.node], arena_storage);
     for (int r : s.release) slots[r] = c10::IValue();
-    if (lazy && arena.defined() && s.node == arena_last_node_) {
-      // Every placed value is dead: the storage goes back to the allocator with the last view of it.
+    if (lazy && arena.defined() && segment_ends_[s.node]) {
+      // Every value placed in this period is dead: the storage goes back to the allocator with the
+      // last view of it, and the next period (if any) allocates its own.
       arena.reset();
       arena_storage = nullptr;
     }
   }
-  last_arena_bytes_ = used_arena ? plan_.arena_bytes : 0;
+  last_arena_bytes_ = largest_arena;
   last_placed_ = placed;
   allocations_ += loop_arenas;
   return outputs;
@@ -1028,7 +1031,8 @@ void Executor::plan_arena(const std::vector<int>& step_of) {
   opt.bodies = false;  // each slice_loop body's executor plans its own
   opt.unplaceable = [&](const Graph& graph, int node) { return &graph == &g ? why[node] : std::string("subgraph"); };
   plan_ = hb::memory_plan(g, opt);
-  for (const PlannedBuffer& b : plan_.buffers) arena_last_node_ = std::max(arena_last_node_, b.end);
+  segment_ends_.assign(n, false);
+  for (const ArenaSegment& seg : plan_.segments) segment_ends_[seg.end] = true;
   if (plan_.arena_bytes > 0) {
     // The arena is held from its first placed value to its last while unplaced values (multi-output
     // ops, views' bases ...) come and go around it: keep it only if the simulated peak does not grow.
@@ -1064,7 +1068,7 @@ void Executor::plan_arena(const std::vector<int>& step_of) {
       const int64_t elem = dtype_bytes(t.dtype);
       HB_INTERNAL_CHECK(b.offset % elem == 0) << describe(g, v.node) << ": arena offset not aligned to its dtype";
       Step& s = steps_[step_of[v.node]];
-      s.place = std::make_shared<const Placement>(Placement{out_ops[v.node], b.offset / elem, std::move(sizes),
+      s.place = std::make_shared<const Placement>(Placement{out_ops[v.node], b.offset / elem, b.segment, std::move(sizes),
                                                             std::move(strides),
                                                             caffe2::TypeMeta::fromScalarType(to_scalar_type(t.dtype))});
       s.fresh_result = false;
@@ -1084,9 +1088,10 @@ bool Executor::places(const std::vector<c10::IValue>& inputs) const {
   return true;
 }
 
-at::Tensor Executor::new_arena() const {
-  if (plan_.arena_bytes == 0) return at::Tensor();
-  at::Tensor arena = at::empty({plan_.arena_bytes}, at::TensorOptions().dtype(at::kByte).device(arena_device_));
+at::Tensor Executor::new_arena(int64_t bytes) const {
+  if (bytes < 0) bytes = plan_.arena_bytes;
+  if (bytes == 0) return at::Tensor();
+  at::Tensor arena = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(arena_device_));
   // A wrong IR shape must not grow the arena under the views already made of it: fail instead.
   arena.storage().unsafeGetStorageImpl()->set_resizable(false);
   return arena;
@@ -1111,8 +1116,10 @@ std::string Executor::memory_plan_text() const {
     for (const PlannedBuffer& b : plan_.buffers) placed += static_cast<int>(b.values.size());
     if (plan_.arena_bytes == 0) os << (arena_note_.empty() ? "nothing to place, no arena" : arena_note_);
     else
-      os << placed << (placed == 1 ? " result" : " results") << " placed through out= overloads into one arena of "
-         << plan_.arena_bytes << " bytes per call on " << arena_device_.str() << "; " << arena_note_;
+      os << placed << (placed == 1 ? " result" : " results") << " placed through out= overloads into "
+         << (plan_.segments.size() == 1 ? std::string("one arena")
+                                        : std::to_string(plan_.segments.size()) + " arenas (one per busy period)")
+         << " of at most " << plan_.arena_bytes << " bytes per call on " << arena_device_.str() << "; " << arena_note_;
     os << "\n" << to_string(plan_, g) << "\n";
   }
   std::set<const Graph*> seen;

@@ -5,9 +5,10 @@
 //
 // Memory: the constructor also decides which results it can place (an ATen op with its own out=
 // kernel, or a fused pointwise group; one tensor of static contiguous layout) and computes the
-// memory plan over those only (passes/MemoryPlan.h). A run() then allocates ONE arena of
-// arena_bytes() (at::empty, so on CUDA from the caching allocator) at the first placed result, writes
-// each placed result into a view of it at its planned offset, and drops it after the last one dies.
+// memory plan over those only (passes/MemoryPlan.h). A run() then allocates one arena per busy
+// period of the plan (at::empty, so on CUDA from the caching allocator; most graphs have one period)
+// at the period's first placed result, writes each placed result into a view of it at its planned
+// offset, and drops it after the period's last placed value dies.
 // Calls skip the arena where it would raise the simulated peak (arena_for_calls()). Everything else
 // (inputs, outputs, views, multi-output ops, ops without out=) is allocated by its op as before and
 // released after its last use. Outputs never live in the arena. HINTBACKEND_ARENA=0 (read at
@@ -51,7 +52,8 @@ class Executor {
   // record (out= overloads refuse inputs that require grad while it does).
   bool places(const std::vector<c10::IValue>& inputs) const;
   // A fresh arena for one call: arena_bytes() bytes, not resizable, on the plan's device.
-  at::Tensor new_arena() const;
+  // `bytes` < 0: arena_bytes(), the largest busy period, which holds any period (a slice body's arena).
+  at::Tensor new_arena(int64_t bytes = -1) const;
 
   int num_inputs() const { return static_cast<int>(placeholders_.size()); }
   const Graph& graph() const { return *graph_; }
@@ -87,7 +89,7 @@ class Executor {
   bool constants_require_grad_ = false;
   MemoryPlan plan_;
   std::string arena_note_;    // the simulated peaks with and without the arena (the dump says why it is off)
-  int arena_last_node_ = -1;  // the last node any placed value lives to
+  std::vector<bool> segment_ends_;  // per node: a busy period of the plan ends there (its arena is dropped)
   bool arena_pays_ = true;    // the arena does not raise the call's simulated peak (else calls skip it)
   c10::Device arena_device_ = c10::Device(c10::kCPU);
   mutable std::atomic<int64_t> last_arena_bytes_{0}, last_placed_{0}, allocations_{0};

@@ -173,9 +173,15 @@ void check_invariants(const Graph& g, const MemoryPlan& p) {
   std::map<ValueRef, int> where;  // planned value -> buffer
   for (size_t b = 0; b < p.buffers.size(); ++b) {
     const PlannedBuffer& B = p.buffers[b];
-    // Every buffer lies inside the arena, aligned.
+    // Every buffer lies inside its busy period's arena (and so inside the largest one), aligned, and
+    // lives within the period.
+    ASSERT_GE(B.segment, 0);
+    ASSERT_LT(B.segment, static_cast<int>(p.segments.size()));
+    const ArenaSegment& S = p.segments[B.segment];
     EXPECT_GE(B.offset, 0);
-    EXPECT_LE(B.offset + B.size, p.arena_bytes);
+    EXPECT_LE(B.offset + B.size, S.bytes);
+    EXPECT_LE(S.bytes, p.arena_bytes);
+    EXPECT_TRUE(S.start <= B.start && B.end <= S.end);
     EXPECT_EQ(B.offset % kArenaAlignment, 0);
     EXPECT_LE(B.start, B.end);
     for (const ValueRef& v : B.values) {
@@ -192,6 +198,23 @@ void check_invariants(const Graph& g, const MemoryPlan& p) {
       EXPECT_TRUE(t.tensor.numel().has_value()) << n.name;
     }
   }
+  // Busy periods are in order and disjoint in time, and each one's arena is as large as its biggest
+  // buffer end; the largest is the plan's arena.
+  int64_t largest = 0;
+  for (size_t k = 0; k < p.segments.size(); ++k) {
+    EXPECT_LE(p.segments[k].start, p.segments[k].end);
+    if (k) EXPECT_LT(p.segments[k - 1].end, p.segments[k].start);
+    largest = std::max(largest, p.segments[k].bytes);
+  }
+  EXPECT_EQ(largest, p.arena_bytes);
+  // A period is busy throughout: at every node inside it some buffer of it is live (else it would
+  // have been split there).
+  for (size_t k = 0; k < p.segments.size(); ++k)
+    for (int j = p.segments[k].start; j <= p.segments[k].end; ++j) {
+      bool busy = false;
+      for (const PlannedBuffer& B : p.buffers) busy = busy || (B.segment == static_cast<int>(k) && B.start <= j && j <= B.end);
+      EXPECT_TRUE(busy) << "period " << k << " is idle at node " << j;
+    }
   // No two buffers live at the same node overlap in the arena.
   for (size_t a = 0; a < p.buffers.size(); ++a)
     for (size_t b = a + 1; b < p.buffers.size(); ++b) {
