@@ -162,6 +162,7 @@ struct Walk {
   std::map<int, SliceMap> ext;               // inputs from outside, as assigned so far
   std::vector<int> ext_order;
   std::vector<std::vector<int64_t>> groups;
+  std::set<std::pair<int, int>> replicated;  // (node, tuple element or -1): see SliceRegion::replicated
 
   // Per node, proposals that commit only when the node's rule succeeds.
   std::map<int, SliceMap> pending_ext;
@@ -601,11 +602,21 @@ std::vector<SliceMap> rule_attention(Walk& w, int i, bool flex) {
         throw Fail{"a result (" + to_string(v.tensor) + ") would be summed over slices (gradient of a broadcast input)"};
     return M;
   };
+  // The whole 0-dim results are the kernels' RNG seed and offset. Without dropout (checked above)
+  // nothing reads them for their value (the backward takes them but draws nothing), so every slice's
+  // serve: replicated.
+  auto mark = [&](const ValueType& v, int elem) {
+    if (v.kind == ValueType::Kind::Tensor && rank(v.tensor) == 0 && !flex) w.replicated.insert({i, elem});
+  };
   if (n.type.kind == ValueType::Kind::Tuple) {
     std::vector<SliceMap> out;
-    for (const ValueType& e : n.type.elems) out.push_back(result_map(e));
+    for (size_t e = 0; e < n.type.elems.size(); ++e) {
+      out.push_back(result_map(n.type.elems[e]));
+      mark(n.type.elems[e], static_cast<int>(e));
+    }
     return out;
   }
+  mark(n.type, -1);
   return {result_map(n.type)};
 }
 
@@ -616,6 +627,7 @@ std::vector<SliceMap> rule_getitem(Walk& w, int i) {
   auto it = w.maps.find(t);
   if (it == w.maps.end()) return {SliceMap{}};  // of an outside tuple: loop-invariant
   if (k < 0 || k >= static_cast<int64_t>(it->second.size())) throw Fail{"index out of range"};
+  if (w.replicated.count({t, static_cast<int>(k)})) w.replicated.insert({i, -1});
   return {it->second[k]};
 }
 
@@ -708,6 +720,8 @@ SliceRegion walk_region(const Graph& g, SliceRegion R, int stop, const std::stri
   }
   R.extent = w.E;
   R.maps = w.maps;
+  for (const auto& [node, elem] : w.replicated)
+    if (elem < 0 && w.maps.count(node)) R.replicated.insert(node);
   for (int x : w.ext_order) R.inputs.push_back({x, w.ext[x]});
   auto add_group = [&](const ValueType& v, SliceMap m) {
     if (!m.sliced() || v.kind != ValueType::Kind::Tensor) return;
@@ -763,7 +777,11 @@ SliceLegality slice_legality(const Graph& g) {
       for (int s : R.outputs) {
         const ValueType& v = g.nodes[s].type;
         if (v.kind != ValueType::Kind::Tensor) { bad = s; why = "its tuple result is used whole after the sliced part"; break; }
-        if (!R.maps[s][0].sliced()) { bad = s; why = "its result is used after the sliced part but is not split by slice"; break; }
+        if (!R.maps[s][0].sliced() && !R.replicated.count(s)) {
+          bad = s;
+          why = "its result is used after the sliced part but is not split by slice";
+          break;
+        }
       }
       if (bad < 0) break;
       R = walk_region(g, base, bad, why);

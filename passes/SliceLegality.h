@@ -9,6 +9,8 @@
 //                merged differently in different tensors ([B, H, S, D] and its view [B*H, S, D]).
 //   slice i      of N equal slices: the flattened indices [i*E/N, (i+1)*E/N) of the group.
 //   whole        a value every slice reads in full (a bias broadcast over batch and heads, a scalar).
+//   replicated   a whole result every slice computes alike, or whose value nobody may depend on (an
+//                attention kernel's RNG seed and offset without dropout): the loop returns slice 0's.
 //
 // The sliceable subgraph is the longest run of region nodes, in order, that each have a rule; the
 // first region node without one ends it (end_node, end_reason). A node outside the region that reads
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -62,6 +65,10 @@ struct SliceRegion {
   std::map<int, std::vector<SliceMap>> maps;
   std::vector<SliceInput> inputs;   // in first-use order
   std::vector<int> outputs;         // sliceable nodes whose values are used after it, in order
+  // Whole values that are the same in every slice as far as anyone may read them (the RNG seed and
+  // offset an attention kernel returns without dropout): they may leave the loop, which returns
+  // slice 0's. Every other value leaving the loop must be split by slice.
+  std::set<int> replicated;
   // Sizes of every distinct group seen (a slice count is valid when it gives a box in each).
   std::vector<std::vector<int64_t>> groups;
   int end_node = -1;             // the node that ends the sliceable subgraph, -1 when none does

@@ -485,7 +485,12 @@ at::Tensor slice_view(const at::Tensor& t, int64_t d, int64_t k, int64_t slices,
 // `arenas`: counts the body arenas allocated (one per loop, reused by every slice).
 c10::IValue run_slice_loop(const SliceLoopCall& c, const std::vector<c10::IValue>& slots, int64_t& arenas) {
   std::vector<at::Tensor> results;
-  for (const TensorType& t : c.results) {
+  for (size_t k = 0; k < c.results.size(); ++k) {
+    const TensorType& t = c.results[k];
+    if (c.out_dims[k] < 0) {  // replicated: taken from slice 0 below
+      results.emplace_back();
+      continue;
+    }
     // The traced strides, not contiguous ones: a later view (flex's output transposed and viewed, say)
     // relies on the layout eager gave the value.
     std::vector<int64_t> shape, stride;
@@ -510,8 +515,13 @@ c10::IValue run_slice_loop(const SliceLoopCall& c, const std::vector<c10::IValue
     }
     std::vector<c10::IValue> out = c.body->run(std::move(in), arena);
     HB_INTERNAL_CHECK(out.size() == results.size()) << "slice body returned " << out.size() << " values";
-    for (size_t k = 0; k < out.size(); ++k)
+    for (size_t k = 0; k < out.size(); ++k) {
+      if (c.out_dims[k] < 0) {  // replicated (slice-legality): slice 0's value is the loop's
+        if (i == 0) results[k] = out[k].toTensor();
+        continue;
+      }
       slice_view(results[k], c.out_dims[k], c.out_ndims[k], c.slices, i).copy_(out[k].toTensor());
+    }
   }
   std::vector<c10::IValue> r(results.begin(), results.end());
   return c10::ivalue::Tuple::create(std::move(r));

@@ -260,16 +260,21 @@ def test_auto_schedule_with_an_impossible_budget_errors():
             torch.compile(f, backend="hintbackend")(q, k, v)
 
 
-def test_sdpa_without_dropout_slices_forward_and_backward(tmp_path):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_without_dropout_slices_forward_and_backward(tmp_path, dtype):
     """SDPA kernels are tagged random for their dropout; with dropout_p=0 they draw nothing, so a dfs
-    region around one slices (both graphs) and equals BFS."""
+    region around one slices (both graphs) and equals BFS. On CUDA the kernel (efficient attention in
+    f32, cuDNN in bf16 on Hopper) also returns its RNG seed and offset, which leave the loop replicated."""
+    if dtype == torch.bfloat16 and device() == "cpu":
+        pytest.skip("bf16 picks a CUDA kernel (cuDNN or flash) only on CUDA")
+
     def f(q, k, v, schedule):
         with hinted_context(schedule=schedule, slices=4):
             out = F.scaled_dot_product_attention(q, k, v)
         return out * 2
 
     torch.manual_seed(5)
-    q, k, v = randn(2, 4, 16, 8), randn(2, 4, 16, 8), randn(2, 4, 16, 8)
+    q, k, v = (randn(2, 4, 64, 32, dtype=dtype) for _ in range(3))
     results = {}
     for schedule in ("bfs", "dfs"):
         torch._dynamo.reset()
@@ -278,11 +283,10 @@ def test_sdpa_without_dropout_slices_forward_and_backward(tmp_path):
                             options={"strict": True, "dump_dir": str(tmp_path / schedule)})(*xs)
         out.backward(torch.ones_like(out))
         results[schedule] = [out.detach()] + [x.grad for x in xs]
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     for got, want in zip(results["dfs"], results["bfs"]):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    if device() == "cpu":
-        # On CUDA the efficient-attention kernel also returns its RNG seed and offset and a padded
-        # logsumexp, which slice-legality does not slice yet (docs/scheduling.md).
-        irs = final_ir(str(tmp_path / "dfs"))
-        fw = "".join(t for d, t in irs.items() if d.startswith("forward"))
-        assert "hintbackend::slice_loop(" in fw, fw
+        torch.testing.assert_close(got, want, **tol)
+    irs = final_ir(str(tmp_path / "dfs"))
+    for kind in ("forward", "backward"):
+        ir = "".join(t for d, t in irs.items() if d.startswith(kind))
+        assert "hintbackend::slice_loop(" in ir, ir

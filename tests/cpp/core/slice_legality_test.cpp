@@ -111,6 +111,19 @@ TEST(slice_legality, attention_ops_slice_along_batch_and_heads) {
     EXPECT_EQ(m[1], (SliceMap{0, 2}));  // logsumexp [B, H, S]
   }
   {
+    // CUDA's efficient attention also returns its RNG seed and offset (0-dim), which AOT saves for the
+    // backward: without dropout they are replicated (slice 0's leaves the loop), so they do not end it.
+    auto g = load("sdpa_efficient_dfs.json");
+    const SliceRegion R = slice_legality(*g).regions.at(0);
+    EXPECT_EQ(R.end_node, -1) << R.end_reason;
+    EXPECT_EQ(R.sliceable.size(), 6u);
+    EXPECT_EQ(R.replicated, (std::set<int>{g->find("getitem_2"), g->find("getitem_3")}));
+    EXPECT_EQ(R.maps.at(g->find("getitem_1"))[0], (SliceMap{0, 2}));  // logsumexp [B, H, 32]: padded S
+    std::vector<std::string> outs;
+    for (int o : R.outputs) outs.push_back(g->nodes[o].name);
+    EXPECT_EQ(outs, (std::vector<std::string>{"getitem_1", "getitem_2", "getitem_3", "relu"}));
+  }
+  {
     auto g = load("flex_dfs.json");
     const SliceRegion R = slice_legality(*g).regions.at(0);
     EXPECT_EQ(R.end_node, -1) << R.end_reason;

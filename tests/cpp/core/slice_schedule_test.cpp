@@ -34,6 +34,22 @@ std::string run(Graph& g, const std::vector<std::string>& passes, PassContext& c
   return out;
 }
 
+TEST(slice_schedule, efficient_attention_seed_and_offset_leave_the_loop_replicated) {
+  auto g = load("sdpa_efficient_dfs.json");
+  PassContext ctx;
+  const std::string ir = run(*g, {"slice-schedule"}, ctx);
+  check_lines(ir, {
+      "hintbackend::slice_loop(@slice_body_0, [%q, %k, %v], in_dims=[0, 0, 0], in_ndims=[2, 2, 2], slices=4, "
+      "extent=8, out_dims=[0, -1, -1, 0], out_ndims=[2, 0, 0, 2])",
+      "%getitem_1: f32[2, 4, 32] = operator::getitem(%slice_loop_0, 0)",
+      "%getitem_2: i64[] = operator::getitem(%slice_loop_0, 1)",
+      "%getitem_3: i64[] = operator::getitem(%slice_loop_0, 2)",
+      "%relu: f32[2, 4, 8, 4] = operator::getitem(%slice_loop_0, 3)",
+      "graph slice_body_0 {",
+      "aten::_scaled_dot_product_efficient_attention.default(%q, %k, %v, none, true, 0.0, false)",
+  });
+}
+
 TEST(slice_schedule, dfs_attention_becomes_one_loop) {
   auto g = load("attention_dfs.json");
   PassContext ctx;
@@ -86,7 +102,8 @@ TEST(slice_schedule, backward_region_is_sliced_the_same_way) {
 
 // The contract the runtime implements (SliceSchedule.h), checked on every fixture that slices.
 TEST(slice_schedule, loop_node_contract) {
-  for (const char* f : {"attention_dfs.json", "attention_backward_dfs.json", "sdpa_dfs.json", "flex_dfs.json"}) {
+  for (const char* f : {"attention_dfs.json", "attention_backward_dfs.json", "sdpa_dfs.json", "sdpa_efficient_dfs.json",
+                        "flex_dfs.json"}) {
     SCOPED_TRACE(f);
     auto g = load(f);
     PassContext ctx;
@@ -137,8 +154,12 @@ TEST(slice_schedule, loop_node_contract) {
       const Node& ret = body.nodes[body.output_node()];
       ASSERT_EQ(ret.args[0].items.size(), n.type.elems.size());
       for (size_t k = 0; k < n.type.elems.size(); ++k) {
-        EXPECT_GE(a.out_dims[k], 0);
         const Node& gi = g->nodes[i + 1 + k];
+        if (a.out_dims[k] < 0) {  // replicated: a 0-dim value (attention's RNG seed/offset), taken from slice 0
+          EXPECT_EQ(a.out_ndims[k], 0);
+          EXPECT_TRUE(n.type.elems[k].tensor.shape.empty()) << "result " << k << " is whole but not 0-dim";
+          continue;
+        }
         EXPECT_EQ(gi.target, "operator::getitem");
         EXPECT_EQ(gi.args[1].i, static_cast<int64_t>(k));
         const TensorType& full = n.type.elems[k].tensor;
