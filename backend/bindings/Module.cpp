@@ -12,6 +12,7 @@
 #include "backend/ir/Printer.h"
 #include "backend/runtime/Executor.h"
 #include "codegen/KernelSelect.h"
+#include "passes/MemoryPlan.h"
 #include "passes/Pipeline.h"
 
 namespace py = pybind11;
@@ -133,6 +134,13 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("ir", &hb::CompiledGraph::ir);
   m.def("import_graph", [](const std::string& doc) { return hb::print_graph(*hb::import_json(doc)); },
         "Parses and verifies a graph document; returns its IR text");
+  m.def("simulated_peak", [](const std::string& doc) {
+    auto g = hb::import_json(doc);
+    hb::PassContext ctx;
+    hb::run_passes(*g, {"dead-code-elimination"}, ctx);
+    return hb::simulate_peak(*g);
+  }, "The heap simulator's peak (bytes) of a graph document as it is (no slicing), after dead-code "
+     "elimination: the figure schedule='auto' compares with memory_budget");
   m.def("pipeline", [] {
     std::vector<std::pair<std::string, std::string>> out;
     for (const auto& p : hb::pipeline()) out.emplace_back(p.name, p.why);

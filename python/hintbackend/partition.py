@@ -30,9 +30,10 @@ or anything else is unexpected.
 
 from __future__ import annotations
 
+import json
 import logging
 import operator
-from typing import Any, Dict, List, Optional, Set
+from typing import AbstractSet, Any, Dict, List, Optional, Set
 
 import torch
 import torch.fx as fx
@@ -55,7 +56,8 @@ from torch.utils._ordered_set import OrderedSet
 from torch.utils.checkpoint import CheckpointPolicy
 
 from .hoo.hints import HINTS_KEY
-from .serialize import draws_random
+from . import _core
+from .serialize import SerializationError, draws_random, serialize
 
 log = logging.getLogger("hintbackend")
 
@@ -75,12 +77,40 @@ def node_hints(node: fx.Node) -> Optional[dict]:
     return hints if isinstance(hints, dict) else None
 
 
-def recomputes(node: fx.Node) -> bool:
-    """Whether node belongs to a region whose saved values the backward recomputes."""
+def recomputes(node: fx.Node, kept: AbstractSet[int] = frozenset()) -> bool:
+    """Whether node belongs to a region whose saved values the backward recomputes (`kept`: auto regions
+    that fit their memory_budget without slicing, see _auto_regions_that_fit)."""
     hints = node_hints(node)
-    if not hints or hints.get("schedule") not in RECOMPUTE_SCHEDULES:
+    if not hints or hints.get("schedule") not in RECOMPUTE_SCHEDULES or hints.get("region") in kept:
         return False
     return hints.get("slices") != 1  # dfs with one slice is BFS: nothing to gain
+
+
+def _auto_regions_that_fit(joint: fx.GraphModule, fw_default: fx.GraphModule) -> Set[int]:
+    """The auto regions whose memory_budget the default partition's forward already meets.
+
+    slice-schedule's chooser keeps such a region whole (1 slice), so recomputing its intermediates in
+    the backward would cost time and save nothing. The figure is the C++ heap simulator's peak of the
+    default forward graph (its saved values included, as outputs), the one the chooser compares with
+    the budget; when it cannot be computed the region is recomputed, as before."""
+    budgets: Dict[int, int] = {}
+    for n in joint.graph.nodes:
+        hints = node_hints(n)
+        if hints and hints.get("schedule") == "auto" and isinstance(hints.get("memory_budget"), int):
+            budgets.setdefault(hints["region"], hints["memory_budget"])
+    if not budgets:
+        return set()
+    try:
+        doc, _ = serialize(fw_default, "partition_check")
+        peak = _core().simulated_peak(json.dumps(doc))
+    except (SerializationError, ValueError, RuntimeError) as e:
+        log.info("partition: cannot simulate the default forward (%s); auto regions are recomputed", e)
+        return set()
+    kept = {r for r, budget in budgets.items() if peak <= budget}
+    for r in sorted(kept):
+        log.info("partition: auto region %d fits memory_budget=%d bytes without slicing (simulated forward peak "
+                 "%d bytes with its intermediates saved): the backward does not recompute it", r, budgets[r], peak)
+    return kept
 
 
 def _describe(node: fx.Node) -> str:
@@ -114,7 +144,8 @@ class _Plan:
     """Which values the forward saves once the dfs/auto regions are recomputed."""
 
     def __init__(self, joint: fx.GraphModule, default_saved: List[fx.Node], default_sym: List[fx.Node],
-                 num_fwd_outputs: int) -> None:
+                 num_fwd_outputs: int, kept: AbstractSet[int] = frozenset()) -> None:
+        self.kept = kept
         leaves, self.descs = _joint_outputs(joint)
         self.fwd_outputs: Set[fx.Node] = {o for o in leaves[:num_fwd_outputs] if isinstance(o, fx.Node)}
         self.recomputed: Dict[fx.Node, None] = {}  # an ordered set
@@ -132,8 +163,8 @@ class _Plan:
         """None when the backward may recompute node; else why its value is saved."""
         if node.op != "call_function":
             return "not an op"
-        if not recomputes(node):
-            return "outside a dfs/auto region"
+        if not recomputes(node, self.kept):
+            return "outside a dfs/auto region (or in an auto region that fits its budget)"
         if node in self.fwd_outputs:
             return "a forward output"
         if node.target is operator.getitem:
@@ -274,7 +305,7 @@ def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_output
     fw_default, bw_default = default()
     try:
         saved, sym = _default_saved(joint_module, fw_default, num_fwd_outputs)
-        plan = _Plan(joint_module, saved, sym, num_fwd_outputs)
+        plan = _Plan(joint_module, saved, sym, num_fwd_outputs, _auto_regions_that_fit(joint_module, fw_default))
         if not plan.recomputed:
             log.debug("partition: no saved value of a dfs/auto region to recompute")
             return fw_default, bw_default

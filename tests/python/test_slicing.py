@@ -138,7 +138,7 @@ def test_bfs_and_unhinted_graphs_partition_exactly_like_default(hints):
 
 
 @pytest.mark.parametrize("hints", [{"schedule": "dfs", "slices": 4}, {"schedule": "dfs"},
-                                   {"schedule": "auto", "memory_budget": "1GB"}])
+                                   {"schedule": "auto", "memory_budget": 4096}])
 def test_dfs_and_auto_regions_save_their_inputs_not_their_intermediates(hints):
     def f(x, w):
         q, k, v = (x @ w).view(B, S, 3, H, D).permute(2, 0, 3, 1, 4)  # outside the region
@@ -158,6 +158,24 @@ def test_dfs_and_auto_regions_save_their_inputs_not_their_intermediates(hints):
     bw_regions = {node.meta.get("custom", {}).get("hintbackend", {}).get("schedule")
                   for node in got_bw.graph.nodes if node.target == torch.ops.aten._softmax.default}
     assert bw_regions == {hints["schedule"]}, "the backward must recompute the softmax inside the region"
+
+
+def test_auto_region_that_fits_its_budget_whole_partitions_like_default(caplog):
+    """An auto region whose budget the default forward already meets keeps 1 slice in the chooser, so
+    recomputing it in the backward would only cost time: it partitions exactly like the default, and
+    the log says so. A budget below that forward's simulated peak still recomputes."""
+    def f(q, k, v, budget):
+        with hinted_context(schedule="auto", memory_budget=budget):
+            return attention(q, k, v) * 2
+
+    with caplog.at_level(logging.INFO, logger="hintbackend"):
+        (want_fw, want_bw), (got_fw, got_bw), n = partitions_of(lambda *a: f(*a, "1GB"), *qkv())
+    assert got_fw.code == want_fw.code
+    assert got_bw.code == want_bw.code
+    assert any("fits memory_budget=1000000000 bytes without slicing" in r.getMessage() for r in caplog.records)
+    torch._dynamo.reset()
+    (want_fw, _), (got_fw, _), n = partitions_of(lambda *a: f(*a, 4096), *qkv())
+    assert len(saved_values(got_fw, n)) < len(saved_values(want_fw, n))
 
 
 def test_dfs_training_through_a_projection_equals_eager(tmp_path):
