@@ -57,7 +57,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Opt
     if dumper:
         dumper.write("fx_graph.txt", gm.print_readable(print_output=False, include_stride=True, include_device=True))
     try:
-        doc, constants = serialize(gm, name)
+        doc, constants = serialize(gm, name, inputs_owned=kind == "backward")
     except SerializationError as e:
         return _fallback(gm, opts, name, [str(e)])
     text = json.dumps(doc)

@@ -229,10 +229,15 @@ def _set_num_constants(g: dict, n: int) -> None:
         _set_num_constants(sub, n)
 
 
-def serialize(gm: torch.fx.GraphModule, name: str) -> Tuple[dict, List[torch.Tensor]]:
-    """Returns (document, constants). Constants are shared by the graph and its subgraphs."""
+def serialize(gm: torch.fx.GraphModule, name: str, inputs_owned: bool = False) -> Tuple[dict, List[torch.Tensor]]:
+    """Returns (document, constants). Constants are shared by the graph and its subgraphs.
+
+    `inputs_owned`: the caller hands the graph its inputs (an AOT backward: AOTAutograd clears the saved
+    tensors and passes them boxed), so each is freed after its last use; the memory passes simulate so."""
     s = _Serializer()
     graph = s.graph(gm, name)
+    if inputs_owned:
+        graph["inputs_owned"] = True
     _set_num_constants(graph, len(s.constants))
     doc = {"format": SCHEMA_FORMAT, "version": SCHEMA_VERSION, "torch_version": torch.__version__, "graph": graph}
     return doc, s.constants
