@@ -46,6 +46,15 @@ struct Placement {
   caffe2::TypeMeta dtype;
 };
 
+// A node whose result the graph returns (directly, or through reshaping views only): given the
+// caller's destination for that output (a slice loop's slice of its full result), the node writes
+// there through its out= overload or fused kernel, and the loop needs no copy.
+struct OutputWrite {
+  int output = -1;                            // index among the graph's outputs
+  std::optional<c10::OperatorHandle> out_op;  // ATen ops; none for fused pointwise groups
+  std::vector<int64_t> sizes;                 // the node's IR shape (static, contiguous)
+};
+
 struct FlexCall {
   bool backward = false;
   std::vector<ArgSpec> tensors;  // fw: q k v; bw: q k v out lse grad_out grad_lse
@@ -90,6 +99,7 @@ struct Step {
   std::shared_ptr<FusedCall> fused;
   std::vector<int> release;         // slots to drop after this step
   std::shared_ptr<const Placement> place;  // set: the result goes into the arena (plan_arena)
+  std::shared_ptr<const OutputWrite> write;  // set: may write straight into a caller's result (plan_output_writes)
   bool fresh_result = false;        // a result that must not alias the arena (see keep_out_of_arena)
 };
 
@@ -482,8 +492,10 @@ at::Tensor slice_view(const at::Tensor& t, int64_t d, int64_t k, int64_t slices,
   return v;
 }
 
-// `arenas`: counts the body arenas allocated (one per loop, reused by every slice).
-c10::IValue run_slice_loop(const SliceLoopCall& c, const std::vector<c10::IValue>& slots, int64_t& arenas) {
+// `arenas`: counts the body arenas allocated (one per loop, reused by every slice); `written`: the
+// body outputs written straight into slices of the results, over all slices.
+c10::IValue run_slice_loop(const SliceLoopCall& c, const std::vector<c10::IValue>& slots, int64_t& arenas,
+                           int64_t& written) {
   std::vector<at::Tensor> results;
   for (size_t k = 0; k < c.results.size(); ++k) {
     const TensorType& t = c.results[k];
@@ -513,14 +525,25 @@ c10::IValue run_slice_loop(const SliceLoopCall& c, const std::vector<c10::IValue
       arena = c.body->new_arena();
       ++arenas;
     }
-    std::vector<c10::IValue> out = c.body->run(std::move(in), arena);
+    const bool direct = c.body->writes_out(in);
+    // Slice i of each result: the body writes there directly where it can (Executor::OutputWrite).
+    std::vector<at::Tensor> dests(results.size());
+    for (size_t k = 0; k < results.size(); ++k)
+      if (c.out_dims[k] >= 0) dests[k] = slice_view(results[k], c.out_dims[k], c.out_ndims[k], c.slices, i);
+    std::vector<c10::IValue> out = c.body->run(std::move(in), arena, false, direct ? &dests : nullptr);
     HB_INTERNAL_CHECK(out.size() == results.size()) << "slice body returned " << out.size() << " values";
+    written += c.body->arena_stats().written;
     for (size_t k = 0; k < out.size(); ++k) {
       if (c.out_dims[k] < 0) {  // replicated (slice-legality): slice 0's value is the loop's
         if (i == 0) results[k] = out[k].toTensor();
         continue;
       }
-      slice_view(results[k], c.out_dims[k], c.out_ndims[k], c.slices, i).copy_(out[k].toTensor());
+      const at::Tensor& t = out[k].toTensor();
+      // Written there already: the same elements at the same addresses (strides of size-1 dims aside).
+      const bool same = t.data_ptr() == dests[k].data_ptr() && t.sizes().equals(dests[k].sizes()) &&
+                        t.is_contiguous() && dests[k].is_contiguous();
+      if (same) continue;
+      dests[k].copy_(t);
     }
   }
   std::vector<c10::IValue> r(results.begin(), results.end());
@@ -877,7 +900,10 @@ Executor::Executor(std::shared_ptr<const Graph> graph, const KernelPlan& kernels
   }
   if (constants_)
     for (const at::Tensor& c : *constants_) constants_require_grad_ |= c.defined() && c.requires_grad();
-  if (arena_enabled_) plan_arena(step_of);
+  if (arena_enabled_) {  // HINTBACKEND_ARENA=0: every op allocates its own result, outputs included
+    plan_arena(step_of);
+    plan_output_writes(step_of);
+  }
 }
 
 std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
@@ -890,7 +916,8 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
 
 Executor::~Executor() = default;
 
-std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tensor arena, bool lazy) const {
+std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tensor arena, bool lazy,
+                                       const std::vector<at::Tensor>* dests) const {
   const Graph& g = *graph_;
   // AOT graphs are functional and run outside autograd (inside autograd.Function.forward/backward, or
   // as an inference graph whose outputs need no grad): skip the Autograd kernels, keep ADInplaceOrView so
@@ -905,7 +932,14 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
   stack.reserve(max_stack_);
   std::vector<c10::IValue> outputs;
   const c10::StorageImpl* arena_storage = arena.defined() ? arena.storage().unsafeGetStorageImpl() : nullptr;
-  int64_t placed = 0, loop_arenas = 0, largest_arena = arena.defined() ? plan_.arena_bytes : 0;
+  int64_t placed = 0, loop_arenas = 0, largest_arena = arena.defined() ? plan_.arena_bytes : 0, written = 0;
+  // The caller's destination for a step's output, viewed with the step's IR shape; undefined if none fits.
+  auto dest_of = [&](const Step& s) -> at::Tensor {
+    if (!s.write || !dests || s.write->output >= static_cast<int>(dests->size())) return at::Tensor();
+    const at::Tensor& d = (*dests)[s.write->output];
+    if (!d.defined() || !d.is_contiguous() || d.numel() != c10::multiply_integers(s.write->sizes)) return at::Tensor();
+    return d.view(s.write->sizes);
+  };
   for (const Step& s : steps_) {
     if (lazy && s.place && !arena.defined()) {
       const int64_t bytes = plan_.segments.at(s.place->segment).bytes;
@@ -919,6 +953,16 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
         case KernelKind::Aten:
           stack.clear();
           for (const ArgSpec& a : s.args) stack.push_back(build_arg(a, slots));
+          if (s.write) {  // straight into the caller's result, through the out= overload
+            at::Tensor out = dest_of(s);
+            if (out.defined()) {
+              stack.push_back(out);
+              s.write->out_op->callBoxed(stack);
+              slots[s.node] = std::move(out);
+              ++written;
+              break;
+            }
+          }
           if (s.place && arena_storage) {  // into the arena, through the out= overload
             at::Tensor out = arena_view(arena, *s.place);
             stack.push_back(out);
@@ -952,10 +996,13 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
           slots[s.node] = run_flex(*s.flex, slots);
           break;
         case KernelKind::SliceLoop:
-          slots[s.node] = run_slice_loop(*s.loop, slots, loop_arenas);
+          slots[s.node] = run_slice_loop(*s.loop, slots, loop_arenas, written);
           break;
         case KernelKind::FusedPointwise:
-          if (s.place && arena_storage) {
+          if (at::Tensor out = dest_of(s); out.defined()) {
+            slots[s.node] = run_fused(*s.fused, slots, out);
+            ++written;
+          } else if (s.place && arena_storage) {
             slots[s.node] = run_fused(*s.fused, slots, arena_view(arena, *s.place));
             ++placed;
           } else {
@@ -1001,6 +1048,7 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
     }
   }
   last_arena_bytes_ = largest_arena;
+  last_written_ = written;
   last_placed_ = placed;
   allocations_ += loop_arenas;
   return outputs;
@@ -1087,8 +1135,39 @@ void Executor::plan_arena(const std::vector<int>& step_of) {
   }
 }
 
+void Executor::plan_output_writes(const std::vector<int>& step_of) {
+  const Graph& g = *graph_;
+  const Node& ret = g.nodes[g.output_node()];
+  if (ret.args.empty()) return;
+  std::vector<int> refs;
+  const Arg& a = ret.args[0];
+  if (a.kind == Arg::Kind::Ref) refs.push_back(a.ref);
+  for (const Arg& x : a.items) refs.push_back(x.kind == Arg::Kind::Ref ? x.ref : -1);
+  const auto users = g.users();
+  std::set<int> taken;
+  for (int k = 0; k < static_cast<int>(refs.size()); ++k) {
+    // Back through reshaping views that nothing else reads: the destination, contiguous, reshapes alike.
+    int r = refs[k];
+    while (r >= 0 && (g.nodes[r].target == "aten::view.default" || g.nodes[r].target == "aten::_unsafe_view.default") &&
+           !g.nodes[r].args.empty() && g.nodes[r].args[0].kind == Arg::Kind::Ref && users[g.nodes[r].args[0].ref].size() == 1)
+      r = g.nodes[r].args[0].ref;
+    if (r < 0 || step_of[r] < 0 || !taken.insert(r).second) continue;
+    Step& s = steps_[step_of[r]];
+    std::optional<c10::OperatorHandle> out_op;
+    if (!unplaceable_why(g, s, &out_op).empty()) continue;  // what the arena can place, the caller can take
+    std::vector<int64_t> sizes;
+    for (const Dim& d : g.nodes[r].type.tensor.shape) sizes.push_back(d.value);
+    s.write = std::make_shared<const OutputWrite>(OutputWrite{k, out_op, std::move(sizes)});
+    s.place.reset();  // never both (outputs are never placed anyway)
+    max_stack_ = std::max(max_stack_, s.args.size() + 1);
+  }
+}
+
 bool Executor::places(const std::vector<c10::IValue>& inputs) const {
-  if (plan_.arena_bytes == 0) return false;
+  return plan_.arena_bytes > 0 && writes_out(inputs);
+}
+
+bool Executor::writes_out(const std::vector<c10::IValue>& inputs) const {
   // out= overloads refuse arguments that require grad while autograd records: then run as before.
   if (!c10::GradMode::is_enabled() || c10::impl::tls_is_dispatch_keyset_excluded(c10::autograd_dispatch_keyset))
     return true;
@@ -1111,6 +1190,7 @@ Executor::ArenaStats Executor::arena_stats() const {
   ArenaStats s;
   s.arena_bytes = last_arena_bytes_.load();
   s.placed = last_placed_.load();
+  s.written = last_written_.load();
   s.allocations = allocations_.load();
   return s;
 }
@@ -1132,6 +1212,11 @@ std::string Executor::memory_plan_text() const {
          << " of at most " << plan_.arena_bytes << " bytes per call on " << arena_device_.str() << "; " << arena_note_;
     os << "\n" << to_string(plan_, g) << "\n";
   }
+  std::string writes;
+  for (const Step& s : steps_)
+    if (s.write) writes += (writes.empty() ? " %" : ", %") + g.nodes[s.node].name;
+  if (!writes.empty())
+    os << "  written straight into the caller's result when it passes one (a slice loop's slice i):" << writes << "\n";
   std::set<const Graph*> seen;
   for (const Step& s : steps_) {
     std::vector<const Executor*> subs;

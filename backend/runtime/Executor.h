@@ -47,10 +47,15 @@ class Executor {
   // The same in a caller's arena from new_arena() (slice loops: one arena for all slices); an
   // undefined `arena` runs without placement.
   // `lazy`: allocate the arena at the first placed result and drop it after the last one dies.
-  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs, at::Tensor arena, bool lazy = false) const;
+  // `dests`: where the caller wants output k (a slice loop passes slice i of its full results); an
+  // output whose producer has an out= kernel (or is a fused group) is written there, no copy after.
+  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs, at::Tensor arena, bool lazy = false,
+                               const std::vector<at::Tensor>* dests = nullptr) const;
   // Whether a run on these inputs places values: the plan has an arena, and autograd will not
   // record (out= overloads refuse inputs that require grad while it does).
   bool places(const std::vector<c10::IValue>& inputs) const;
+  // Whether out= overloads accept a run on these inputs (autograd will not record them).
+  bool writes_out(const std::vector<c10::IValue>& inputs) const;
   // A fresh arena for one call: arena_bytes() bytes, not resizable, on the plan's device.
   // `bytes` < 0: arena_bytes(), the largest busy period, which holds any period (a slice body's arena).
   at::Tensor new_arena(int64_t bytes = -1) const;
@@ -69,6 +74,8 @@ class Executor {
     int64_t arena_bytes = 0;  // the last run's arena (0: none allocated)
     int64_t placed = 0;       // the last run: results written into the arena through out= overloads
     int64_t allocations = 0;  // all runs: arenas allocated, this graph's and its slice_loop bodies'
+    int64_t written = 0;      // the last run: outputs written straight into the caller's destinations
+                              // (slice-loop bodies: into slice i of the loop's results, every slice counted)
   };
   ArenaStats arena_stats() const;
   // Whether calls use the arena: only when it does not raise the call's simulated peak over allocating
@@ -85,6 +92,8 @@ class Executor {
 
   // Arena placement (plan_arena in Executor.cpp).
   void plan_arena(const std::vector<int>& step_of);
+  // Outputs a caller's destination can take (run's `dests`).
+  void plan_output_writes(const std::vector<int>& step_of);
   bool arena_enabled_ = true;
   bool constants_require_grad_ = false;
   MemoryPlan plan_;
@@ -92,7 +101,7 @@ class Executor {
   std::vector<bool> segment_ends_;  // per node: a busy period of the plan ends there (its arena is dropped)
   bool arena_pays_ = true;    // the arena does not raise the call's simulated peak (else calls skip it)
   c10::Device arena_device_ = c10::Device(c10::kCPU);
-  mutable std::atomic<int64_t> last_arena_bytes_{0}, last_placed_{0}, allocations_{0};
+  mutable std::atomic<int64_t> last_arena_bytes_{0}, last_placed_{0}, allocations_{0}, last_written_{0};
 };
 
 }  // namespace hb::rt

@@ -275,6 +275,12 @@ TEST(Arena, SliceLoopBodyUsesOneArenaForAllSlices) {
   // allocated once for all its slices.
   EXPECT_EQ(on->arena_bytes(), 0);
   EXPECT_EQ(on->arena_stats().allocations, 1) << d;
+  // The body's last bmm writes slice i of the loop's result through bmm.out (no copy after), in every
+  // slice. The kill switch turns it off with the arena.
+  EXPECT_NE(d.find("written straight into the caller's result when it passes one (a slice loop's slice i): %bmm_1"),
+            std::string::npos) << d;
+  EXPECT_EQ(on->arena_stats().written, 4) << d;
+  EXPECT_EQ(off->arena_stats().written, 0);
   on->run(in);
   EXPECT_EQ(on->arena_stats().allocations, 2) << d;
 }
