@@ -118,8 +118,9 @@ bool in_place_elementwise(const Node& n);
 bool aliases_without_annotation(const Node& n);
 
 // Heap simulator: the most bytes live at once over the graph's order, counting everything (inputs for
-// the whole call, outputs to the end, views as their base, symbolic shapes as 0) plus, while a
-// slice_loop runs, its body's simulated peak. The slice chooser compares candidates with it.
+// the whole call, or until their last use when g.inputs_owned; outputs to the end, views as their base,
+// symbolic shapes as 0) plus, while a slice_loop runs, its body's simulated peak (inputs not counted).
+// The slice chooser compares candidates with it.
 int64_t simulate_peak(const Graph& g, bool count_inputs = true);
 
 // The same simulation when the values `plan` places live in one arena: the arena's bytes from the
