@@ -36,27 +36,19 @@ std::string format_bytes(int64_t bytes) {
 
 namespace {
 
-constexpr int kForever = std::numeric_limits<int>::max();
+constexpr int kForever = Lifetimes::kForever;
 
 int64_t align_up(int64_t n) { return (n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
 
-// ---- lifetimes: every tensor value, its alias root, and when the root's storage is last read -----
-struct Values {
-  std::vector<ValueRef> vals;
-  std::map<ValueRef, int> id;
-  std::vector<int> root;
-  std::vector<int64_t> bytes;  // -1: symbolic
-  std::vector<int> last;       // per root: last node reading it or any alias; kForever when returned
-  std::vector<const TensorType*> type;
+}  // namespace
 
-  int find(int node, int elem) const {
-    auto it = id.find({node, elem});
-    return it == id.end() ? -1 : it->second;
-  }
-};
+int Lifetimes::find(int node, int elem) const {
+  auto it = id.find({node, elem});
+  return it == id.end() ? -1 : it->second;
+}
 
-Values lifetimes(const Graph& g) {
-  Values V;
+Lifetimes lifetimes(const Graph& g) {
+  Lifetimes V;
   const int n = static_cast<int>(g.nodes.size());
   auto add = [&](int node, int elem, const TensorType& t) {
     const int k = static_cast<int>(V.vals.size());
@@ -92,9 +84,11 @@ Values lifetimes(const Graph& g) {
   }
   // Reads: each use extends the root's life; the output node makes it live forever.
   const int out = g.output_node();
+  V.reads.assign(n, {});
   auto read = [&](int v, int j) {
     int& l = V.last[V.root[v]];
     l = (j == out) ? kForever : std::max(l, j);
+    if (std::find(V.reads[j].begin(), V.reads[j].end(), v) == V.reads[j].end()) V.reads[j].push_back(v);
   };
   for (int j = 0; j < n; ++j) {
     const Node& node = g.nodes[j];
@@ -112,6 +106,8 @@ Values lifetimes(const Graph& g) {
   }
   return V;
 }
+
+namespace {
 
 bool same_shape(const TensorType& a, const TensorType& b) {
   if (a.dtype != b.dtype || a.shape.size() != b.shape.size()) return false;
@@ -253,7 +249,7 @@ std::vector<int64_t> BestFitAllocator::place(const std::vector<BufferRequest>& r
 MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt) {
   MemoryPlan P;
   P.graph = g.name;
-  const Values V = lifetimes(g);
+  const Lifetimes V = lifetimes(g);
   const int nv = static_cast<int>(V.vals.size());
   auto vname = [&](int v) {
     std::string s = "%" + g.nodes[V.vals[v].node].name;
@@ -363,7 +359,7 @@ namespace {
 // `arena_bytes` is live for the whole call.
 int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* arena, int64_t arena_bytes,
                    int arena_from = 0, int arena_to = -1) {
-  const Values V = lifetimes(g);
+  const Lifetimes V = lifetimes(g);
   const int n = static_cast<int>(g.nodes.size());
   std::vector<int64_t> delta(n + 1, 0);
   for (int v = 0; v < static_cast<int>(V.vals.size()); ++v) {
