@@ -43,7 +43,7 @@ struct ValueRef {
 // value (each tuple element separately), the alias root whose storage it lives in (a view, a getitem,
 // a mutating op's result and aten::_unsafe_view are not storage of their own), its bytes, the values
 // each node reads, and per root the last node reading it or any alias. Roots, bytes and reads do not
-// depend on the order; `last` does.
+// depend on the order (memory-schedule costs its candidate orders with them); `last` does.
 struct Lifetimes {
   static constexpr int kForever = std::numeric_limits<int>::max();  // last: the graph returns it
   std::vector<ValueRef> vals;
@@ -140,7 +140,7 @@ bool aliases_without_annotation(const Node& n);
 // Heap simulator: the most bytes live at once over the graph's order, counting everything (inputs for
 // the whole call, or until their last use when g.inputs_owned; outputs to the end, views as their base,
 // symbolic shapes as 0) plus, while a slice_loop runs, its body's simulated peak (inputs not counted).
-// The slice chooser compares candidates with it.
+// The slice chooser and memory-schedule compare candidates with it.
 int64_t simulate_peak(const Graph& g, bool count_inputs = true);
 
 // The same simulation when the values `plan` places live in one arena: the arena's bytes from the
