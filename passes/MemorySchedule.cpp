@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "backend/ir/Error.h"
 #include "backend/ir/GraphEdit.h"
@@ -220,38 +222,46 @@ std::vector<int> list_schedule(const Graph& g) {
   const Frame F = frame(g);
   const Storage S = storage(g);
   const Units U = units(g, F, schedule_dependencies(g), S);
-  std::vector<int> waiting(n, 0), ready;
+  // Per root, the units reading it and how many of them have not run.
+  std::vector<std::vector<int>> reader_units(S.readers.size());
+  std::vector<int> units_left(S.readers.size(), 0);
+  for (int u : F.body)
+    for (const auto& [r, count] : U.reads[u]) {
+      reader_units[r].push_back(u);
+      ++units_left[r];
+    }
+  // Ready units by priority: zero-byte ones first, then the most bytes freed net of bytes allocated,
+  // then original position. A unit's gain changes only when it becomes the last unit to read a root:
+  // then its entry is refreshed.
+  using Key = std::tuple<bool, int64_t, int>;  // (allocates, -gain, leader)
+  std::vector<int> readers_left = S.readers;
+  std::vector<Key> key(n);
+  std::set<Key> ready;
+  auto enqueue = [&](int u) {
+    key[u] = Key{U.alloc[u] != 0, U.alloc[u] - freed_by(S, U, readers_left, u), u};
+    ready.insert(key[u]);
+  };
+  std::vector<int> waiting(n, 0);
   for (int u : F.body) {
     if (U.leader[u] != u) continue;
     waiting[u] = static_cast<int>(U.preds[u].size());
-    if (waiting[u] == 0) ready.push_back(u);
+    if (waiting[u] == 0) enqueue(u);
   }
-  // Repeatedly run the best ready unit: zero-byte ones first, then the most bytes freed net of bytes
-  // allocated; ties by original position.
   std::vector<int> order = F.prefix;
-  std::vector<int> readers_left = S.readers;
+  std::vector<bool> done(n, false);
   while (!ready.empty()) {
-    size_t best = 0;
-    bool best_zero = false;
-    int64_t best_gain = 0;
-    for (size_t k = 0; k < ready.size(); ++k) {
-      const int u = ready[k];
-      const bool zero = U.alloc[u] == 0;
-      const int64_t gain = freed_by(S, U, readers_left, u) - U.alloc[u];
-      const bool better = k == 0 || (zero && !best_zero) ||
-                          (zero == best_zero && (gain > best_gain || (gain == best_gain && u < ready[best])));
-      if (better) {
-        best = k;
-        best_zero = zero;
-        best_gain = gain;
-      }
-    }
-    const int u = ready[best];
-    ready.erase(ready.begin() + static_cast<long>(best));
+    const int u = std::get<2>(*ready.begin());
+    ready.erase(ready.begin());
+    done[u] = true;
     order.insert(order.end(), U.members[u].begin(), U.members[u].end());
-    for (const auto& [r, count] : U.reads[u]) readers_left[r] -= count;
+    for (const auto& [r, count] : U.reads[u]) {
+      readers_left[r] -= count;
+      if (--units_left[r] != 1) continue;
+      for (int w : reader_units[r])
+        if (!done[w] && ready.erase(key[w])) enqueue(w);
+    }
     for (int s : U.succs[u])
-      if (--waiting[s] == 0) ready.push_back(s);
+      if (--waiting[s] == 0) enqueue(s);
   }
   HB_INTERNAL_CHECK(order.size() == F.prefix.size() + F.body.size())
       << "memory-schedule: the list scheduler left nodes of graph '" << g.name << "' unscheduled (a dependency cycle)";
