@@ -184,6 +184,29 @@ int64_t peak_in_order(const Graph& g, const std::vector<int>& order) {
   return simulate_peak(copy);
 }
 
+struct Candidate {
+  const char* name;
+  std::vector<int> order;
+  int64_t peak;
+};
+
+// "memory-schedule graph g: list order, simulated peak 17 MiB -> 14 MiB (original, list, dfs: 17825792,
+// 14680064, 17825792 bytes)": the figures rounded, then exact (two peaks can round alike).
+std::string schedule_note(const Graph& g, const std::vector<Candidate>& candidates, size_t best) {
+  std::ostringstream note;
+  note << "memory-schedule graph " << g.name << ": ";
+  if (best == 0) note << "original order kept, simulated peak " << format_bytes(candidates[0].peak);
+  else
+    note << candidates[best].name << " order, simulated peak " << format_bytes(candidates[0].peak) << " -> "
+         << format_bytes(candidates[best].peak);
+  note << " (";
+  for (size_t k = 0; k < candidates.size(); ++k) note << (k ? ", " : "") << candidates[k].name;
+  note << ":";
+  for (size_t k = 0; k < candidates.size(); ++k) note << (k ? ", " : " ") << candidates[k].peak;
+  note << " bytes)";
+  return note.str();
+}
+
 }  // namespace
 
 std::vector<std::vector<int>> schedule_dependencies(const Graph& g) {
@@ -321,11 +344,6 @@ std::vector<int> dfs_schedule(const Graph& g) {
 }
 
 bool memory_schedule(Graph& g, PassContext& ctx) {
-  struct Candidate {
-    const char* name;
-    std::vector<int> order;
-    int64_t peak;
-  };
   std::vector<int> original(g.nodes.size());
   std::iota(original.begin(), original.end(), 0);
   std::vector<Candidate> candidates = {
@@ -335,19 +353,7 @@ bool memory_schedule(Graph& g, PassContext& ctx) {
   size_t best = 0;
   for (size_t k = 1; k < candidates.size(); ++k)
     if (candidates[k].peak < candidates[best].peak) best = k;
-  // The figures rounded, then exact (two peaks can round alike).
-  std::ostringstream note;
-  note << "memory-schedule graph " << g.name << ": ";
-  if (best == 0) note << "original order kept, simulated peak " << format_bytes(candidates[0].peak);
-  else
-    note << candidates[best].name << " order, simulated peak " << format_bytes(candidates[0].peak) << " -> "
-         << format_bytes(candidates[best].peak);
-  note << " (";
-  for (size_t k = 0; k < candidates.size(); ++k) note << (k ? ", " : "") << candidates[k].name;
-  note << ":";
-  for (size_t k = 0; k < candidates.size(); ++k) note << (k ? ", " : " ") << candidates[k].peak;
-  note << " bytes)";
-  ctx.notes.push_back(note.str());
+  ctx.notes.push_back(schedule_note(g, candidates, best));
   if (best == 0) return false;
   reorder_nodes(g, candidates[best].order);
   return true;
