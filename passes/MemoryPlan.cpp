@@ -36,27 +36,19 @@ std::string format_bytes(int64_t bytes) {
 
 namespace {
 
-constexpr int kForever = std::numeric_limits<int>::max();
+constexpr int kForever = Lifetimes::kForever;
 
 int64_t align_up(int64_t n) { return (n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
 
-// ---- lifetimes: every tensor value, its alias root, and when the root's storage is last read -----
-struct Values {
-  std::vector<ValueRef> vals;
-  std::map<ValueRef, int> id;
-  std::vector<int> root;
-  std::vector<int64_t> bytes;  // -1: symbolic
-  std::vector<int> last;       // per root: last node reading it or any alias; kForever when returned
-  std::vector<const TensorType*> type;
+}  // namespace
 
-  int find(int node, int elem) const {
-    auto it = id.find({node, elem});
-    return it == id.end() ? -1 : it->second;
-  }
-};
+int Lifetimes::find(int node, int elem) const {
+  auto it = id.find({node, elem});
+  return it == id.end() ? -1 : it->second;
+}
 
-Values lifetimes(const Graph& g) {
-  Values V;
+Lifetimes lifetimes(const Graph& g) {
+  Lifetimes V;
   const int n = static_cast<int>(g.nodes.size());
   auto add = [&](int node, int elem, const TensorType& t) {
     const int k = static_cast<int>(V.vals.size());
@@ -92,9 +84,11 @@ Values lifetimes(const Graph& g) {
   }
   // Reads: each use extends the root's life; the output node makes it live forever.
   const int out = g.output_node();
+  V.reads.assign(n, {});
   auto read = [&](int v, int j) {
     int& l = V.last[V.root[v]];
     l = (j == out) ? kForever : std::max(l, j);
+    if (std::find(V.reads[j].begin(), V.reads[j].end(), v) == V.reads[j].end()) V.reads[j].push_back(v);
   };
   for (int j = 0; j < n; ++j) {
     const Node& node = g.nodes[j];
@@ -112,6 +106,8 @@ Values lifetimes(const Graph& g) {
   }
   return V;
 }
+
+namespace {
 
 bool same_shape(const TensorType& a, const TensorType& b) {
   if (a.dtype != b.dtype || a.shape.size() != b.shape.size()) return false;
@@ -253,7 +249,7 @@ std::vector<int64_t> BestFitAllocator::place(const std::vector<BufferRequest>& r
 MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt) {
   MemoryPlan P;
   P.graph = g.name;
-  const Values V = lifetimes(g);
+  const Lifetimes V = lifetimes(g);
   const int nv = static_cast<int>(V.vals.size());
   auto vname = [&](int v) {
     std::string s = "%" + g.nodes[V.vals[v].node].name;
@@ -383,10 +379,10 @@ MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt) {
 
 namespace {
 // The heap simulator's sweep. Values in `arena` (may be null) are not counted as they live: instead
-// `arena_bytes` is live for the whole call.
+// each window's bytes (the arenas' busy periods) are live over its nodes.
 int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* arena,
                    const std::vector<ArenaSegment>& windows) {
-  const Values V = lifetimes(g);
+  const Lifetimes V = lifetimes(g);
   const int n = static_cast<int>(g.nodes.size());
   std::vector<int64_t> delta(n + 1, 0);
   for (int v = 0; v < static_cast<int>(V.vals.size()); ++v) {
@@ -395,8 +391,10 @@ int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* 
     const Node& node = g.nodes[V.vals[v].node];
     const bool input = node.op == OpKind::Placeholder || node.op == OpKind::GetAttr;
     if (input && !count_inputs) continue;
+    // An input the caller keeps lives for the whole call; one it hands over dies at its last use.
+    const bool kept = input && !(g.inputs_owned && node.op == OpKind::Placeholder);
     const int start = input ? 0 : V.vals[v].node;
-    const int end = (input || V.last[v] == kForever) ? n - 1 : V.last[v];
+    const int end = (kept || V.last[v] == kForever) ? n - 1 : V.last[v];
     // Rounded like the arena's buffers (allocators round too), so the two simulations compare alike.
     const int64_t bytes = (V.bytes[v] + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
     delta[start] += bytes;

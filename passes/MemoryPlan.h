@@ -24,6 +24,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -43,6 +44,25 @@ struct ValueRef {
   bool operator==(const ValueRef& o) const { return node == o.node && elem == o.elem; }
   bool operator<(const ValueRef& o) const { return node != o.node ? node < o.node : elem < o.elem; }
 };
+
+// Lifetimes over the graph's order (memory-plan's step 1, the heap simulator's input): every tensor
+// value (each tuple element separately), the alias root whose storage it lives in (a view, a getitem,
+// a mutating op's result and aten::_unsafe_view are not storage of their own), its bytes, the values
+// each node reads, and per root the last node reading it or any alias. Roots, bytes and reads do not
+// depend on the order (memory-schedule costs its candidate orders with them); `last` does.
+struct Lifetimes {
+  static constexpr int kForever = std::numeric_limits<int>::max();  // last: the graph returns it
+  std::vector<ValueRef> vals;
+  std::map<ValueRef, int> id;           // value -> index into vals
+  std::vector<int> root;                // per value: index of its alias root
+  std::vector<int64_t> bytes;           // per value, unaligned; -1: symbolic shape
+  std::vector<int> last;                // per root: last node reading it or any alias; kForever when returned
+  std::vector<const TensorType*> type;  // per value, into the graph
+  std::vector<std::vector<int>> reads;  // per node: the values it reads (a getitem: only its element)
+
+  int find(int node, int elem) const;  // index of a value, -1 if none
+};
+Lifetimes lifetimes(const Graph& g);
 
 // One allocation: live over nodes [start, end] of the order (inclusive). values[0] defines it; any
 // further values reuse it in place, each written by the node that last read the one before.
@@ -134,8 +154,9 @@ bool in_place_elementwise(const Node& n);
 bool aliases_without_annotation(const Node& n);
 
 // Heap simulator: the most bytes live at once over the graph's order, counting everything (inputs for
-// the whole call, outputs to the end, views as their base, symbolic shapes as 0) plus, while a
-// slice_loop runs, its body's simulated peak. The slice chooser compares candidates with it.
+// the whole call, or until their last use when g.inputs_owned; outputs to the end, views as their base,
+// symbolic shapes as 0) plus, while a slice_loop runs, its body's simulated peak (inputs not counted).
+// The slice chooser and memory-schedule compare candidates with it.
 int64_t simulate_peak(const Graph& g, bool count_inputs = true);
 
 // The same simulation when the values `plan` places live in arenas: each busy period's arena bytes

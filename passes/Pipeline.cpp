@@ -5,6 +5,7 @@
 #include "passes/DeadCodeElimination.h"
 #include "passes/HintPropagation.h"
 #include "passes/MemoryPlan.h"
+#include "passes/MemorySchedule.h"
 #include "passes/PointwiseFusion.h"
 #include "passes/SliceLegality.h"
 #include "passes/SliceSchedule.h"
@@ -27,6 +28,9 @@ const std::vector<PassInfo>& pipeline() {
       {"pointwise-fusion", pointwise_fusion,
        "groups elementwise chains into one kernel call each; after slice-schedule (whose legality rules "
        "read plain ATen ops, and whose loop bodies it fuses too), before memory-plan (fewer, final buffers)"},
+      {"memory-schedule", memory_schedule,
+       "reorders top-level nodes for a lower simulated peak; after every pass that adds or removes nodes, "
+       "before memory-plan, which plans the order it leaves"},
       // Last: plans offsets over the final order; any pass after it would invalidate the plan.
       {"memory-plan", memory_plan_pass,
        "analysis over the final order: arena offsets, in-place reuse, planned vs no-reuse peak in the dump"},

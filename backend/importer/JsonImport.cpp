@@ -264,6 +264,11 @@ std::shared_ptr<Graph> parse_graph(const json& g, const std::string& where) {
     HB_USER_CHECK(g["num_constants"].is_number_integer()) << c.str() << ": 'num_constants' must be an integer";
     out->num_constants = g["num_constants"].get<int>();
   }
+  if (g.contains("inputs_owned")) {
+    HB_USER_CHECK(g["inputs_owned"].is_boolean())
+        << c.str() << ": 'inputs_owned' must be a bool, got " << json_type(g["inputs_owned"]);
+    out->inputs_owned = g["inputs_owned"].get<bool>();
+  }
   if (g.contains("subgraphs")) {
     const json& subs = g["subgraphs"];
     HB_USER_CHECK(subs.is_object()) << c.str() << ": 'subgraphs' must be an object of name -> graph";

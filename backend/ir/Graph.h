@@ -128,6 +128,10 @@ struct Graph {
   // Nested graphs referenced by Arg::Kind::Graph (FlexAttention's score_mod, mask_mod, joint ...).
   std::map<std::string, std::shared_ptr<Graph>> subgraphs;
   int num_constants = 0;
+  // The caller hands its inputs over: each is freed after its last use (AOT backward graphs, whose
+  // saved activations and tangents the caller passes boxed and clears). False: the caller keeps them
+  // (parameters, user tensors), so they live for the whole call.
+  bool inputs_owned = false;
 
   std::vector<int> placeholders() const;
   int output_node() const;  // index of the single output node (-1 if missing)

@@ -42,6 +42,27 @@ int insert_node(Graph& g, int pos, Node n) {
   return pos;
 }
 
+void reorder_nodes(Graph& g, const std::vector<int>& order) {
+  const int n = static_cast<int>(g.nodes.size());
+  HB_INTERNAL_CHECK(static_cast<int>(order.size()) == n) << "reorder_nodes: order has " << order.size()
+                                                         << " entries for " << n << " nodes";
+  std::vector<int> new_index(n, -1);
+  for (int k = 0; k < n; ++k) {
+    HB_INTERNAL_CHECK(order[k] >= 0 && order[k] < n && new_index[order[k]] < 0)
+        << "reorder_nodes: order is not a permutation (entry " << k << ": " << order[k] << ")";
+    new_index[order[k]] = k;
+  }
+  std::vector<Node> nodes;
+  nodes.reserve(n);
+  for (int old : order) nodes.push_back(std::move(g.nodes[old]));
+  g.nodes = std::move(nodes);
+  renumber(g, new_index);
+  for (int k = 0; k < n; ++k)
+    g.nodes[k].for_each_input([&](const Arg& a) {
+      HB_INTERNAL_CHECK(a.ref < k) << "reorder_nodes: %" << g.nodes[k].name << " now runs before its input %" << a.s;
+    });
+}
+
 }  // namespace hb
 
 namespace hb {

@@ -17,6 +17,11 @@ std::string unique_name(const Graph& g, const std::string& base);
 // Inserts `n` before position `pos` and renumbers references; returns the new node's index.
 int insert_node(Graph& g, int pos, Node n);
 
+// Puts the nodes in a new order: order[k] is the old index of the node that goes to position k (a
+// permutation of 0..n-1). Renumbers references; every one must still point to an earlier node
+// (checked: an internal error otherwise, naming the node).
+void reorder_nodes(Graph& g, const std::vector<int>& order);
+
 }  // namespace hb
 
 namespace hb {

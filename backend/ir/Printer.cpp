@@ -115,7 +115,7 @@ std::string print_node(const Graph& g, int idx) {
 
 std::string print_graph(const Graph& g) {
   std::ostringstream os;
-  os << "graph " << g.name << " {\n";
+  os << "graph " << g.name << (g.inputs_owned ? " (inputs owned)" : "") << " {\n";
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) os << "  " << print_node(g, i) << "\n";
   os << "}\n";
   for (const auto& kv : g.subgraphs) os << print_graph(*kv.second);
