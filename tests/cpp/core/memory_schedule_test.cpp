@@ -421,7 +421,8 @@ TEST(memory_schedule, random_dags_stay_valid_and_never_peak_higher) {
     const bool did = schedule(g, ctx);
     check_schedule(original, g);
     EXPECT_LE(simulate_peak(g), peak);
-    EXPECT_EQ(simulate_peak(g), best) << "the pass keeps the lowest candidate";
+    // The lowest candidate, unless it gains under 1/64 of the peak (then the original stays).
+    EXPECT_EQ(simulate_peak(g), peak - best >= peak / 64 ? best : peak) << "the pass keeps the lowest candidate";
     if (did) {
       EXPECT_LT(simulate_peak(g), peak) << "changed without lowering the peak";
       ++changed;
