@@ -392,7 +392,7 @@ int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* 
     const bool input = node.op == OpKind::Placeholder || node.op == OpKind::GetAttr;
     if (input && !count_inputs) continue;
     // An input the caller keeps lives for the whole call; one it hands over dies at its last use.
-    const bool kept = input && !(g.inputs_owned && node.op == OpKind::Placeholder);
+    const bool kept = input && g.caller_keeps(node);
     const int start = input ? 0 : V.vals[v].node;
     const int end = (kept || V.last[v] == kForever) ? n - 1 : V.last[v];
     // Rounded like the arena's buffers (allocators round too), so the two simulations compare alike.

@@ -92,7 +92,7 @@ Storage storage(const Graph& g) {
   for (int v = 0; v < nv; ++v) {
     if (L.root[v] != v) continue;
     const Node& def = g.nodes[L.vals[v].node];
-    const bool kept = def.op == OpKind::GetAttr || (def.op == OpKind::Placeholder && !g.inputs_owned);
+    const bool kept = (def.op == OpKind::GetAttr || def.op == OpKind::Placeholder) && g.caller_keeps(def);
     S.bytes[v] = aligned(L.bytes[v]);
     S.freeable[v] = !kept && L.last[v] != Lifetimes::kForever;
     S.alloc[L.vals[v].node] += S.bytes[v];

@@ -269,6 +269,14 @@ std::shared_ptr<Graph> parse_graph(const json& g, const std::string& where) {
         << c.str() << ": 'inputs_owned' must be a bool, got " << json_type(g["inputs_owned"]);
     out->inputs_owned = g["inputs_owned"].get<bool>();
   }
+  if (g.contains("inputs_kept")) {
+    HB_USER_CHECK(g["inputs_kept"].is_array()) << c.str() << ": 'inputs_kept' must be a list of placeholder names, got "
+                                               << json_type(g["inputs_kept"]);
+    for (const json& k : g["inputs_kept"]) {
+      HB_USER_CHECK(k.is_string()) << c.str() << ": 'inputs_kept' must hold placeholder names, got " << json_type(k);
+      out->inputs_kept.insert(k.get<std::string>());
+    }
+  }
   if (g.contains("subgraphs")) {
     const json& subs = g["subgraphs"];
     HB_USER_CHECK(subs.is_object()) << c.str() << ": 'subgraphs' must be an object of name -> graph";

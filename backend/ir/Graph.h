@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -132,6 +133,13 @@ struct Graph {
   // saved activations and tangents the caller passes boxed and clears). False: the caller keeps them
   // (parameters, user tensors), so they live for the whole call.
   bool inputs_owned = false;
+  // Placeholders the caller keeps even when inputs_owned (AOT backward: saved parameters and views of
+  // them, which the module holds; tangents, which AOTAutograd's backward frame holds to the end).
+  std::set<std::string> inputs_kept;
+  // Whether the memory of placeholder/get_attr `n` lives for the whole call (not freed at its last use).
+  bool caller_keeps(const Node& n) const {
+    return n.op == OpKind::GetAttr || (n.op == OpKind::Placeholder && (!inputs_owned || inputs_kept.count(n.name)));
+  }
 
   std::vector<int> placeholders() const;
   int output_node() const;  // index of the single output node (-1 if missing)

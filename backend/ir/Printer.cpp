@@ -115,7 +115,17 @@ std::string print_node(const Graph& g, int idx) {
 
 std::string print_graph(const Graph& g) {
   std::ostringstream os;
-  os << "graph " << g.name << (g.inputs_owned ? " (inputs owned)" : "") << " {\n";
+  os << "graph " << g.name;
+  if (g.inputs_owned) {
+    os << " (inputs owned";
+    const char* sep = " except ";
+    for (const std::string& k : g.inputs_kept) {
+      os << sep << "%" << k;
+      sep = ", ";
+    }
+    os << ")";
+  }
+  os << " {\n";
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) os << "  " << print_node(g, i) << "\n";
   os << "}\n";
   for (const auto& kv : g.subgraphs) os << print_graph(*kv.second);

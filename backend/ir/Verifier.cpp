@@ -44,6 +44,11 @@ bool valid_target(const std::string& t) {
 void verify(const Graph& g) {
   const int n = static_cast<int>(g.nodes.size());
   HB_USER_CHECK(n > 0) << "graph '" << g.name << "' has no nodes";
+  for (const std::string& k : g.inputs_kept) {
+    const int i = g.find(k);
+    HB_USER_CHECK(i >= 0 && g.nodes[i].op == OpKind::Placeholder)
+        << "graph '" << g.name << "': inputs_kept names '" << k << "', which is not one of its placeholders";
+  }
   int outputs = 0;
   std::set<std::string> names;
   for (int i = 0; i < n; ++i) {

@@ -13,7 +13,7 @@ import itertools
 import json
 import logging
 import warnings
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional, Set
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -23,7 +23,7 @@ from . import _core
 from .dump import Dumper
 from .options import Options, parse_options
 from .partition import partition
-from .serialize import SerializationError, serialize
+from .serialize import SerializationError, input_aliases, serialize
 
 log = logging.getLogger("hintbackend")
 
@@ -50,14 +50,27 @@ def _fallback(gm: torch.fx.GraphModule, opts: Options, name: str, reasons: List[
     return make_boxed_func(gm.forward)
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options, kind: str) -> Callable:
-    """Compiles one AOT graph (kind: forward, backward or inference) into a boxed callable."""
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options, kind: str,
+                  forward_input_aliases: Optional[Set[str]] = None) -> Callable:
+    """Compiles one AOT graph (kind: forward, backward or inference) into a boxed callable.
+
+    `forward_input_aliases`: shared by the forward and backward of one aot_autograd call. The forward
+    fills it (serialize.input_aliases); the backward, whose placeholders are named after the saved
+    values, tells the core which of its inputs the caller keeps anyway (those, and the tangents, which
+    AOTAutograd's backward frame holds until it returns)."""
     name = f"{kind}_{next(_graph_ids)}"
+    kept: Set[str] = set()
+    if forward_input_aliases is not None:
+        if kind == "forward":
+            forward_input_aliases.update(input_aliases(gm))
+        elif kind == "backward":
+            kept = set(forward_input_aliases)
+            kept.update(n.name for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents_"))
     dumper = Dumper(opts.dump_dir, name) if opts.dump_dir else None
     if dumper:
         dumper.write("fx_graph.txt", gm.print_readable(print_output=False, include_stride=True, include_device=True))
     try:
-        doc, constants = serialize(gm, name, inputs_owned=kind == "backward")
+        doc, constants = serialize(gm, name, inputs_owned=kind == "backward", inputs_kept=kept)
     except SerializationError as e:
         return _fallback(gm, opts, name, [str(e)])
     text = json.dumps(doc)
@@ -89,8 +102,10 @@ def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Op
     if mode not in (None, "default"):
         raise ValueError(f"hintbackend: mode={mode!r} is not supported; use options={{...}} instead")
 
+    forward_input_aliases: Set[str] = set()  # one forward/backward pair per aot_autograd call
+
     def make(kind: str) -> Callable:
-        return lambda g, inputs: compile_graph(g, inputs, opts, kind)
+        return lambda g, inputs: compile_graph(g, inputs, opts, kind, forward_input_aliases)
 
     # partition: default_partition, except that saved values of dfs/auto regions are recomputed in the
     # backward (partition.py), so training keeps the regions' intermediates per slice too.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from typing import Any, List, Tuple
+from typing import Any, Iterable, List, Set, Tuple
 
 import torch
 import torch.fx
@@ -229,15 +229,37 @@ def _set_num_constants(g: dict, n: int) -> None:
         _set_num_constants(sub, n)
 
 
-def serialize(gm: torch.fx.GraphModule, name: str, inputs_owned: bool = False) -> Tuple[dict, List[torch.Tensor]]:
+def input_aliases(gm: torch.fx.GraphModule) -> Set[str]:
+    """Names of the graph's placeholders and of the values that are views of them (through ops whose
+    schema returns an alias). In an AOT forward, a saved value with such a name shares storage with a
+    parameter or a user input: freeing it in the backward frees nothing."""
+    names: Set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            names.add(node.name)
+        elif node.op == "call_function" and _effects(node.target, node).get("is_view"):
+            first = node.args[0] if node.args else None
+            if isinstance(first, torch.fx.Node) and first.name in names:
+                names.add(node.name)
+    return names
+
+
+def serialize(gm: torch.fx.GraphModule, name: str, inputs_owned: bool = False,
+              inputs_kept: Iterable[str] = ()) -> Tuple[dict, List[torch.Tensor]]:
     """Returns (document, constants). Constants are shared by the graph and its subgraphs.
 
     `inputs_owned`: the caller hands the graph its inputs (an AOT backward: AOTAutograd clears the saved
-    tensors and passes them boxed), so each is freed after its last use; the memory passes simulate so."""
+    tensors and passes them boxed), so each is freed after its last use; the memory passes simulate so.
+    `inputs_kept`: placeholder names the caller holds all the same (saved parameters and views of them,
+    tangents); names that are not placeholders of this graph are ignored."""
     s = _Serializer()
     graph = s.graph(gm, name)
     if inputs_owned:
         graph["inputs_owned"] = True
+        placeholders = {n.name for n in gm.graph.nodes if n.op == "placeholder"}
+        kept = sorted(placeholders & set(inputs_kept))
+        if kept:
+            graph["inputs_kept"] = kept
     _set_num_constants(graph, len(s.constants))
     doc = {"format": SCHEMA_FORMAT, "version": SCHEMA_VERSION, "torch_version": torch.__version__, "graph": graph}
     return doc, s.constants

@@ -476,5 +476,28 @@ TEST(inputs_owned, the_simulator_frees_an_owned_input_after_its_last_use) {
   EXPECT_EQ(simulate_peak(*import_json(doc(returns_x, R"("inputs_owned": true, )"))), 12 * kMiB);
 }
 
+// inputs_kept: an owned graph's placeholders the caller still holds (a saved parameter, a tangent).
+//   x (4), y (4) -> a = exp(x) (4) -> b = mul(a, y) (4), b returned.
+//   owned:           at a: x 4 + y 4 + a 4 = 12; at b: y 4 + a 4 + b 4 = 12   -> 12 MiB
+//   owned, x kept:   at b: x 4 + y 4 + a 4 + b 4                                -> 16 MiB
+TEST(inputs_owned, kept_inputs_live_for_the_whole_call) {
+  const std::string nodes = ph("x", 4) + ph("y", 4) + op("a", "aten::exp.default", {"x"}, 4) +
+                            op("b", "aten::mul.Tensor", {"a", "y"}, 4) + ret({"b"});
+  auto owned = import_json(doc(nodes, R"("inputs_owned": true, )"));
+  auto kept = import_json(doc(nodes, R"("inputs_owned": true, "inputs_kept": ["x"], )"));
+  EXPECT_EQ(simulate_peak(*owned), 12 * kMiB);
+  EXPECT_EQ(simulate_peak(*kept), 16 * kMiB);
+  EXPECT_TRUE(kept->caller_keeps(kept->nodes[kept->find("x")]));
+  EXPECT_FALSE(kept->caller_keeps(kept->nodes[kept->find("y")]));
+  EXPECT_EQ(print_graph(*kept).rfind("graph g (inputs owned except %x) {\n", 0), 0u) << print_graph(*kept);
+  try {
+    import_json(doc(nodes, R"("inputs_owned": true, "inputs_kept": ["a"], )"));
+    ADD_FAILURE() << "inputs_kept naming a non-placeholder was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("inputs_kept names 'a', which is not one of its placeholders"),
+              std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace hb
