@@ -100,6 +100,30 @@ def test_dumps_every_stage(tmp_path):
     assert runtime_plan.startswith("memory-plan-runtime graph") and "%mm" in runtime_plan, runtime_plan
 
 
+def test_backward_document_says_which_inputs_the_caller_keeps(tmp_path):
+    """The backward owns its saved activations but not the saved weight view (the module holds the
+    weight) nor the tangent (AOTAutograd's backward frame holds it): the document lists those two."""
+    lin = torch.nn.Linear(8, 16).to(device())
+    f = torch.compile(lambda x: torch.tanh(lin(x)).relu(), backend="hintbackend", options={"dump_dir": str(tmp_path)})
+    f(randn(4, 8).requires_grad_(True)).sum().backward()
+    bwd = tmp_path / next(g for g in sorted(os.listdir(tmp_path)) if g.startswith("backward_"))
+    graph = json.loads((bwd / "graph.json").read_text())["graph"]
+    placeholders = [n["name"] for n in graph["nodes"] if n["op"] == "placeholder"]
+    assert graph["inputs_owned"] is True
+    kept = set(graph["inputs_kept"])
+    assert {p for p in placeholders if p.startswith("tangents_")} <= kept, (kept, placeholders)
+    assert any(p.startswith("primals_") for p in kept), (kept, placeholders)  # the input x, kept by the caller
+    fx_text = (bwd / "fx_graph.txt").read_text()
+    weight_views = [p for p in placeholders if p.startswith(("t", "permute")) and not p.startswith("tangents_")]
+    assert weight_views and set(weight_views) <= kept, (weight_views, kept, fx_text)  # W^T for dx: the module's
+    activations = [p for p in placeholders if p.startswith("detach")]
+    assert activations and not set(activations) & kept, (activations, kept)  # saved tanh: freed after its last use
+    fwd = tmp_path / next(g for g in sorted(os.listdir(tmp_path)) if g.startswith("forward_"))
+    assert "inputs_owned" not in json.loads((fwd / "graph.json").read_text())["graph"]
+    header = (bwd / "ir-import.txt").read_text().splitlines()[0]
+    assert header.startswith(f"graph {graph['name']} (inputs owned except %"), header
+
+
 def test_dump_dir_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("HINTBACKEND_DUMP_DIR", str(tmp_path))
     torch.compile(lambda x: x.exp(), backend="hintbackend")(randn(3))
