@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,5 +32,35 @@ inline void check_lines(const std::string& text, const std::vector<std::string>&
   EXPECT_EQ(k, expected.size()) << "CHECK not found (in order): '" << (k < expected.size() ? expected[k] : "")
                                 << "'\n--- in ---\n" << text;
 }
+
+// The common part of the random-graph generators of the property tests: a seeded RNG and the graph
+// being built. add() names an unnamed node "n<index>".
+struct RandomGraphBase {
+  std::mt19937 rng;
+  Graph g;
+  explicit RandomGraphBase(uint32_t seed) : rng(seed) { g.name = "random"; }
+
+  int pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); }
+  Arg ref(int i) const { return Arg::of_ref(i, g.nodes[i].name); }
+  int add(Node n) {
+    if (n.name.empty()) n.name = "n" + std::to_string(g.nodes.size());
+    g.nodes.push_back(std::move(n));
+    return static_cast<int>(g.nodes.size()) - 1;
+  }
+  // A random earlier node with a single tensor value.
+  int tensor_node() {
+    std::vector<int> c;
+    for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i)
+      if (g.nodes[i].type.kind == ValueType::Kind::Tensor) c.push_back(i);
+    return c[pick(static_cast<int>(c.size()))];
+  }
+  static Node call(const std::string& target, std::vector<Arg> args, ValueType t) {
+    Node n;
+    n.target = target;
+    n.args = std::move(args);
+    n.type = std::move(t);
+    return n;
+  }
+};
 
 }  // namespace hb::test

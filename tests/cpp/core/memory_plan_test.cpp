@@ -18,12 +18,9 @@ namespace hb {
 namespace {
 
 // ---- a random graph generator ------------------------------------------------------------------
-struct Gen {
-  std::mt19937 rng;
-  Graph g;
-  explicit Gen(uint32_t seed) : rng(seed) { g.name = "random"; }
+struct Gen : test::RandomGraphBase {
+  explicit Gen(uint32_t seed) : RandomGraphBase(seed) {}
 
-  int pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); }
   TensorType tensor(bool symbolic = false) {
     TensorType t;
     const int64_t sizes[] = {1, 3, 16, 64, 100, 1000, 4096};
@@ -32,26 +29,6 @@ struct Gen {
     t.stride = {Dim{t.shape[1].value, ""}, Dim{1, ""}};
     t.dtype = pick(2) ? DType::Float32 : DType::BFloat16;
     return t;
-  }
-  int add(Node n) {
-    g.nodes.push_back(std::move(n));
-    return static_cast<int>(g.nodes.size()) - 1;
-  }
-  Arg ref(int i) { return Arg::of_ref(i, g.nodes[i].name); }
-  // A random earlier node with a single tensor value.
-  int tensor_node() {
-    std::vector<int> c;
-    for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i)
-      if (g.nodes[i].type.kind == ValueType::Kind::Tensor) c.push_back(i);
-    return c[pick(static_cast<int>(c.size()))];
-  }
-  Node call(const std::string& target, std::vector<Arg> args, ValueType t) {
-    Node n;
-    n.name = "n" + std::to_string(g.nodes.size());
-    n.target = target;
-    n.args = std::move(args);
-    n.type = std::move(t);
-    return n;
   }
   ValueType tv(const TensorType& t) {
     ValueType v;

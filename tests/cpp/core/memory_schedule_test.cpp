@@ -225,12 +225,9 @@ TEST(memory_schedule, reorder_nodes_refuses_an_order_that_breaks_a_dependency) {
 
 // ---- property test: random DAGs ------------------------------------------------------------------
 
-struct RandomGraph {
-  std::mt19937 rng;
-  Graph g;
-  explicit RandomGraph(uint32_t seed) : rng(seed) { g.name = "random"; }
+struct RandomGraph : test::RandomGraphBase {
+  explicit RandomGraph(uint32_t seed) : RandomGraphBase(seed) {}
 
-  int pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); }
   ValueType tensor() {
     const int64_t rows[] = {1, 16, 64, 256, 1024, 4096};
     ValueType v;
@@ -238,25 +235,6 @@ struct RandomGraph {
     v.tensor.shape = {Dim{rows[pick(6)], ""}, Dim{64, ""}};
     v.tensor.stride = {Dim{64, ""}, Dim{1, ""}};
     return v;
-  }
-  Arg ref(int i) { return Arg::of_ref(i, g.nodes[i].name); }
-  int add(Node n) {
-    n.name = "n" + std::to_string(g.nodes.size());
-    g.nodes.push_back(std::move(n));
-    return static_cast<int>(g.nodes.size()) - 1;
-  }
-  int tensor_node() {
-    std::vector<int> c;
-    for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i)
-      if (g.nodes[i].type.kind == ValueType::Kind::Tensor) c.push_back(i);
-    return c[pick(static_cast<int>(c.size()))];
-  }
-  Node call(const std::string& target, std::vector<Arg> args, ValueType t) {
-    Node n;
-    n.target = target;
-    n.args = std::move(args);
-    n.type = std::move(t);
-    return n;
   }
 
   Graph build() {
