@@ -9,6 +9,7 @@
 #include "passes/PointwiseFusion.h"
 #include "passes/SliceLegality.h"
 #include "passes/SliceSchedule.h"
+#include "passes/SoftmaxUpcast.h"
 
 namespace hb {
 
@@ -21,6 +22,9 @@ const std::vector<PassInfo>& pipeline() {
       {"hint-propagation", hint_propagation,
        "checks the user's hinted_context hints against the graph (after DCE, so unused values cannot fail "
        "it) before any pass schedules or slices by region"},
+      {"fold-softmax-upcast", fold_softmax_upcast,
+       "drops the float32 copy a half-precision softmax input gets (CUDA's half_to_float softmax reads it "
+       "directly); before slice-legality, so slice loops and the memory passes never see the copy"},
       {"slice-legality", slice_legality_pass,
        "analysis after hint-propagation (regions and hints final): the dump says what each region can slice"},
       {"slice-schedule", slice_schedule,

@@ -1,0 +1,20 @@
+// fold-softmax-upcast: `_softmax(x.to(float32), dim, false)` with x in bf16/fp16 on CUDA becomes
+// `_softmax(x, dim, true)` (half_to_float), and the same for `_log_softmax`.
+//
+// Attention written as plain ops upcasts its scores before the softmax (`s.float().softmax(-1)`): the
+// upcast writes a float32 copy of the B x H x S x S scores that only the softmax reads. ATen's CUDA
+// softmax with half_to_float reads the half-precision input and accumulates in float32, as it does
+// for a float32 input, so the result is the same up to its reduction order (it may differ in the
+// last bit) and the copy (6 bytes per score: 2 read, 4 written) is gone. CPU has no half_to_float
+// kernel, so CPU graphs are left alone. The upcast node goes when nothing else reads it.
+//
+// The note lists what it folded:
+//   fold-softmax-upcast graph forward_0: %_softmax reads %mul (bfloat16) directly, %_to_copy removed
+#pragma once
+#include "passes/Pipeline.h"
+
+namespace hb {
+
+bool fold_softmax_upcast(Graph& g, PassContext& ctx);
+
+}  // namespace hb
