@@ -1,9 +1,9 @@
 """BFS vs DFS slice scheduling on plain-op attention (issue 4), side by side in one process.
 
-    python benchmarks/slicing.py [--b 4 --h 16 --s 4096 --d 128] [--device cuda]
+    python benchmarks/slicing.py [--b 4 --h 16 --s 4096 --d 128] [--device cuda] [--dtype float16]
     python benchmarks/slicing.py --device cpu --b 1 --h 4 --s 256 --d 32 --reps 2   # smoke check
 
-Region: q @ k^T * scale, softmax in fp32, @ v, in a hinted_context region, bf16. Prints per schedule:
+Region: q @ k^T * scale, softmax in fp32, @ v, in a hinted_context region, bf16 (or --dtype float16). Prints per schedule:
 median ms per call and peak memory above the inputs (CUDA only), for forward (no_grad) and
 forward+backward, with ratios against BFS. In the fw+bw rows the `partition` column says how
 hintbackend's partition (python/hintbackend/partition.py) split the training graph: `recompute` (the
@@ -95,16 +95,19 @@ def main() -> None:
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--device", default="cuda", help="cuda (the measurement) or cpu (a smoke check: no peaks)")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
+                   help="q, k, v dtype (float16 on CUDA: the softmax reads it directly, fold-softmax-upcast)")
     args = p.parse_args()
     torch.manual_seed(0)
     shape = (args.b, args.h, args.s, args.d)
-    q, k, v = (torch.randn(shape, device=args.device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dtype = getattr(torch, args.dtype)
+    q, k, v = (torch.randn(shape, device=args.device, dtype=dtype, requires_grad=True) for _ in range(3))
     configs = [("eager", {}), ("bfs", {}), ("dfs", {"slices": 16}), ("dfs", {"slices": 64}),
                ("auto", {"memory_budget": "2GB"})]
     extent = args.b * args.h
     configs = [(s_, h_) for s_, h_ in configs if h_.get("slices", 1) <= extent]  # small smoke shapes
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
-    print(f"plain-op attention B,H,S,D={shape} bf16 on {name}, torch {torch.__version__}")
+    print(f"plain-op attention B,H,S,D={shape} {args.dtype} on {name}, torch {torch.__version__}")
     print(f"{'schedule':<18} {'mode':<8} {'ms':>9} {'peak MB':>10} {'time/BFS':>9} {'peak/BFS':>9} {'partition':>10}")
     plog = PartitionLog()
     hb_log = logging.getLogger("hintbackend")

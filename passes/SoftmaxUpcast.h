@@ -1,5 +1,6 @@
-// fold-softmax-upcast: `_softmax(x.to(float32), dim, false)` with x in bf16/fp16 on CUDA becomes
-// `_softmax(x, dim, true)` (half_to_float), and the same for `_log_softmax`.
+// fold-softmax-upcast: `_softmax(x.to(float32), dim, false)` with x in float16 on CUDA becomes
+// `_softmax(x, dim, true)` (half_to_float), and the same for `_log_softmax`. Not bfloat16: ATen's CUDA
+// half_to_float softmax takes Half only (torch 2.11).
 //
 // Attention written as plain ops upcasts its scores before the softmax (`s.float().softmax(-1)`): the
 // upcast writes a float32 copy of the B x H x S x S scores that only the softmax reads. ATen's CUDA
@@ -9,7 +10,7 @@
 // kernel, so CPU graphs are left alone. The upcast node goes when nothing else reads it.
 //
 // The note lists what it folded:
-//   fold-softmax-upcast graph forward_0: %_softmax reads %mul (bfloat16) directly, %_to_copy removed
+//   fold-softmax-upcast graph forward_0: %_softmax reads %mul (float16) directly, %_to_copy removed
 #pragma once
 #include "passes/Pipeline.h"
 

@@ -1,4 +1,4 @@
-// fold-softmax-upcast: IR-text tests on small graphs (bf16 scores upcast, then softmax).
+// fold-softmax-upcast: IR-text tests on small graphs (half-precision scores upcast, then softmax).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -43,17 +43,17 @@ std::string run(const std::string& text, PassContext& ctx) {
 
 const char* kToFloat = R"("dtype": {"dtype": "float32"})";
 
-TEST(fold_softmax_upcast, bf16_upcast_on_cuda_folds_into_half_to_float) {
+TEST(fold_softmax_upcast, fp16_upcast_on_cuda_folds_into_half_to_float) {
   PassContext ctx;
-  const std::string ir = run(doc("bfloat16", "cuda:0", kToFloat), ctx);
-  test::check_lines(ir, {"%s: bf16[2, 8]@cuda:0 = placeholder", "%sm: f32[2, 8]@cuda:0 = aten::_softmax.default(%s, -1, true)",
+  const std::string ir = run(doc("float16", "cuda:0", kToFloat), ctx);
+  test::check_lines(ir, {"%s: f16[2, 8]@cuda:0 = placeholder", "%sm: f32[2, 8]@cuda:0 = aten::_softmax.default(%s, -1, true)",
                          "return (%sm,)"});
   EXPECT_EQ(ir.find("%up"), std::string::npos) << ir;
   ASSERT_EQ(ctx.notes.size(), 1u);
-  EXPECT_EQ(ctx.notes[0], "fold-softmax-upcast graph g: %sm reads %s (bfloat16) directly, %up removed");
+  EXPECT_EQ(ctx.notes[0], "fold-softmax-upcast graph g: %sm reads %s (float16) directly, %up removed");
 }
 
-TEST(fold_softmax_upcast, prims_convert_log_softmax_and_fp16_fold_too) {
+TEST(fold_softmax_upcast, prims_convert_and_log_softmax_fold_too) {
   PassContext ctx;
   const std::string ir = run(doc("float16", "cuda", "", "aten::_log_softmax.default"), ctx);
   test::check_lines(ir, {"aten::_log_softmax.default(%s, -1, true)"});
@@ -62,21 +62,22 @@ TEST(fold_softmax_upcast, prims_convert_log_softmax_and_fp16_fold_too) {
 
 TEST(fold_softmax_upcast, upcast_read_elsewhere_stays) {
   PassContext ctx;
-  const std::string ir = run(doc("bfloat16", "cuda:0", kToFloat, "aten::_softmax.default", false, true), ctx);
+  const std::string ir = run(doc("float16", "cuda:0", kToFloat, "aten::_softmax.default", false, true), ctx);
   test::check_lines(ir, {"%up: f32[2, 8]@cuda:0 = aten::_to_copy.default(%s, dtype=dtype.float32)",
                          "aten::_softmax.default(%s, -1, true)", "return (%sm, %up)"});
-  EXPECT_EQ(ctx.notes.at(0), "fold-softmax-upcast graph g: %sm reads %s (bfloat16) directly");
+  EXPECT_EQ(ctx.notes.at(0), "fold-softmax-upcast graph g: %sm reads %s (float16) directly");
 }
 
-// CPU has no half_to_float softmax; float64 or float32 sources, a softmax already upcasting, and an
-// upcast that also changes the memory format are not plain upcasts of half-precision scores.
+// CPU has no half_to_float softmax and CUDA's refuses bfloat16; float64 or float32 sources, a softmax
+// already upcasting, and an upcast that also changes the memory format are not plain fp16 upcasts.
 TEST(fold_softmax_upcast, leaves_everything_else_alone) {
   const std::string cases[] = {
-      doc("bfloat16", "cpu", kToFloat),
+      doc("float16", "cpu", kToFloat),
+      doc("bfloat16", "cuda:0", kToFloat),
       doc("float64", "cuda:0", kToFloat),
       doc("float32", "cuda:0", kToFloat),
-      doc("bfloat16", "cuda:0", kToFloat, "aten::_softmax.default", true),
-      doc("bfloat16", "cuda:0", std::string(kToFloat) + R"(, "memory_format": {"memory_format": "channels_last"})"),
+      doc("float16", "cuda:0", kToFloat, "aten::_softmax.default", true),
+      doc("float16", "cuda:0", std::string(kToFloat) + R"(, "memory_format": {"memory_format": "channels_last"})"),
   };
   for (const std::string& c : cases) {
     SCOPED_TRACE(c);
