@@ -378,6 +378,24 @@ MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt) {
 }
 
 namespace {
+int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* arena,
+                   const std::vector<ArenaSegment>& windows);
+
+// A slice_loop body's peak while the loop runs, its inputs (views of the loop's) aside: its values as
+// they live, except that those its plan places sit in an arena of the plan's size for the whole loop
+// (the runtime allocates the body's arena once and reuses it for every slice; the arena's bytes can
+// exceed the live peak, which is all a plain sweep would count).
+int64_t slice_body_peak(const Graph& body) {
+  MemoryPlanOptions opt;
+  opt.bodies = false;
+  const MemoryPlan plan = memory_plan(body, opt);
+  std::set<ValueRef> placed;
+  for (const PlannedBuffer& b : plan.buffers) placed.insert(b.values.begin(), b.values.end());
+  const int n = static_cast<int>(body.nodes.size());
+  if (placed.empty() || n == 0) return sweep_peak(body, false, nullptr, {});
+  return sweep_peak(body, false, &placed, {ArenaSegment{0, n - 1, plan.arena_bytes}});
+}
+
 // The heap simulator's sweep. Values in `arena` (may be null) are not counted as they live: instead
 // each window's bytes (the arenas' busy periods) are live over its nodes.
 int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* arena,
@@ -411,7 +429,7 @@ int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* 
     const Node& node = g.nodes[i];
     if (node.target == "hintbackend::slice_loop" && !node.args.empty() && node.args[0].kind == Arg::Kind::Graph) {
       auto it = g.subgraphs.find(node.args[0].s);
-      if (it != g.subgraphs.end()) extra = simulate_peak(*it->second, false);
+      if (it != g.subgraphs.end()) extra = slice_body_peak(*it->second);
     }
     peak = std::max(peak, live + extra);
   }

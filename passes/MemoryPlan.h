@@ -155,7 +155,8 @@ bool aliases_without_annotation(const Node& n);
 
 // Heap simulator: the most bytes live at once over the graph's order, counting everything (inputs for
 // the whole call, or until their last use when g.inputs_owned; outputs to the end, views as their base,
-// symbolic shapes as 0) plus, while a slice_loop runs, its body's simulated peak (inputs not counted).
+// symbolic shapes as 0) plus, while a slice_loop runs, its body's peak (inputs not counted) with the body's
+// planned arena held throughout, as the runtime holds it for every slice.
 // The slice chooser and memory-schedule compare candidates with it.
 int64_t simulate_peak(const Graph& g, bool count_inputs = true);
 
