@@ -378,6 +378,18 @@ MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt) {
 }
 
 namespace {
+std::function<std::string(const Graph&, int)>& placement_model() {
+  static std::function<std::string(const Graph&, int)> f;
+  return f;
+}
+}  // namespace
+
+void set_runtime_placement(std::function<std::string(const Graph& g, int node)> unplaceable) {
+  placement_model() = std::move(unplaceable);
+}
+const std::function<std::string(const Graph& g, int node)>& runtime_placement() { return placement_model(); }
+
+namespace {
 int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* arena,
                    const std::vector<ArenaSegment>& windows);
 
@@ -388,6 +400,7 @@ int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* 
 int64_t slice_body_peak(const Graph& body) {
   MemoryPlanOptions opt;
   opt.bodies = false;
+  opt.unplaceable = runtime_placement();  // what the runtime will place: the rest lives as it lives
   const MemoryPlan plan = memory_plan(body, opt);
   std::set<ValueRef> placed;
   for (const PlannedBuffer& b : plan.buffers) placed.insert(b.values.begin(), b.values.end());

@@ -146,6 +146,14 @@ struct MemoryPlanOptions {
 
 MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt = {});
 
+// The placement model of the runtime that will run the graphs: why it cannot put node's result in its
+// arena ("" = it can; the signature of MemoryPlanOptions::unplaceable). The runtime registers its own
+// when it is loaded (backend/runtime/Executor.cpp: ATen ops with an out= kernel of their own for the
+// device, fused groups); without one (hb-opt, the core tests) every value counts as placeable. The
+// simulator plans slice-loop bodies with it, so the chooser sees the arena the body will really have.
+void set_runtime_placement(std::function<std::string(const Graph& g, int node)> unplaceable);
+const std::function<std::string(const Graph& g, int node)>& runtime_placement();
+
 // The elementwise ops whose result may take over a dying input's buffer (step 3). The runtime
 // checks its in-place placements against it.
 bool in_place_elementwise(const Node& n);

@@ -745,6 +745,9 @@ bool contiguous_static(const TensorType& t) {
 // out= overload to call. Only an ATen op with an out= overload and one tensor result of static,
 // contiguous layout on a CPU or CUDA device is placeable; every other kind of node (FlexAttention,
 // slice loops, fused kernels ...) allocates its own result.
+std::string aten_unplaceable_why(const Node& n, const c10::OperatorHandle& op,
+                                 std::optional<c10::OperatorHandle>* out_op);
+
 std::string unplaceable_why(const Graph& g, const Step& s, std::optional<c10::OperatorHandle>* out_op) {
   const Node& n = g.nodes[s.node];
   if (s.kind == KernelKind::FusedPointwise) {  // its kernels write into any preallocated result
@@ -752,11 +755,30 @@ std::string unplaceable_why(const Graph& g, const Step& s, std::optional<c10::Op
     return "";
   }
   if (s.kind != KernelKind::Aten || !s.op) return std::string(kernel_kind_name(s.kind));
+  return aten_unplaceable_why(n, *s.op, out_op);
+}
+
+// The same decision from the node alone (the simulator's placement model, before any kernel plan):
+// fused groups and ATen ops the dispatcher knows, as unplaceable_why decides for their steps.
+std::string node_unplaceable_why(const Graph& g, int node) {
+  const Node& n = g.nodes[node];
+  if (n.target == "hintbackend::fused_pointwise")
+    return n.type.kind == ValueType::Kind::Tensor && contiguous_static(n.type.tensor) ? "" : "not static contiguous";
+  if (n.op != OpKind::CallFunction || n.target.rfind("aten::", 0) != 0) return "not an ATen op";
+  auto [name, overload] = split_target(n.target);
+  auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
+  if (!handle) return "not registered";
+  std::optional<c10::OperatorHandle> out_op;
+  return aten_unplaceable_why(n, *handle, &out_op);
+}
+
+std::string aten_unplaceable_why(const Node& n, const c10::OperatorHandle& op,
+                                 std::optional<c10::OperatorHandle>* out_op) {
   if (n.effects.is_view || n.effects.mutates || aliases_without_annotation(n)) return "alias";
   if (n.effects.nondeterministic_seeded) return "random";  // its out= overload may draw differently
   if (n.type.kind == ValueType::Kind::Tuple) return "multi-output op";
   if (n.type.kind != ValueType::Kind::Tensor) return "not a tensor";
-  const c10::FunctionSchema& f = s.op->schema();
+  const c10::FunctionSchema& f = op.schema();
   if (f.is_mutable() || f.returns().size() != 1 || f.returns()[0].type()->kind() != c10::TypeKind::TensorType ||
       f.returns()[0].alias_info())
     return "schema is not one fresh tensor";
@@ -769,7 +791,7 @@ std::string unplaceable_why(const Graph& g, const Step& s, std::optional<c10::Op
   } catch (const c10::Error&) {
     return "unknown device";
   }
-  *out_op = find_out_overload(*s.op);
+  *out_op = find_out_overload(op);
   if (!*out_op) return "no matching out= overload";
   // An out= overload without a kernel of its own for the device is torch's generated wrapper: it runs
   // the functional op and copies the result into `out`, a transient second result (convolution.out).
@@ -1232,5 +1254,10 @@ std::string Executor::memory_plan_text() const {
   }
   return os.str();
 }
+
+namespace {
+// The simulator (passes/MemoryPlan.h) plans slice-loop bodies with this runtime's placement rules.
+const bool kPlacementModelRegistered = (set_runtime_placement(node_unplaceable_why), true);
+}  // namespace
 
 }  // namespace hb::rt

@@ -129,6 +129,22 @@ TEST(Arena, MatchesNoArenaBitwiseAndAtenDirectly) {
   EXPECT_EQ(off->arena_bytes(), 0);
 }
 
+// The simulator plans slice-loop bodies with the runtime's placement rules, registered when the
+// runtime is loaded: exp has its own out= kernel; _to_copy's out= is torch's "functional, then copy"
+// wrapper; a view is never placed.
+TEST(Arena, SimulatorUsesTheRuntimePlacementModel) {
+  ASSERT_TRUE(static_cast<bool>(runtime_placement()));
+  auto g = import_json(R"({"format": "hintbackend.graph", "version": 1, "graph": {"name": "g", "nodes": [
+    {"name": "x", "op": "placeholder", "target": "x", "val": {"tensor": {"shape": [4, 8], "stride": [8, 1], "dtype": "float32", "device": "cpu"}}},
+    {"name": "e", "op": "call_function", "target": "aten::exp.default", "args": [{"ref": "x"}], "val": {"tensor": {"shape": [4, 8], "stride": [8, 1], "dtype": "float32", "device": "cpu"}}},
+    {"name": "c", "op": "call_function", "target": "aten::_to_copy.default", "args": [{"ref": "e"}], "kwargs": {"dtype": {"dtype": "float64"}}, "val": {"tensor": {"shape": [4, 8], "stride": [8, 1], "dtype": "float64", "device": "cpu"}}},
+    {"name": "v", "op": "call_function", "target": "aten::view.default", "args": [{"ref": "c"}, {"list": [{"int": 32}]}], "val": {"tensor": {"shape": [32], "stride": [1], "dtype": "float64", "device": "cpu"}}, "effects": {"is_view": true}},
+    {"name": "output", "op": "output", "args": [{"tuple": [{"ref": "v"}]}]}]}})");
+  EXPECT_EQ(runtime_placement()(*g, g->find("e")), "");
+  EXPECT_NE(runtime_placement()(*g, g->find("c")), "");
+  EXPECT_EQ(runtime_placement()(*g, g->find("v")), "alias");
+}
+
 TEST(Arena, KillSwitchIsReadAtConstruction) {
   ::setenv("HINTBACKEND_ARENA", "0", 1);
   auto off = build(mlp(), true);
