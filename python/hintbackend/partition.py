@@ -20,7 +20,10 @@ Not recomputed (their values are saved, as the default does):
   them;
 - impure ops, values the default partitioner must save (``MUST_SAVE``, effectful ops, collectives),
   forward outputs (the caller holds them anyway, so saving them costs nothing), higher-order ops other
-  than ``flex_attention``.
+  than ``flex_attention``;
+- the values of an ``auto`` region whose ``memory_budget`` the default partition's forward already
+  meets (the C++ heap simulator's figure, the chooser's): the chooser keeps it whole, so recomputing
+  it would only cost time. The log says so.
 
 The whole graph keeps the default partition, with a log line saying why, when: no region asks for
 dfs/auto (exactly ``default_partition``), the graph uses activation checkpointing tags or activation
