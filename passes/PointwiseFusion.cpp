@@ -81,12 +81,7 @@ Node make_fused(Graph& g, const std::vector<int>& members) {
     body_index[m] = static_cast<int>(body->nodes.size());
     body->nodes.push_back(std::move(b));
   }
-  Node ret;
-  ret.op = OpKind::Output;
-  ret.name = "output";
-  while (body->find(ret.name) >= 0) ret.name += "_";
-  ret.args.push_back(Arg::of_ref(body_index.at(root), g.nodes[root].name));
-  body->nodes.push_back(std::move(ret));
+  add_output(*body, Arg::of_ref(body_index.at(root), g.nodes[root].name));
   g.subgraphs[body->name] = body;
 
   Node fused;

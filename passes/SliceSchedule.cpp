@@ -147,15 +147,10 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
     body_index[s] = static_cast<int>(body->nodes.size());
     body->nodes.push_back(std::move(b));
   }
-  Node ret;
-  ret.op = OpKind::Output;
-  ret.name = "output";
-  while (body->find(ret.name) >= 0) ret.name += "_";
   Arg tuple;
   tuple.kind = Arg::Kind::Tuple;
   for (int o : R.outputs) tuple.items.push_back(Arg::of_ref(body_index.at(o), g.nodes[o].name));
-  ret.args.push_back(tuple);
-  body->nodes.push_back(ret);
+  add_output(*body, tuple);
   g.subgraphs[body->name] = body;
 
   // 2. The loop node.

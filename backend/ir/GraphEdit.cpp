@@ -33,6 +33,15 @@ int remove_nodes(Graph& g, const std::vector<bool>& keep) {
   return removed;
 }
 
+void add_output(Graph& g, Arg value) {
+  Node ret;
+  ret.op = OpKind::Output;
+  ret.name = "output";
+  while (g.find(ret.name) >= 0) ret.name += "_";
+  ret.args.push_back(std::move(value));
+  g.nodes.push_back(std::move(ret));
+}
+
 int insert_node(Graph& g, int pos, Node n) {
   HB_INTERNAL_CHECK(pos >= 0 && pos <= static_cast<int>(g.nodes.size())) << "insert_node: bad position";
   std::vector<int> new_index(g.nodes.size());

@@ -14,6 +14,10 @@ int remove_nodes(Graph& g, const std::vector<bool>& keep);
 // `base`, or `base_1`, `base_2` ...: a name no node and no subgraph of g has yet.
 std::string unique_name(const Graph& g, const std::string& base);
 
+// Appends the output node returning `value` (a ref, or a tuple of refs), named "output" unless a node
+// has that name already (then "output_", ...). For passes that build subgraphs.
+void add_output(Graph& g, Arg value);
+
 // Inserts `n` before position `pos` and renumbers references; returns the new node's index.
 int insert_node(Graph& g, int pos, Node n);
 

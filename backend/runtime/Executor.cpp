@@ -53,6 +53,7 @@ struct OutputWrite {
   int output = -1;                            // index among the graph's outputs
   std::optional<c10::OperatorHandle> out_op;  // ATen ops; none for fused pointwise groups
   std::vector<int64_t> sizes;                 // the node's IR shape (static, contiguous)
+  int64_t numel = 0;                          // product of sizes
 };
 
 struct FlexCall {
@@ -514,6 +515,7 @@ c10::IValue run_slice_loop(const SliceLoopCall& c, const std::vector<c10::IValue
   // The body's arena, once for all slices: nothing placed in slice i outlives its body call (the
   // body's outputs are never in its arena, and they are copied out before slice i + 1 runs).
   at::Tensor arena;
+  bool direct = false;  // the body writes its outputs straight into the results (decided on slice 0)
   for (int64_t i = 0; i < c.slices; ++i) {
     std::vector<c10::IValue> in;
     in.reserve(c.inputs.size());
@@ -521,11 +523,13 @@ c10::IValue run_slice_loop(const SliceLoopCall& c, const std::vector<c10::IValue
       const c10::IValue& x = slots[c.inputs[j]];
       in.push_back(c.in_dims[j] < 0 ? x : c10::IValue(slice_view(x.toTensor(), c.in_dims[j], c.in_ndims[j], c.slices, i)));
     }
-    if (i == 0 && c.body->places(in)) {
-      arena = c.body->new_arena();
-      ++arenas;
+    if (i == 0) {  // every slice's inputs are views of the same tensors: decide once
+      if (c.body->places(in)) {
+        arena = c.body->new_arena();
+        ++arenas;
+      }
+      direct = c.body->writes_out(in);
     }
-    const bool direct = c.body->writes_out(in);
     // Slice i of each result: the body writes there directly where it can (Executor::OutputWrite).
     std::vector<at::Tensor> dests(results.size());
     for (size_t k = 0; k < results.size(); ++k)
@@ -959,7 +963,7 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
   auto dest_of = [&](const Step& s) -> at::Tensor {
     if (!s.write || !dests || s.write->output >= static_cast<int>(dests->size())) return at::Tensor();
     const at::Tensor& d = (*dests)[s.write->output];
-    if (!d.defined() || !d.is_contiguous() || d.numel() != c10::multiply_integers(s.write->sizes)) return at::Tensor();
+    if (!d.defined() || !d.is_contiguous() || d.numel() != s.write->numel) return at::Tensor();
     return d.view(s.write->sizes);
   };
   for (const Step& s : steps_) {
@@ -1179,7 +1183,8 @@ void Executor::plan_output_writes(const std::vector<int>& step_of) {
     if (!unplaceable_why(g, s, &out_op).empty()) continue;  // what the arena can place, the caller can take
     std::vector<int64_t> sizes;
     for (const Dim& d : g.nodes[r].type.tensor.shape) sizes.push_back(d.value);
-    s.write = std::make_shared<const OutputWrite>(OutputWrite{k, out_op, std::move(sizes)});
+    const int64_t numel = c10::multiply_integers(sizes);
+    s.write = std::make_shared<const OutputWrite>(OutputWrite{k, out_op, std::move(sizes), numel});
     s.place.reset();  // never both (outputs are never placed anyway)
     max_stack_ = std::max(max_stack_, s.args.size() + 1);
   }

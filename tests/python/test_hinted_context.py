@@ -38,13 +38,6 @@ class Capture:
         return self._aot(gm, example_inputs)
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def calls(gm):
     return [n for n in gm.graph.nodes if n.op == "call_function"]
 
@@ -374,12 +367,7 @@ class _SinWithHintedBackward(torch.autograd.Function):
             return g * x.cos()
 
 
-class _SinWithFunctionalBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x.sin()
-
+class _SinWithFunctionalBackward(_SinWithHintedBackward):
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_tensors

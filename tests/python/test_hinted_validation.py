@@ -42,13 +42,6 @@ BAD = [
 IDS = [next(iter(h)) + ("+" + list(h)[1] if len(h) > 1 else "") + f"-{i}" for i, (h, _) in enumerate(BAD)]
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("hints,message", BAD, ids=IDS)
 def test_eager_context_manager(hints, message):
     with pytest.raises(HintError, match="^" + re.escape(message)):

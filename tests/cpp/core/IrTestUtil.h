@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "backend/importer/JsonImport.h"
+#include "backend/ir/Printer.h"
+#include "passes/Pipeline.h"
 
 namespace hb::test {
 
@@ -20,6 +22,16 @@ inline std::shared_ptr<Graph> load_fixture(const std::string& name) {
   std::stringstream ss;
   ss << in.rdbuf();
   return import_json(ss.str());
+}
+
+// Runs `passes` by name (verifying the IR after each) and returns the IR text followed by the notes
+// they left, one "// note: ..." line each: what the IR-text tests check.
+inline std::string run_and_print(Graph& g, const std::vector<std::string>& passes, PassContext& ctx) {
+  ctx.verify_each = true;
+  run_passes(g, passes, ctx);
+  std::string out = print_graph(g);
+  for (const std::string& n : ctx.notes) out += "// note: " + n + "\n";
+  return out;
 }
 
 // CHECK-style: each expected line must occur, in order, as part of a line of `text`.

@@ -22,13 +22,7 @@ std::shared_ptr<Graph> load(const std::string& name) { return test::load_fixture
 
 using test::check_lines;
 
-std::string fused(Graph& g, PassContext& ctx) {
-  ctx.verify_each = true;
-  run_passes(g, {"pointwise-fusion"}, ctx);
-  std::string out = print_graph(g);
-  for (const std::string& n : ctx.notes) out += "// note: " + n + "\n";
-  return out;
-}
+std::string fused(Graph& g, PassContext& ctx) { return test::run_and_print(g, {"pointwise-fusion"}, ctx); }
 
 TEST(pointwise_fusion, groups_chains_and_diamonds_only) {
   auto g = load("fusion_cases.json");

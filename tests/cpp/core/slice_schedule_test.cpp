@@ -27,11 +27,7 @@ void set_hints(Graph& g, const std::function<void(Hints&)>& f) {
 using test::check_lines;
 
 std::string run(Graph& g, const std::vector<std::string>& passes, PassContext& ctx) {
-  ctx.verify_each = true;
-  run_passes(g, passes, ctx);
-  std::string out = print_graph(g);
-  for (const std::string& n : ctx.notes) out += "// note: " + n + "\n";
-  return out;
+  return test::run_and_print(g, passes, ctx);
 }
 
 TEST(slice_schedule, efficient_attention_seed_and_offset_leave_the_loop_replicated) {
