@@ -7,6 +7,7 @@
 #include "passes/MemoryPlan.h"
 #include "passes/MemorySchedule.h"
 #include "passes/PointwiseFusion.h"
+#include "passes/RowSoftmaxFusion.h"
 #include "passes/SliceLegality.h"
 #include "passes/SliceSchedule.h"
 #include "passes/SoftmaxUpcast.h"
@@ -29,6 +30,10 @@ const std::vector<PassInfo>& pipeline() {
        "analysis after hint-propagation (regions and hints final): the dump says what each region can slice"},
       {"slice-schedule", slice_schedule,
        "rewrites DFS/auto regions into slice loops; after legality, before memory-plan, which plans the final order"},
+      {"row-softmax-fusion", row_softmax_fusion,
+       "softmax chains and their gradients into row kernels; after slice-schedule (whose legality rules read "
+       "the plain ops, and whose loop bodies it fuses too: a DFS backward recomputes the softmax in its "
+       "gradient's kernel), before pointwise-fusion, which would take the chain's scalar mul"},
       {"pointwise-fusion", pointwise_fusion,
        "groups elementwise chains into one kernel call each; after slice-schedule (whose legality rules "
        "read plain ATen ops, and whose loop bodies it fuses too), before memory-plan (fewer, final buffers)"},

@@ -6,37 +6,41 @@
 
 namespace hb {
 
-namespace {
-
-bool on_cuda(const TensorType& t) { return t.device.rfind("cuda", 0) == 0; }
-
-// A pure float32 upcast of an fp16 tensor on CUDA that keeps its shape and strides: the input's
-// index, or -1. `_to_copy` may only name dtype (and the same device and strided layout);
-// `prims::convert_element_type` takes the dtype positionally.
-int upcast_input(const Graph& g, const Node& n) {
+int plain_cast_source(const Graph& g, const Node& n) {
   if (n.args.empty() || n.args[0].kind != Arg::Kind::Ref) return -1;
   const Node& src = g.nodes[n.args[0].ref];
   if (n.type.kind != ValueType::Kind::Tensor || src.type.kind != ValueType::Kind::Tensor) return -1;
   const TensorType& out = n.type.tensor;
   const TensorType& in = src.type.tensor;
-  // Float16 only: ATen's CUDA half_to_float softmax refuses bfloat16 ("conversion is supported for Half
-  // type only", torch 2.11, seen on the H200).
-  if (out.dtype != DType::Float32 || in.dtype != DType::Float16) return -1;
-  if (!on_cuda(in) || in.device != out.device || in.shape.size() != out.shape.size()) return -1;
+  if (in.device != out.device || in.shape.size() != out.shape.size()) return -1;
   for (size_t d = 0; d < in.shape.size(); ++d)
     if (in.shape[d].value != out.shape[d].value || in.shape[d].symbol != out.shape[d].symbol) return -1;
   if (n.target == "prims::convert_element_type.default") {
-    if (n.args.size() != 2 || n.args[1].kind != Arg::Kind::DType || n.args[1].dtype != DType::Float32) return -1;
+    if (n.args.size() != 2 || n.args[1].kind != Arg::Kind::DType || n.args[1].dtype != out.dtype) return -1;
     return n.args[0].ref;
   }
   if (n.target != "aten::_to_copy.default" || n.args.size() != 1) return -1;
   for (const auto& [key, a] : n.kwargs) {
-    if (key == "dtype" && a.kind == Arg::Kind::DType && a.dtype == DType::Float32) continue;
+    if (key == "dtype" && a.kind == Arg::Kind::DType && a.dtype == out.dtype) continue;
     if (key == "layout" && (a.kind == Arg::Kind::None || (a.kind == Arg::Kind::Layout && a.s == "strided"))) continue;
     if (key == "device" && (a.kind == Arg::Kind::None || (a.kind == Arg::Kind::Device && a.s == in.device))) continue;
-    return -1;  // memory_format, non_blocking, pin_memory ...: not a plain upcast
+    return -1;  // memory_format, non_blocking, pin_memory ...: not a plain cast
   }
   return n.kwarg("dtype") ? n.args[0].ref : -1;
+}
+
+namespace {
+
+bool on_cuda(const TensorType& t) { return t.device.rfind("cuda", 0) == 0; }
+
+// A pure float32 upcast of an fp16 tensor on CUDA: the input's index, or -1.
+int upcast_input(const Graph& g, const Node& n) {
+  const int src = plain_cast_source(g, n);
+  if (src < 0) return -1;
+  // Float16 only: ATen's CUDA half_to_float softmax refuses bfloat16 ("conversion is supported for Half
+  // type only", torch 2.11, seen on the H200).
+  const TensorType& in = g.nodes[src].type.tensor;
+  return n.type.tensor.dtype == DType::Float32 && in.dtype == DType::Float16 && on_cuda(in) ? src : -1;
 }
 
 }  // namespace

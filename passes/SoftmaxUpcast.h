@@ -18,4 +18,9 @@ namespace hb {
 
 bool fold_softmax_upcast(Graph& g, PassContext& ctx);
 
+// When `n` is a plain dtype cast (`_to_copy` naming only the dtype, and at most the same device and
+// the strided layout; or `prims::convert_element_type`) that keeps its input's shape: the input's
+// node index; else -1. Shared with row-softmax-fusion, which folds casts around softmaxes too.
+int plain_cast_source(const Graph& g, const Node& n);
+
 }  // namespace hb

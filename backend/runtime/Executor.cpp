@@ -20,6 +20,7 @@
 #include "backend/ir/Error.h"
 #include "backend/runtime/FlexAttention.h"
 #include "backend/runtime/FusedPointwise.h"
+#include "backend/runtime/RowSoftmax.h"
 #include "passes/Liveness.h"
 #include "passes/MemoryPlan.h"
 #include "passes/SliceLegality.h"
@@ -861,6 +862,7 @@ Executor::Executor(std::shared_ptr<const Graph> graph, const KernelPlan& kernels
   HB_INTERNAL_CHECK(kernels.nodes.size() == g.nodes.size()) << "kernel plan does not match the graph";
   HB_INTERNAL_CHECK(kernels.unsupported.empty()) << "executor built for a graph with unsupported nodes";
   arena_enabled_ = arena && !env_off("HINTBACKEND_ARENA");
+  link_row_softmax_ops();  // the ops row-softmax-fusion writes must be registered with the dispatcher
   placeholders_ = g.placeholders();
   const Liveness live = liveness(g);
   std::vector<int> step_of(g.nodes.size(), -1);

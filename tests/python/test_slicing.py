@@ -42,8 +42,22 @@ def run(schedule, q, k, v, dump_dir, **hints):
     return out.detach(), qq.grad, kk.grad, vv.grad
 
 
-def final_ir(dump_dir):
-    return {d: open(os.path.join(dump_dir, d, "ir-final.txt")).read() for d in os.listdir(dump_dir)}
+def final_ir(dump_dir, after=None):
+    """Each dumped graph's final IR, or its IR as pass `after` left it (the dump of the latest pass up to
+    it that changed the graph: an unchanged one's dump says "(unchanged)")."""
+    def read(d):
+        if after is None:
+            return open(os.path.join(dump_dir, d, "ir-final.txt")).read()
+        dumps = sorted((int(m.group(1)), m.group(2), n) for n in os.listdir(os.path.join(dump_dir, d))
+                       if (m := re.fullmatch(r"ir-after-(\d+)-(.+)\.txt", n)))
+        last = next(k for k, p, _ in dumps if p == after)
+        text = open(os.path.join(dump_dir, d, "ir-import.txt")).read()
+        for k, _, n in dumps:
+            t = open(os.path.join(dump_dir, d, n)).read()
+            if k <= last and not t.startswith("(unchanged)"):
+                text = t
+        return text
+    return {d: read(d) for d in os.listdir(dump_dir)}
 
 
 def main_graph(ir):
@@ -222,7 +236,9 @@ def test_dropout_in_a_dfs_region_is_saved_not_recomputed(caplog):
     saved = [v.meta["val"] for v in saved_values(got_fw, n)]
     assert sum(t.shape == (B, H, S, S) for t in saved) == 2, "dropout's output and mask are saved"
 
-    # Same results as torch's own execution of the same graphs (aot_eager), drawing the same mask.
+    # Same results as torch's own execution of the same graphs (aot_eager), drawing the same mask (a
+    # different mask would differ by O(1); the tolerance covers the row-softmax kernels' float32
+    # rounding, whose sums run in another order than ATen's).
     results = []
     for backend, options in (("hintbackend", {"strict": True}), ("aot_eager", None)):
         torch._dynamo.reset()
@@ -232,7 +248,7 @@ def test_dropout_in_a_dfs_region_is_saved_not_recomputed(caplog):
         out.backward(torch.ones_like(out))
         results.append([out.detach()] + [a.grad for a in args])
     for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
 def test_mutated_region_input_keeps_the_default_partition(caplog):
@@ -329,7 +345,11 @@ def test_half_precision_softmax_upcast_is_folded_on_cuda(tmp_path, schedule, dty
         torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
         assert (g.double() - r).abs().max() <= 2 * (w.double() - r).abs().max() + 1e-3
     folded = device() == "cuda" and dtype == torch.float16
-    irs = final_ir(str(tmp_path))
+    irs = final_ir(str(tmp_path), after="fold-softmax-upcast")
+    finals = final_ir(str(tmp_path))
     for kind in ("forward", "backward") if schedule == "dfs" else ("forward",):
         ir = "".join(t for d, t in irs.items() if d.startswith(kind))
         assert re.search(rf"aten::_softmax\.default\(%\w+, -1, {'true' if folded else 'false'}\)", ir), ir
+        # row-softmax-fusion then takes the chain, half_to_float or not.
+        final = "".join(t for d, t in finals.items() if d.startswith(kind))
+        assert "hintbackend::row_softmax" in final and "aten::_softmax.default" not in final, final
