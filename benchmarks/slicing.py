@@ -2,8 +2,12 @@
 
     python benchmarks/slicing.py [--b 4 --h 16 --s 4096 --d 128] [--device cuda] [--dtype float16]
     python benchmarks/slicing.py --device cpu --b 1 --h 4 --s 256 --d 32 --reps 2   # smoke check
+    python benchmarks/slicing.py --region flex        # the same region written with flex_attention
 
-Region: q @ k^T * scale, softmax in fp32, @ v, in a hinted_context region, bf16 (or --dtype float16). Prints per schedule:
+Region: q @ k^T * scale, softmax in fp32, @ v, in a hinted_context region, bf16 (or --dtype float16);
+or (--region flex) flex_attention with a relative-position score_mod. The plain region also runs BFS
+and DFS without row-softmax-fusion ("no row kernels": the softmax and its gradient as ATen ops, one
+pass over the S x S scores per op), to show what the row kernels change. Prints per schedule:
 median ms per call and peak memory above the inputs (CUDA only), for forward (no_grad) and
 forward+backward, with ratios against BFS. In the fw+bw rows the `partition` column says how
 hintbackend's partition (python/hintbackend/partition.py) split the training graph: `recompute` (the
@@ -27,15 +31,31 @@ def attention(q, k, v):
     return s.float().softmax(-1).to(q.dtype) @ v
 
 
-def make(schedule, **hints):
+def relative_bias(score, b, h, q_idx, kv_idx):
+    return score + (q_idx - kv_idx) * 0.01
+
+
+def flex(q, k, v):
+    from torch.nn.attention.flex_attention import flex_attention
+    return flex_attention(q, k, v, score_mod=relative_bias)
+
+
+REGIONS = {"plain": attention, "flex": flex}
+
+
+def make(region, schedule, row_kernels=True, **hints):
+    body = REGIONS[region]
     if schedule == "eager":
-        return attention
+        return body
 
     def f(q, k, v):
         with hinted_context(schedule=schedule, **hints):
-            return attention(q, k, v)
+            return body(q, k, v)
 
-    return torch.compile(f, backend="hintbackend", options={"strict": True})
+    options = {"strict": True}
+    if not row_kernels:
+        options["disable_passes"] = ["row-softmax-fusion"]
+    return torch.compile(f, backend="hintbackend", options=options)
 
 
 class PartitionLog(logging.Handler):
@@ -97,6 +117,9 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
                    help="q, k, v dtype (float16 on CUDA: the softmax reads it directly, fold-softmax-upcast)")
+    p.add_argument("--region", default="plain", choices=sorted(REGIONS),
+                   help="plain: attention as plain ops; flex: flex_attention with a relative-position "
+                        "score_mod, run by hintbackend's FlexAttention reference (eager: torch's own)")
     args = p.parse_args()
     torch.manual_seed(0)
     shape = (args.b, args.h, args.s, args.d)
@@ -104,11 +127,14 @@ def main() -> None:
     q, k, v = (torch.randn(shape, device=args.device, dtype=dtype, requires_grad=True) for _ in range(3))
     configs = [("eager", {}), ("bfs", {}), ("dfs", {"slices": 16}), ("dfs", {"slices": 64}),
                ("auto", {"memory_budget": "2GB"})]
+    if args.region == "plain":  # the same without row-softmax-fusion's kernels (the ATen op chain)
+        configs += [("bfs", {"row_kernels": False}), ("dfs", {"slices": 16, "row_kernels": False})]
     extent = args.b * args.h
     configs = [(s_, h_) for s_, h_ in configs if h_.get("slices", 1) <= extent]  # small smoke shapes
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
-    print(f"plain-op attention B,H,S,D={shape} {args.dtype} on {name}, torch {torch.__version__}")
-    print(f"{'schedule':<18} {'mode':<8} {'ms':>9} {'peak MB':>10} {'time/BFS':>9} {'peak/BFS':>9} {'partition':>10}")
+    what = {"plain": "plain-op attention", "flex": "flex_attention (relative bias)"}[args.region]
+    print(f"{what} B,H,S,D={shape} {args.dtype} on {name}, torch {torch.__version__}")
+    print(f"{'schedule':<30} {'mode':<8} {'ms':>9} {'peak MB':>10} {'time/BFS':>9} {'peak/BFS':>9} {'partition':>10}")
     plog = PartitionLog()
     hb_log = logging.getLogger("hintbackend")
     hb_log.addHandler(plog)
@@ -119,25 +145,27 @@ def main() -> None:
             torch._dynamo.reset()
             plog.messages.clear()
             try:
-                ms, peak = measure(make(sched, **hints), q, k, v, train, args.reps)
+                ms, peak = measure(make(args.region, sched, **hints), q, k, v, train, args.reps)
             except Exception as e:  # report, keep going
-                print(f"{sched + str(hints):<18} {'fw+bw' if train else 'fw':<8} failed: {str(e).splitlines()[0][:80]}")
+                print(f"{sched + str(hints):<30} {'fw+bw' if train else 'fw':<8} failed: {str(e).splitlines()[0][:80]}")
                 continue
             q.grad = k.grad = v.grad = None
             if sched == "bfs":
                 bfs = (ms, peak)
-            label = sched + ("" if not hints else " " + ",".join(f"{k_}={v_}" for k_, v_ in hints.items()))
+            label = sched + ("" if not hints else " " + ",".join(
+                "no row kernels" if k_ == "row_kernels" else f"{k_}={v_}" for k_, v_ in hints.items()))
             rt = f"{bfs[0] / ms:>9.2f}" if bfs else f"{'-':>9}"
             rp = f"{peak / bfs[1]:>9.3f}" if bfs and peak is not None else f"{'-':>9}"
             mb = f"{peak / 2**20:>10.0f}" if peak is not None else f"{'-':>10}"
             part = "-"
             if train and sched != "eager":
                 part = "recompute" if any("backward recomputes" in m for m in plog.messages) else "default"
-            print(f"{label:<18} {'fw+bw' if train else 'fw':<8} {ms:>9.2f} {mb} {rt} {rp} {part:>10}")
+            print(f"{label:<30} {'fw+bw' if train else 'fw':<8} {ms:>9.2f} {mb} {rt} {rp} {part:>10}")
             for m in plog.messages:
                 if "keeps the default partition" in m:
                     print(f"  {m[:160]}")
-    print("time/BFS is BFS time over this time (throughput ratio); peak/BFS is this peak over BFS's.")
+    print("time/BFS is BFS time over this time (throughput ratio); peak/BFS is this peak over BFS's. "
+          "The 'no row kernels' rows compare with the BFS row above them, also without row kernels.")
 
 
 if __name__ == "__main__":

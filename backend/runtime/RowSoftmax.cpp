@@ -1,15 +1,11 @@
 #include "backend/runtime/RowSoftmax.h"
 
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_softmax.h>
 #include <ATen/ops/_softmax_backward_data.h>
 #include <ATen/ops/empty.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <torch/library.h>
 
-#include <cmath>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -34,90 +30,16 @@ Tensor chain_backward(const Tensor& grad, const Tensor& y, std::optional<double>
   return scale ? r.mul(*scale) : r;
 }
 
-// ---- CPU kernels: one pass over each row, in float32 ---------------------------------------------
-template <typename T>
-void softmax_row(const T* x, int64_t n, bool has_scale, float scale, float* r) {
-  float m = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) {
-    float v = static_cast<float>(x[i]);
-    if (has_scale) v = static_cast<float>(static_cast<T>(v * scale));  // x * scale rounds to T
-    r[i] = v;
-    m = std::fmax(m, v);
-  }
-  double s = 0.0;  // a float32 running sum loses n * eps; the CUDA kernel sums in a tree instead
-  for (int64_t i = 0; i < n; ++i) s += (r[i] = std::exp(r[i] - m));
-  const float inv = static_cast<float>(1.0 / s);
-  for (int64_t i = 0; i < n; ++i) r[i] *= inv;
-}
-
-template <typename T>
-void cpu_forward(const Tensor& x, bool has_scale, float scale, const Tensor& y32, const Tensor& low) {
-  const int64_t n = x.size(-1), rows = n ? x.numel() / n : 0;
-  const T* xp = x.const_data_ptr<T>();
-  float* yp = y32.defined() ? y32.mutable_data_ptr<float>() : nullptr;
-  T* lp = low.defined() ? low.mutable_data_ptr<T>() : nullptr;
-  at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)), [&](int64_t r0, int64_t r1) {
-    std::vector<float> r(n);
-    for (int64_t row = r0; row < r1; ++row) {
-      softmax_row(xp + row * n, n, has_scale, scale, r.data());
-      if (yp) std::copy(r.begin(), r.end(), yp + row * n);
-      if (lp)
-        for (int64_t i = 0; i < n; ++i) lp[row * n + i] = static_cast<T>(r[i]);
-    }
-  });
-}
-
-template <typename T>
-void cpu_backward(const Tensor& grad, const Tensor& y32, const Tensor& x, bool has_x_scale, float x_scale,
-                  bool has_scale, float scale, const Tensor& out) {
-  const int64_t n = grad.size(-1), rows = n ? grad.numel() / n : 0;
-  const T* gp = grad.const_data_ptr<T>();
-  const float* yp = y32.defined() ? y32.const_data_ptr<float>() : nullptr;
-  const T* xp = x.defined() ? x.const_data_ptr<T>() : nullptr;
-  T* op = out.mutable_data_ptr<T>();
-  at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)), [&](int64_t r0, int64_t r1) {
-    std::vector<float> recomputed(yp ? 0 : n);
-    for (int64_t row = r0; row < r1; ++row) {
-      const float* y = yp ? yp + row * n : recomputed.data();
-      if (!yp) softmax_row(xp + row * n, n, has_x_scale, x_scale, recomputed.data());
-      const T* g = gp + row * n;
-      double acc = 0.0;
-      for (int64_t i = 0; i < n; ++i) acc += static_cast<float>(g[i]) * y[i];
-      const float dot = static_cast<float>(acc);
-      for (int64_t i = 0; i < n; ++i) {
-        T v = static_cast<T>(y[i] * (static_cast<float>(g[i]) - dot));
-        if (has_scale) v = static_cast<T>(static_cast<float>(v) * scale);
-        op[row * n + i] = v;
-      }
-    }
-  });
-}
-
-template <typename F>
-void dispatch_low(at::ScalarType t, F&& f) {
-  switch (t) {
-    case at::kBFloat16: f(c10::BFloat16{}); break;
-    case at::kHalf: f(c10::Half{}); break;
-    default: f(float{}); break;
-  }
-}
-
+#ifdef HB_WITH_CUDA
 bool kernel_dtype(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf || t == at::kFloat; }
 
 bool rows_ok(const Tensor& t) { return t.defined() && t.dim() >= 1 && t.is_contiguous(); }
 
-// The kernels' shared preconditions: contiguous rows on the CPU or one CUDA device, one dtype T for
-// `same_t` (x, grad, T-typed results), float32 for `f32` (the saved softmax, float32 results).
+// The CUDA kernels' preconditions: contiguous rows on one device, one dtype T for `same_t` (x, grad,
+// T-typed results), float32 for `f32` (the saved softmax, float32 results).
 bool kernels_take(const std::vector<Tensor>& same_t, const std::vector<Tensor>& f32) {
   const Tensor& first = same_t.front();
   if (!kernel_dtype(first.scalar_type())) return false;
-  if (!first.device().is_cpu()) {
-#ifdef HB_WITH_CUDA
-    if (!first.device().is_cuda()) return false;
-#else
-    return false;
-#endif
-  }
   for (const Tensor& t : same_t)
     if (t.defined() && (!rows_ok(t) || t.scalar_type() != first.scalar_type() || t.device() != first.device() ||
                         !t.sizes().equals(first.sizes())))
@@ -129,29 +51,25 @@ bool kernels_take(const std::vector<Tensor>& same_t, const std::vector<Tensor>& 
   return true;
 }
 
-// Runs the fused forward into y32 / low (either may be undefined); false when the kernels do not take it.
-bool run_forward(const Tensor& x, std::optional<double> scale, const Tensor& y32, const Tensor& low) {
-  if (!kernels_take({x, low}, {y32})) return false;
-  const float s = scale ? static_cast<float>(*scale) : 1.f;
-#ifdef HB_WITH_CUDA
-  if (x.is_cuda()) return hb::cuda::row_softmax_forward(x, scale.has_value(), s, y32, low);
 #endif
-  dispatch_low(x.scalar_type(), [&](auto t) { cpu_forward<decltype(t)>(x, scale.has_value(), s, y32, low); });
-  return true;
+
+// Runs the CUDA forward into y32 / low (either may be undefined); false when the kernel does not take it.
+bool run_forward(const Tensor& x, std::optional<double> scale, const Tensor& y32, const Tensor& low) {
+#ifdef HB_WITH_CUDA
+  if (x.is_cuda() && kernels_take({x, low}, {y32}))
+    return hb::cuda::row_softmax_forward(x, scale.has_value(), scale ? static_cast<float>(*scale) : 1.f, y32, low);
+#endif
+  return false;
 }
 
 bool run_backward(const Tensor& grad, const Tensor& y32, const Tensor& x, std::optional<double> x_scale,
                   std::optional<double> scale, const Tensor& out) {
-  if (!kernels_take({grad, x, out}, {y32})) return false;
-  const float xs = x_scale ? static_cast<float>(*x_scale) : 1.f, s = scale ? static_cast<float>(*scale) : 1.f;
 #ifdef HB_WITH_CUDA
-  if (grad.is_cuda())
-    return hb::cuda::row_softmax_backward(grad, y32, x, x_scale.has_value(), xs, scale.has_value(), s, out);
+  if (grad.is_cuda() && kernels_take({grad, x, out}, {y32}))
+    return hb::cuda::row_softmax_backward(grad, y32, x, x_scale.has_value(), x_scale ? static_cast<float>(*x_scale) : 1.f,
+                                          scale.has_value(), scale ? static_cast<float>(*scale) : 1.f, out);
 #endif
-  dispatch_low(grad.scalar_type(), [&](auto t) {
-    cpu_backward<decltype(t)>(grad, y32, x, x_scale.has_value(), xs, scale.has_value(), s, out);
-  });
-  return true;
+  return false;
 }
 
 // `out` given (an out= call): the result goes there, through a temporary when it is not one the
@@ -225,8 +143,8 @@ void link_row_softmax_ops() {}
 
 }  // namespace hb::rt
 
-// Schemas: the names passes/RowSoftmaxFusion.cpp writes into the IR. Implementations for CPU and
-// CUDA; the kernels run on both, so no other dispatch key (Meta, autograd) is needed at run time.
+// Schemas: the names passes/RowSoftmaxFusion.cpp writes into the IR. Implementations for CPU and CUDA
+// (the executor calls them below autograd, so no other dispatch key is needed).
 TORCH_LIBRARY(hintbackend, m) {
   m.def("row_softmax(Tensor x, float? scale, ScalarType dtype) -> Tensor");
   m.def("row_softmax.out(Tensor x, float? scale, ScalarType dtype, *, Tensor(a!) out) -> Tensor(a!)");
