@@ -39,6 +39,8 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
   for b in slicing memory fusion; do
     [ -f "$SRC/benchmarks/$b.py" ] || continue
     echo "== $b benchmark"
-    timeout 300 $PY "$SRC/benchmarks/$b.py" > "$OUT/$b.log" 2>&1; tail -20 "$OUT/$b.log"
+    timeout 300 $PY "$SRC/benchmarks/$b.py" > "$OUT/$b.log" 2>&1; tail -24 "$OUT/$b.log"
   done
+  echo "== slicing benchmark, flex_attention region"
+  timeout 240 $PY "$SRC/benchmarks/slicing.py" --region flex > "$OUT/slicing_flex.log" 2>&1; tail -16 "$OUT/slicing_flex.log"
 fi
