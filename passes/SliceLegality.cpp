@@ -496,7 +496,19 @@ bool reads_placeholder(const Graph& g, const std::string& name, int k) {
   const Graph& s = *it->second;
   auto ph = s.placeholders();
   if (k >= static_cast<int>(ph.size())) return false;
-  return !s.users()[ph[k]].empty();
+  // new_ones(b, size) and the like read only b's dtype and device (torch's noop_mask returns
+  // b.new_ones(())), not its value.
+  const std::vector<std::vector<int>> users = s.users();
+  for (int u : users[ph[k]]) {
+    const Node& n = s.nodes[u];
+    const bool like_only = (n.target == "aten::new_ones.default" || n.target == "aten::new_zeros.default" ||
+                            n.target == "aten::new_empty.default" || n.target == "aten::new_full.default") &&
+                           !n.args.empty() && n.args[0].kind == Arg::Kind::Ref && n.args[0].ref == ph[k];
+    int refs = 0;
+    n.for_each_input([&](const Arg& a) { refs += a.ref == ph[k]; });
+    if (!like_only || refs != 1) return true;
+  }
+  return false;
 }
 
 // Attention ops (SDPA forward/backward, flex_attention forward/backward): along batch and heads.
@@ -669,6 +681,7 @@ std::vector<SliceMap> apply_rule(Walk& w, int i) {
 // Walks one region in node order; stops at `stop` (with `stop_why`) if no earlier node ends it.
 SliceRegion walk_region(const Graph& g, SliceRegion R, int stop, const std::string& stop_why) {
   Walk w(g, R.slice_dims);
+  std::set<int> invariants;  // region nodes computed from constants only: outside the loop
   const int first = R.nodes.front(), last = R.nodes.back();
   for (int i = first; i <= last; ++i) {
     const Node& n = g.nodes[i];
@@ -687,6 +700,17 @@ SliceRegion walk_region(const Graph& g, SliceRegion R, int stop, const std::stri
       R.end_node = i;
       R.end_reason = stop_why;
       break;
+    }
+    // Built from nothing but constants (a factory op, or ops on such values), drawing no random
+    // numbers and writing nothing: every slice would compute it alike, so it stays outside the loop,
+    // run once and read whole, with or without a rule. flex_attention builds its default block mask
+    // this way inside the region (ones, arange, index_put, sort ...).
+    bool invariant = n.op == OpKind::CallFunction && !n.effects.nondeterministic_seeded && !n.effects.mutates &&
+                     op_namespace(n.target) != "higher_order";
+    n.for_each_input([&](const Arg& a) { invariant &= invariants.count(a.ref) > 0; });
+    if (invariant) {
+      invariants.insert(i);
+      continue;
     }
     w.pending_ext.clear();
     w.pending_E = 0;

@@ -353,3 +353,31 @@ def test_half_precision_softmax_upcast_is_folded_on_cuda(tmp_path, schedule, dty
         # row-softmax-fusion then takes the chain, half_to_float or not.
         final = "".join(t for d, t in finals.items() if d.startswith(kind))
         assert "hintbackend::row_softmax" in final and "aten::_softmax.default" not in final, final
+
+
+def test_flex_attention_default_block_mask_stays_outside_the_loop(tmp_path):
+    """flex_attention without a block_mask builds its default one inside the region (ones, arange,
+    index_put, sort ...: no slicing rule, but computed from constants only). Those ops stay outside the
+    slice loop, run once; the attention itself is sliced (on CUDA this region did not slice at all)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def bias(score, b, h, q_idx, kv_idx):
+        return score + (q_idx - kv_idx) * 0.01
+
+    def f(q, k, v):
+        with hinted_context(schedule="dfs", slices=4):
+            return flex_attention(q, k, v, score_mod=bias)
+
+    torch.manual_seed(5)
+    q, k, v = (randn(B, H, S, D) for _ in range(3))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(f, backend="hintbackend", options={"strict": True, "dump_dir": str(tmp_path)})(q, k, v)
+        want = flex_attention(q, k, v, score_mod=bias)
+        ref = flex_attention(q.double(), k.double(), v.double(), score_mod=bias)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert (got.double() - ref).abs().max() <= 2 * (want.double() - ref).abs().max() + 1e-6
+    ir = "".join(final_ir(str(tmp_path)).values())
+    loop = main_graph(ir)
+    assert "hintbackend::slice_loop(" in loop and "aten::sort" in loop, ir  # the mask: outside, once
+    assert "higher_order::flex_attention" in ir[len(loop):], ir             # the attention: in the body
