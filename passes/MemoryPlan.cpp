@@ -438,11 +438,11 @@ int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* 
   int64_t live = 0, peak = 0;
   for (int i = 0; i < n; ++i) {
     live += delta[i];
-    int64_t extra = 0;
     const Node& node = g.nodes[i];
+    int64_t extra = hidden_workspace_bytes(g, node);
     if (node.target == "hintbackend::slice_loop" && !node.args.empty() && node.args[0].kind == Arg::Kind::Graph) {
       auto it = g.subgraphs.find(node.args[0].s);
-      if (it != g.subgraphs.end()) extra = slice_body_peak(*it->second);
+      if (it != g.subgraphs.end()) extra += slice_body_peak(*it->second);
     }
     peak = std::max(peak, live + extra);
   }
@@ -451,6 +451,23 @@ int64_t sweep_peak(const Graph& g, bool count_inputs, const std::set<ValueRef>* 
 }  // namespace
 
 int64_t simulate_peak(const Graph& g, bool count_inputs) { return sweep_peak(g, count_inputs, nullptr, {}); }
+
+int64_t hidden_workspace_bytes(const Graph& g, const Node& n) {
+  const bool fw = n.target == "higher_order::flex_attention";
+  if ((!fw && n.target != "higher_order::flex_attention_backward") || n.args.size() < 2) return 0;
+  auto shape = [&](const Arg& a) -> const std::vector<Dim>* {
+    if (a.kind != Arg::Kind::Ref || g.nodes[a.ref].type.kind != ValueType::Kind::Tensor) return nullptr;
+    return &g.nodes[a.ref].type.tensor.shape;
+  };
+  const std::vector<Dim>*q = shape(n.args[0]), *k = shape(n.args[1]);
+  if (!q || !k || q->size() != 4 || k->size() != 4) return 0;
+  int64_t scores = 1;
+  for (const Dim& d : {(*q)[0], (*q)[1], (*q)[2], (*k)[2]}) {
+    if (!d.is_static()) return 0;  // symbolic: counted as 0, like symbolic values
+    scores *= d.value;
+  }
+  return scores * (fw ? kFlexForwardWorkspace : kFlexBackwardWorkspace);
+}
 
 int64_t simulate_peak_with_arena(const Graph& g, const MemoryPlan& plan) {
   std::set<ValueRef> placed;

@@ -161,10 +161,20 @@ bool in_place_elementwise(const Node& n);
 // (aten::_unsafe_view): lifetimes treat them as views.
 bool aliases_without_annotation(const Node& n);
 
+// The memory a node allocates and frees while it runs, beyond its results: hintbackend's FlexAttention
+// reference (backend/runtime/FlexAttention.h) materializes float32 [B, H, Sq, Skv] scores and their
+// derivatives. Per score, as measured on the H200 (benchmarks/slicing.py --region flex, B4 H16 S4096:
+// BFS forward 13312 MB, forward+backward 28868 MB, for 2^30 scores): kFlexForwardWorkspace and
+// kFlexBackwardWorkspace bytes. 0 for every other node (library workspaces, cuDNN's, are not modelled).
+constexpr int64_t kFlexForwardWorkspace = 13;
+constexpr int64_t kFlexBackwardWorkspace = 28;
+int64_t hidden_workspace_bytes(const Graph& g, const Node& n);
+
 // Heap simulator: the most bytes live at once over the graph's order, counting everything (inputs for
 // the whole call, or until their last use when g.inputs_owned; outputs to the end, views as their base,
-// symbolic shapes as 0) plus, while a slice_loop runs, its body's peak (inputs not counted) with the body's
-// planned arena held throughout, as the runtime holds it for every slice.
+// symbolic shapes as 0) plus, while a node runs, its hidden workspace, and while a slice_loop runs, its
+// body's peak (inputs not counted) with the body's planned arena held throughout, as the runtime holds
+// it for every slice.
 // The slice chooser and memory-schedule compare candidates with it.
 int64_t simulate_peak(const Graph& g, bool count_inputs = true);
 

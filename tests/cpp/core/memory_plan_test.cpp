@@ -423,3 +423,29 @@ TEST(memory_plan, slicing_lowers_the_simulated_peak_and_the_body_arena) {
 
 }  // namespace
 }  // namespace hb
+
+namespace hb {
+namespace {
+
+// The FlexAttention reference's float32 scores are a workspace no value shows: the simulator adds it
+// while the node runs (B2 H4 S8: 512 scores), so a dfs slice loop's simulated peak shrinks with it.
+TEST(memory_plan, flex_attention_workspace_counts_while_it_runs) {
+  auto g = test::load_fixture("flex_dfs.json");
+  int flex = -1;
+  for (int i = 0; i < static_cast<int>(g->nodes.size()); ++i)
+    if (g->nodes[i].target == "higher_order::flex_attention") flex = i;
+  ASSERT_GE(flex, 0);
+  EXPECT_EQ(hidden_workspace_bytes(*g, g->nodes[flex]), 2 * 4 * 8 * 8 * kFlexForwardWorkspace);
+  for (const Node& n : g->nodes)
+    if (static_cast<const void*>(&n) != &g->nodes[flex]) EXPECT_EQ(hidden_workspace_bytes(*g, n), 0) << n.name;
+  const int64_t bfs = simulate_peak(*g);
+  EXPECT_GE(bfs, 2 * 4 * 8 * 8 * kFlexForwardWorkspace);
+  PassContext ctx;
+  test::run_and_print(*g, {"slice-legality", "slice-schedule"}, ctx);
+  const int64_t dfs = simulate_peak(*g);
+  // Four slices: a quarter of the workspace while each runs (less the body's arena rounding).
+  EXPECT_LE(dfs, bfs - 2 * 2 * 8 * 8 * kFlexForwardWorkspace) << "bfs " << bfs << ", dfs " << dfs;
+}
+
+}  // namespace
+}  // namespace hb
