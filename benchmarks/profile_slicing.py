@@ -1,0 +1,69 @@
+"""Where the time of BFS and DFS goes: the CUDA kernels of one forward+backward step of the slicing
+benchmark's region (benchmarks/slicing.py), summed by kernel name, side by side.
+
+    python benchmarks/profile_slicing.py [--slices 16] [--b 4 --h 16 --s 4096 --d 128] [--region plain]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from slicing import REGIONS, make
+
+
+def kernel_times(fn, q, k, v, train):
+    def step():
+        if train:
+            out = fn(q, k, v)
+            out.backward(torch.ones_like(out))
+        else:
+            with torch.no_grad():
+                fn(q, k, v)
+
+    step()
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    totals, counts = collections.Counter(), collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = e.name[:60]
+            totals[name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            counts[name] += 1
+    return totals, counts
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--b", type=int, default=4)
+    p.add_argument("--h", type=int, default=16)
+    p.add_argument("--s", type=int, default=4096)
+    p.add_argument("--d", type=int, default=128)
+    p.add_argument("--slices", type=int, default=16)
+    p.add_argument("--region", default="plain", choices=sorted(REGIONS))
+    p.add_argument("--forward-only", action="store_true")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(args.b, args.h, args.s, args.d, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    train = not args.forward_only
+    runs = {}
+    for label, sched, hints in (("bfs", "bfs", {}), (f"dfs{args.slices}", "dfs", {"slices": args.slices})):
+        torch._dynamo.reset()
+        runs[label] = kernel_times(make(args.region, sched, **hints), q, k, v, train)
+        q.grad = k.grad = v.grad = None
+    names = sorted(set().union(*(t for t, _ in runs.values())), key=lambda n: -max(t[n] for t, _ in runs.values()))
+    print(f"{'kernel':<62}" + "".join(f"{l + ' ms':>12}{'n':>6}" for l in runs))
+    for n in names:
+        print(f"{n:<62}" + "".join(f"{t[n] / 1e3:>12.3f}{c[n]:>6}" for t, c in runs.values()))
+    print(f"{'total':<62}" + "".join(f"{sum(t.values()) / 1e3:>12.3f}{sum(c.values()):>6}" for t, c in runs.values()))
+
+
+if __name__ == "__main__":
+    main()
