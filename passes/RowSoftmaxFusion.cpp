@@ -296,6 +296,66 @@ bool fuse_one_forward(Graph& g, std::vector<std::string>& notes) {
   return true;
 }
 
+// A recomputing gradient kernel and a row_softmax of the same scores (the probabilities a DFS backward
+// recomputes for dv = P^T @ dO): one kernel writes both, reading the scores once. The probabilities'
+// readers that came before the gradient kernel move right after it; none of them feeds it (checked).
+bool merge_one_recompute(Graph& g, std::vector<std::string>& notes) {
+  const int n = static_cast<int>(g.nodes.size());
+  for (int r = 0; r < n; ++r) {
+    const Node& rb = g.nodes[r];
+    if (rb.target != kRowSoftmaxRecomputeBackwardTarget || rb.args.size() != 5) continue;
+    const int x = rb.args[1].ref;
+    for (int p = 0; p < r; ++p) {
+      const Node& sm = g.nodes[p];
+      if (sm.target != kRowSoftmaxTarget || sm.args.size() != 3 || sm.args[0].ref != x ||
+          sm.args[2].dtype != rb.args[4].dtype || sm.args[2].dtype != g.nodes[x].type.tensor.dtype ||
+          sm.args[1].kind != rb.args[2].kind || (sm.args[1].kind == Arg::Kind::Float && sm.args[1].f != rb.args[2].f) ||
+          sm.hints.region != rb.hints.region)
+        continue;
+      // Everything that reads the probabilities, directly or not; none may be something r reads.
+      std::vector<bool> from_p(n, false);
+      from_p[p] = true;
+      for (int i = p + 1; i < n; ++i) g.nodes[i].for_each_input([&](const Arg& a) { from_p[i] = from_p[i] || from_p[a.ref]; });
+      if (from_p[r]) continue;
+      // New order: the call where r was, the probabilities' getitem after it, then their readers that
+      // ran before r (in their order); everything else as it was.
+      const std::string r_name = rb.name, call_name = unique_name(g, rb.name + "_rows");
+      ValueType pair;
+      pair.kind = ValueType::Kind::Tuple;
+      pair.elems = {rb.type, sm.type};
+      notes.push_back("row-softmax-fusion graph " + g.name + ": %" + call_name + " = row_softmax_recompute_backward2(%" +
+                      g.nodes[rb.args[0].ref].name + ", %" + g.nodes[x].name + ") from %" + sm.name + " %" + rb.name);
+      std::vector<int> order;
+      for (int i = 0; i < n; ++i) {
+        if (i < r && from_p[i]) continue;
+        if (i == r) {
+          order.push_back(r);  // becomes the call's getitem 0
+          for (int j = 0; j < r; ++j)
+            if (from_p[j]) order.push_back(j);  // p first: getitem 1
+          continue;
+        }
+        order.push_back(i);
+      }
+      reorder_nodes(g, order);
+      // After the reorder r's node is at k and p's at k + 1; the call goes in before them.
+      const int k = g.find(r_name);
+      Node call = g.nodes[k];
+      call.name = call_name;
+      call.target = kRowSoftmaxRecomputeBackward2Target;
+      call.type = pair;
+      const int at = insert_node(g, k, std::move(call));
+      for (const auto& [node, e] : {std::pair<int, int>{at + 1, 0}, {at + 2, 1}}) {
+        Node& v = g.nodes[node];
+        v.target = "operator::getitem";
+        v.args = {Arg::of_ref(at, call_name), Arg::of_int(e)};
+        v.kwargs.clear();
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
 bool fuse_graph(Graph& g, PassContext& ctx) {
   bool changed = false;
   for (const Node& n : g.nodes)
@@ -306,6 +366,7 @@ bool fuse_graph(Graph& g, PassContext& ctx) {
   std::vector<std::string> notes;
   while (fuse_one_backward(g, notes)) changed = true;
   while (fuse_one_forward(g, notes)) changed = true;
+  while (merge_one_recompute(g, notes)) changed = true;
   for (std::string& s : notes) ctx.notes.push_back(std::move(s));
   return changed;
 }

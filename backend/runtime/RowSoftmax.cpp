@@ -63,11 +63,11 @@ bool run_forward(const Tensor& x, std::optional<double> scale, const Tensor& y32
 }
 
 bool run_backward(const Tensor& grad, const Tensor& y32, const Tensor& x, std::optional<double> x_scale,
-                  std::optional<double> scale, const Tensor& out) {
+                  std::optional<double> scale, const Tensor& out, const Tensor& low = Tensor()) {
 #ifdef HB_WITH_CUDA
-  if (grad.is_cuda() && kernels_take({grad, x, out}, {y32}))
+  if (grad.is_cuda() && kernels_take({grad, x, out, low}, {y32}))
     return hb::cuda::row_softmax_backward(grad, y32, x, x_scale.has_value(), x_scale ? static_cast<float>(*x_scale) : 1.f,
-                                          scale.has_value(), scale ? static_cast<float>(*scale) : 1.f, out);
+                                          scale.has_value(), scale ? static_cast<float>(*scale) : 1.f, out, low);
 #endif
   return false;
 }
@@ -131,6 +131,16 @@ Tensor& row_softmax_recompute_backward_out(const Tensor& grad, const Tensor& x, 
   return backward_out(grad, Tensor(), x, x_scale, scale, dtype, out);
 }
 
+std::tuple<Tensor, Tensor> row_softmax_recompute_backward2(const Tensor& grad, const Tensor& x,
+                                                           std::optional<double> x_scale, std::optional<double> scale,
+                                                           at::ScalarType dtype) {
+  Tensor out = at::empty(grad.sizes(), grad.options().dtype(dtype));
+  Tensor low = at::empty(x.sizes(), x.options());
+  if (dtype == grad.scalar_type() && run_backward(grad, Tensor(), x, x_scale, scale, out, low)) return {out, low};
+  const Tensor y = chain_forward(x, x_scale, at::kFloat);
+  return {chain_backward(grad, y, scale, dtype), y.to(x.scalar_type())};
+}
+
 Tensor row_softmax_recompute_backward(const Tensor& grad, const Tensor& x, std::optional<double> x_scale,
                                       std::optional<double> scale, at::ScalarType dtype) {
   Tensor out = at::empty(grad.sizes(), grad.options().dtype(dtype));
@@ -157,6 +167,9 @@ TORCH_LIBRARY(hintbackend, m) {
   m.def(
       "row_softmax_recompute_backward.out(Tensor grad, Tensor x, float? x_scale, float? scale, ScalarType dtype, *, "
       "Tensor(a!) out) -> Tensor(a!)");
+  m.def(
+      "row_softmax_recompute_backward2(Tensor grad, Tensor x, float? x_scale, float? scale, ScalarType dtype) -> "
+      "(Tensor, Tensor)");
 }
 
 namespace {
@@ -170,6 +183,7 @@ void impl_all(Lib& m) {
   m.impl("row_softmax_backward.out", &row_softmax_backward_out);
   m.impl("row_softmax_recompute_backward", &row_softmax_recompute_backward);
   m.impl("row_softmax_recompute_backward.out", &row_softmax_recompute_backward_out);
+  m.impl("row_softmax_recompute_backward2", &row_softmax_recompute_backward2);
 }
 }  // namespace
 

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 template <typename T, int VEC, int C>
 __global__ void __launch_bounds__(kMaxThreads)
     backward_kernel(const T* grad, const float* y32, const T* x, int64_t n, bool has_x_scale, float x_scale,
-                    bool has_scale, float scale, T* out) {
+                    bool has_scale, float scale, T* out, T* low) {
   __shared__ float red[kMaxThreads / 32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * n;
   float y[C][VEC];
@@ -170,6 +170,11 @@ __global__ void __launch_bounds__(kMaxThreads)
       o.v[k] = v;
     }
     *reinterpret_cast<Vec<T, VEC>*>(out + base + i) = o;
+    if (low) {  // the recomputed probabilities in T, as forward_kernel writes them
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o.v[k] = static_cast<T>(y[c][k]);
+      *reinterpret_cast<Vec<T, VEC>*>(low + base + i) = o;
+    }
   }
 }
 
@@ -234,15 +239,17 @@ bool forward_typed(const at::Tensor& x, bool has_scale, float scale, const at::T
 
 template <typename T>
 bool backward_typed(const at::Tensor& grad, const at::Tensor& y32, const at::Tensor& x, bool has_x_scale,
-                    float x_scale, bool has_scale, float scale, const at::Tensor& out) {
+                    float x_scale, bool has_scale, float scale, const at::Tensor& out, const at::Tensor& low) {
   const int64_t n = grad.size(-1), rows = n ? grad.numel() / n : 0;
   if (rows == 0) return true;
   bool vec = aligned16(grad.const_data_ptr()) && aligned16(out.const_data_ptr()) &&
-             (!x.defined() || aligned16(x.const_data_ptr())) && (!y32.defined() || aligned16(y32.const_data_ptr()));
+             (!x.defined() || aligned16(x.const_data_ptr())) && (!y32.defined() || aligned16(y32.const_data_ptr())) &&
+             (!low.defined() || aligned16(low.const_data_ptr()));
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   return dispatch_shape<T>(n, vec, [&](auto v, auto c, int threads) {
     backward_kernel<T, decltype(v)::value, decltype(c)::value><<<rows, threads, 0, stream>>>(
-        ptr<T>(grad), ptr<float>(y32), ptr<T>(x), n, has_x_scale, x_scale, has_scale, scale, mut_ptr<T>(out));
+        ptr<T>(grad), ptr<float>(y32), ptr<T>(x), n, has_x_scale, x_scale, has_scale, scale, mut_ptr<T>(out),
+        mut_ptr<T>(low));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -262,13 +269,14 @@ bool row_softmax_forward(const at::Tensor& x, bool has_scale, float scale, const
 }
 
 bool row_softmax_backward(const at::Tensor& grad, const at::Tensor& y32, const at::Tensor& x, bool has_x_scale,
-                          float x_scale, bool has_scale, float scale, const at::Tensor& out) {
+                          float x_scale, bool has_scale, float scale, const at::Tensor& out, const at::Tensor& low) {
   if (grad.numel() > 0 && grad.numel() / grad.size(-1) > INT32_MAX) return false;
   const c10::cuda::CUDAGuard guard(grad.device());
   switch (grad.scalar_type()) {
-    case at::kBFloat16: return backward_typed<c10::BFloat16>(grad, y32, x, has_x_scale, x_scale, has_scale, scale, out);
-    case at::kHalf: return backward_typed<c10::Half>(grad, y32, x, has_x_scale, x_scale, has_scale, scale, out);
-    case at::kFloat: return backward_typed<float>(grad, y32, x, has_x_scale, x_scale, has_scale, scale, out);
+    case at::kBFloat16:
+      return backward_typed<c10::BFloat16>(grad, y32, x, has_x_scale, x_scale, has_scale, scale, out, low);
+    case at::kHalf: return backward_typed<c10::Half>(grad, y32, x, has_x_scale, x_scale, has_scale, scale, out, low);
+    case at::kFloat: return backward_typed<float>(grad, y32, x, has_x_scale, x_scale, has_scale, scale, out, low);
     default: return false;
   }
 }

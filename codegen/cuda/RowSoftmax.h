@@ -12,8 +12,9 @@ namespace hb::cuda {
 // dtype T (float16, bfloat16 or float32); `y32` float32; `out` of T; same shapes.
 bool row_softmax_forward(const at::Tensor& x, bool has_scale, float scale, const at::Tensor& y32,
                          const at::Tensor& low);
-// y32 given: read it; else recompute it from x with x_scale.
+// y32 given: read it; else recompute it from x with x_scale, and write it in T to `low` when defined.
 bool row_softmax_backward(const at::Tensor& grad, const at::Tensor& y32, const at::Tensor& x, bool has_x_scale,
-                          float x_scale, bool has_scale, float scale, const at::Tensor& out);
+                          float x_scale, bool has_scale, float scale, const at::Tensor& out,
+                          const at::Tensor& low = at::Tensor());
 
 }  // namespace hb::cuda

@@ -53,22 +53,43 @@ TEST(row_softmax_fusion, backward_reads_the_saved_softmax) {
 }
 
 // A backward that recomputes the softmax (a DFS body): the gradient's kernel recomputes it from the
-// scores, so the float32 softmax and its detach go; the bf16 probabilities come from row_softmax.
+// scores, so the float32 softmax and its detach go; the same kernel writes the bf16 probabilities,
+// whose readers (dv's bmm, and here the forward's bmm_1) move after it.
 TEST(row_softmax_fusion, recomputed_softmax_is_recomputed_in_the_gradient_kernel) {
   PassContext ctx;
   const std::string ir = fuse("attention_bf16_recompute.json", ctx);
   test::check_lines(ir, {
-      "%convert_element_type_1: bf16[2, 4, 8, 8] = hintbackend::row_softmax.default(%_unsafe_view_1, "
-      "0.35355339059327379, dtype.bfloat16)",
-      "%mul_1: bf16[2, 4, 8, 8] = hintbackend::row_softmax_recompute_backward.default(%view_5, %_unsafe_view_1, "
-      "0.35355339059327379, 0.35355339059327379, dtype.bfloat16)",
+      "%bmm_3: bf16[8, 8, 8] = aten::bmm.default(%view_4, %transpose_2)",
+      "%mul_1_rows: (bf16[2, 4, 8, 8], bf16[2, 4, 8, 8]) = hintbackend::row_softmax_recompute_backward2.default("
+      "%view_5, %_unsafe_view_1, 0.35355339059327379, 0.35355339059327379, dtype.bfloat16)",
+      "%mul_1: bf16[2, 4, 8, 8] = operator::getitem(%mul_1_rows, 0)",
+      "%convert_element_type_1: bf16[2, 4, 8, 8] = operator::getitem(%mul_1_rows, 1)",
+      "%bmm_1: bf16[8, 8, 8] = aten::bmm.default(%view_2, %view_3)",
+      "%bmm_2: bf16[8, 8, 8] = aten::bmm.default(%transpose_1, %view_4)",
       "// note: row-softmax-fusion graph backward: %mul_1 = row_softmax_recompute_backward(%view_5, "
       "%_unsafe_view_1) from %convert_element_type_2 %_softmax_backward_data %convert_element_type_3 %mul_1",
       "// note: row-softmax-fusion graph backward: %convert_element_type_1 = row_softmax(%_unsafe_view_1) from "
       "%mul %convert_element_type %_softmax %convert_element_type_1",
+      "// note: row-softmax-fusion graph backward: %mul_1_rows = row_softmax_recompute_backward2(%view_5, "
+      "%_unsafe_view_1) from %convert_element_type_1 %mul_1",
   });
-  for (const char* gone : {"%_softmax:", "%detach:", "aten::mul.Tensor", "_softmax_backward_data.default"})
+  for (const char* gone : {"%_softmax:", "%detach:", "aten::mul.Tensor", "_softmax_backward_data.default",
+                           "hintbackend::row_softmax.default"})
     EXPECT_FALSE(has(ir, gone)) << gone << "\n" << ir;
+}
+
+// The probabilities feed the gradient (here: the grad is computed from them), so the kernels stay apart.
+TEST(row_softmax_fusion, probabilities_that_feed_the_gradient_are_not_merged) {
+  auto g = test::load_fixture("attention_bf16_recompute.json");
+  // bmm_3 (dP) reads the probabilities' view instead of dO: dP now depends on P.
+  Node& dp = g->nodes[g->find("bmm_3")];
+  dp.args[0] = Arg::of_ref(g->find("view_2"), "view_2");
+  dp.args[1] = Arg::of_ref(g->find("view_2"), "view_2");
+  PassContext ctx;
+  const std::string ir = test::run_and_print(*g, {"row-softmax-fusion"}, ctx);
+  EXPECT_TRUE(has(ir, "hintbackend::row_softmax.default")) << ir;
+  EXPECT_TRUE(has(ir, "hintbackend::row_softmax_recompute_backward.default")) << ir;
+  EXPECT_FALSE(has(ir, "row_softmax_recompute_backward2")) << ir;
 }
 
 // float32 attention: the float32-to-float32 casts are absorbed; no low-precision result.
