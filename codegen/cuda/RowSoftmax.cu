@@ -10,7 +10,7 @@
 namespace hb::cuda {
 namespace {
 
-constexpr int kMaxThreads = 256;  // per row: 8 warps (128 and 512 were slower on the H200, B4 H16 S4096)
+constexpr int kMaxThreads = 256;  // per row; 8 warps
 constexpr int kMaxChunks = 8;     // vectors per thread
 
 // VEC elements of T loaded or stored as one access (16 bytes when VEC > 1).
@@ -19,47 +19,26 @@ struct alignas(sizeof(T) * VEC) Vec {
   T v[VEC];
 };
 
-// The sum over the block, returned to every thread. `red` holds one float per warp.
-__device__ float block_sum(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+// The sum (or max) over the block, returned to every thread. `red` holds one float per warp.
+template <bool MAX>
+__device__ float block_reduce(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = MAX ? fmaxf(v, w) : v + w;
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   __syncthreads();  // `red` may still be read by a previous reduction
   if (lane == 0) red[warp] = v;
   __syncthreads();
   v = red[0];
-  for (int w = 1; w < warps; ++w) v += red[w];
+  for (int w = 1; w < warps; ++w) v = MAX ? fmaxf(v, red[w]) : v + red[w];
   return v;
 }
 
-// Online softmax statistics: a max and the sum of exp(v - max) over some of the row's values. Two of
-// them combine by rescaling each sum to the larger max, so one block reduction gives both (a max
-// reduction, then a sum over the exps, would take two). combine is symmetric, so every lane of the
-// xor butterfly ends with the same bits.
-struct Stats {
-  float m, s;
-};
-__device__ Stats combine(Stats a, Stats b) {
-  const float m = fmaxf(a.m, b.m);
-  // a.m == m also covers both -inf (a row of -inf only: exp(-inf - -inf) would be NaN).
-  return {m, (a.m == m ? a.s : a.s * expf(a.m - m)) + (b.m == m ? b.s : b.s * expf(b.m - m))};
-}
-__device__ Stats block_stats(Stats v, Stats* red) {
-  for (int o = 16; o > 0; o >>= 1)
-    v = combine(v, Stats{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = red[0];
-  for (int w = 1; w < warps; ++w) v = combine(v, red[w]);
-  return v;
-}
-
-// Row x (n values) into r[] as the softmax y. C chunks of VEC elements per thread: chunk c of thread
-// t starts at (c * threads + t) * VEC. One pass: load (scaled in T, upcast), the thread's own max
-// and sum of exps, one block reduction, then y = exp(v - own max) * exp(own max - max) / sum.
+// Row `row` of x into r[] (the scaled, upcast values; -inf past the row's end), then y = softmax
+// in place. C chunks of VEC elements per thread: chunk c of thread t starts at (c * threads + t) * VEC.
 template <typename T, int VEC, int C>
-__device__ void softmax_row(const T* x, int64_t n, bool has_scale, float scale, float (&r)[C][VEC], Stats* red) {
+__device__ void softmax_row(const T* x, int64_t n, bool has_scale, float scale, float (&r)[C][VEC], float* red) {
   using V = Vec<T, VEC>;
   float m = -INFINITY;
 #pragma unroll
@@ -79,26 +58,28 @@ __device__ void softmax_row(const T* x, int64_t n, bool has_scale, float scale, 
       for (int k = 0; k < VEC; ++k) r[c][k] = -INFINITY;
     }
   }
+  m = block_reduce<true>(m, red);
   float s = 0.f;
 #pragma unroll
   for (int c = 0; c < C; ++c)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      r[c][k] = r[c][k] == -INFINITY ? 0.f : expf(r[c][k] - m);  // -inf (and padding) -> 0
+      const int64_t i = (static_cast<int64_t>(c) * blockDim.x + threadIdx.x) * VEC + k;
+      r[c][k] = i < n ? expf(r[c][k] - m) : 0.f;
       s += r[c][k];
     }
-  const Stats row = block_stats(Stats{m, s}, red);
-  const float f = (m == row.m ? 1.f : expf(m - row.m)) / row.s;
+  s = block_reduce<false>(s, red);
+  const float inv = 1.f / s;
 #pragma unroll
   for (int c = 0; c < C; ++c)
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) r[c][k] *= f;
+    for (int k = 0; k < VEC; ++k) r[c][k] *= inv;
 }
 
 template <typename T, int VEC, int C>
 __global__ void __launch_bounds__(kMaxThreads)
     forward_kernel(const T* x, int64_t n, bool has_scale, float scale, float* y32, T* low) {
-  __shared__ Stats red[kMaxThreads / 32];
+  __shared__ float red[kMaxThreads / 32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * n;
   float r[C][VEC];
   softmax_row<T, VEC, C>(x + base, n, has_scale, scale, r, red);
@@ -133,7 +114,7 @@ template <typename T, int VEC, int C>
 __global__ void __launch_bounds__(kMaxThreads)
     backward_kernel(const T* grad, const float* y32, const T* x, int64_t n, bool has_x_scale, float x_scale,
                     bool has_scale, float scale, T* out, T* low) {
-  __shared__ Stats red[kMaxThreads / 32];
+  __shared__ float red[kMaxThreads / 32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * n;
   float y[C][VEC];
   if (y32 == nullptr) {
@@ -176,7 +157,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dot += g[c][k] * y[c][k];
   }
-  dot = block_sum(dot, reinterpret_cast<float*>(red));
+  dot = block_reduce<false>(dot, red);
 #pragma unroll
   for (int c = 0; c < C; ++c) {
     const int64_t i = (static_cast<int64_t>(c) * blockDim.x + threadIdx.x) * VEC;
