@@ -10,7 +10,10 @@
 namespace hb::cuda {
 namespace {
 
-constexpr int kMaxThreads = 256;  // per row; 8 warps
+// Threads per row at most: 8 warps. 128 and 512 were slower on the H200 (benchmarks/row_softmax.py,
+// rows of 4096), and so was one block reduction of online-softmax statistics (max and rescaled sum
+// together) in place of the max's and the sum's: its expf per step cost more than a reduction saves.
+constexpr int kMaxThreads = 256;
 constexpr int kMaxChunks = 8;     // vectors per thread
 
 // VEC elements of T loaded or stored as one access (16 bytes when VEC > 1).
