@@ -38,6 +38,7 @@ def main():
     x = torch.randn(args.rows, args.n, device="cuda").to(dt)
     g = torch.randn(args.rows, args.n, device="cuda").to(dt)
     y = ops.row_softmax(x, 0.125, torch.float32)
+    gw, xw = g.clone(), x.clone()
     e, f = x.element_size(), 4
     cases = {
         "forward, T out (row_softmax)": (
@@ -49,8 +50,9 @@ def main():
         "backward, saved y (row_softmax_backward)": (
             lambda: ops.row_softmax_backward(g, y, 0.125, dt),
             lambda: torch._softmax_backward_data(g.float(), y, -1, torch.float32).to(dt) * 0.125, 2 * e + f),
-        "backward, recomputed y + P (recompute_backward2)": (
-            lambda: ops.row_softmax_recompute_backward2(g, x, 0.125, 0.125, dt),
+        # In place: grad becomes ds and x becomes P (repeated on the same work copies: still finite).
+        "backward, recomputed y + P, in place (recompute_backward_)": (
+            lambda: ops.row_softmax_recompute_backward_(gw, xw, 0.125, 0.125),
             lambda: (torch._softmax_backward_data(
                 g.float(), torch._softmax((x * 0.125).float(), -1, False), -1, torch.float32).to(dt) * 0.125,
                 torch._softmax((x * 0.125).float(), -1, False).to(dt)), 4 * e),

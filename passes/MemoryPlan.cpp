@@ -129,7 +129,9 @@ int64_t arena_of(const std::vector<BufferRequest>& reqs, const std::vector<int64
 // The runtime calls each of these through its out= overload with `out` being the dying input itself
 // (same shape, strides, dtype): all are TensorIterator kernels, which allow an output that fully
 // overlaps an input (as their in-place variants do), or generated out= wrappers that compute the
-// functional result first and then copy it into `out`.
+// functional result first and then copy it into `out`. The row softmax ops (backend/runtime/
+// RowSoftmax.h) qualify too: their CUDA kernels read a whole row before a block reduction that every
+// thread of the row passes before any writes, and their ATen fallback copies into `out` at the end.
 bool in_place_elementwise(const Node& n) {
   static const std::set<std::string> k = {
       "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::add.Scalar",
@@ -140,7 +142,8 @@ bool in_place_elementwise(const Node& n) {
       "aten::clamp.default", "aten::where.self", "aten::maximum.default", "aten::minimum.default",
       "aten::masked_fill.Scalar", "aten::threshold_backward.default", "aten::gelu_backward.default",
       "aten::sigmoid_backward.default", "aten::tanh_backward.default", "aten::silu_backward.default",
-      "aten::erf.default", "aten::square.default"};
+      "aten::erf.default", "aten::square.default", "hintbackend::row_softmax.default",
+      "hintbackend::row_softmax_backward.default", "hintbackend::row_softmax_recompute_backward.default"};
   return k.count(n.target) > 0;
 }
 

@@ -296,60 +296,84 @@ bool fuse_one_forward(Graph& g, std::vector<std::string>& notes) {
   return true;
 }
 
+// The storage `v` lives in: back through views (and getitems) to the node that allocated it.
+int storage_of(const Graph& g, int v) {
+  for (;;) {
+    const Node& n = g.nodes[v];
+    const bool alias = n.effects.is_view || n.target == "aten::_unsafe_view.default" || n.target == "operator::getitem";
+    if (!alias || n.args.empty() || n.args[0].kind != Arg::Kind::Ref) return v;
+    v = n.args[0].ref;
+  }
+}
+
+// Whether storage `root` is a fresh intermediate of g that only the nodes in `allowed` (and views of it)
+// read: so an op may overwrite it once those have read it.
+bool private_storage(const Graph& g, int root, const std::set<int>& allowed,
+                     const std::vector<std::vector<int>>& users) {
+  const Node& r = g.nodes[root];
+  if (r.op != OpKind::CallFunction || r.effects.mutates || r.type.kind != ValueType::Kind::Tensor) return false;
+  const int out = g.output_node();
+  std::vector<int> family = {root};
+  for (size_t k = 0; k < family.size(); ++k)
+    for (int u : users[family[k]]) {
+      if (u == out) return false;
+      if (storage_of(g, u) == root && u != root && !allowed.count(u)) {
+        family.push_back(u);  // a view of it: its readers count too
+      } else if (!allowed.count(u)) {
+        return false;
+      }
+    }
+  return true;
+}
+
 // A recomputing gradient kernel and a row_softmax of the same scores (the probabilities a DFS backward
-// recomputes for dv = P^T @ dO): one kernel writes both, reading the scores once. The probabilities'
-// readers that came before the gradient kernel move right after it; none of them feeds it (checked).
+// recomputes for dv = P^T @ dO): when nothing else reads the scores or the gradient, one kernel reads
+// both once and overwrites them, the gradient with ds and the scores with P (no new S x S buffer:
+// a slice keeps two). The probabilities become an alias of the scores, read after the kernel; their
+// readers that came before it move right after it. None of them may feed it (checked).
 bool merge_one_recompute(Graph& g, std::vector<std::string>& notes) {
   const int n = static_cast<int>(g.nodes.size());
+  const std::vector<std::vector<int>> users = g.users();
   for (int r = 0; r < n; ++r) {
     const Node& rb = g.nodes[r];
     if (rb.target != kRowSoftmaxRecomputeBackwardTarget || rb.args.size() != 5) continue;
-    const int x = rb.args[1].ref;
+    const int grad = rb.args[0].ref, x = rb.args[1].ref;
+    if (rb.args[4].dtype != g.nodes[grad].type.tensor.dtype || storage_of(g, grad) == storage_of(g, x)) continue;
     for (int p = 0; p < r; ++p) {
       const Node& sm = g.nodes[p];
       if (sm.target != kRowSoftmaxTarget || sm.args.size() != 3 || sm.args[0].ref != x ||
-          sm.args[2].dtype != rb.args[4].dtype || sm.args[2].dtype != g.nodes[x].type.tensor.dtype ||
-          sm.args[1].kind != rb.args[2].kind || (sm.args[1].kind == Arg::Kind::Float && sm.args[1].f != rb.args[2].f) ||
-          sm.hints.region != rb.hints.region)
+          sm.args[2].dtype != g.nodes[x].type.tensor.dtype || sm.args[1].kind != rb.args[2].kind ||
+          (sm.args[1].kind == Arg::Kind::Float && sm.args[1].f != rb.args[2].f) || sm.hints.region != rb.hints.region)
+        continue;
+      if (!private_storage(g, storage_of(g, x), {p, r}, users) || !private_storage(g, storage_of(g, grad), {r}, users))
         continue;
       // Everything that reads the probabilities, directly or not; none may be something r reads.
       std::vector<bool> from_p(n, false);
       from_p[p] = true;
       for (int i = p + 1; i < n; ++i) g.nodes[i].for_each_input([&](const Arg& a) { from_p[i] = from_p[i] || from_p[a.ref]; });
       if (from_p[r]) continue;
-      // New order: the call where r was, the probabilities' getitem after it, then their readers that
-      // ran before r (in their order); everything else as it was.
-      const std::string r_name = rb.name, call_name = unique_name(g, rb.name + "_rows");
-      ValueType pair;
-      pair.kind = ValueType::Kind::Tuple;
-      pair.elems = {rb.type, sm.type};
-      notes.push_back("row-softmax-fusion graph " + g.name + ": %" + call_name + " = row_softmax_recompute_backward2(%" +
-                      g.nodes[rb.args[0].ref].name + ", %" + g.nodes[x].name + ") from %" + sm.name + " %" + rb.name);
+      notes.push_back("row-softmax-fusion graph " + g.name + ": %" + rb.name + " = row_softmax_recompute_backward_(%" +
+                      g.nodes[grad].name + ", %" + g.nodes[x].name + ") overwrites them with ds and %" + sm.name +
+                      " (P, now an alias of %" + g.nodes[x].name + ")");
+      Node& k = g.nodes[r];
+      k.target = kRowSoftmaxRecomputeBackwardInPlaceTarget;
+      k.args.pop_back();  // the dtype: grad's
+      k.effects.mutates = true;
+      Node& pv = g.nodes[p];
+      pv.target = "aten::alias.default";
+      pv.args = {Arg::of_ref(x, g.nodes[x].name)};
+      pv.kwargs.clear();
+      pv.effects.is_view = true;
+      // New order: the kernel where r was, then P's readers that ran before it (P first).
       std::vector<int> order;
       for (int i = 0; i < n; ++i) {
         if (i < r && from_p[i]) continue;
-        if (i == r) {
-          order.push_back(r);  // becomes the call's getitem 0
-          for (int j = 0; j < r; ++j)
-            if (from_p[j]) order.push_back(j);  // p first: getitem 1
-          continue;
-        }
         order.push_back(i);
+        if (i == r)
+          for (int j = 0; j < r; ++j)
+            if (from_p[j]) order.push_back(j);
       }
       reorder_nodes(g, order);
-      // After the reorder r's node is at k and p's at k + 1; the call goes in before them.
-      const int k = g.find(r_name);
-      Node call = g.nodes[k];
-      call.name = call_name;
-      call.target = kRowSoftmaxRecomputeBackward2Target;
-      call.type = pair;
-      const int at = insert_node(g, k, std::move(call));
-      for (const auto& [node, e] : {std::pair<int, int>{at + 1, 0}, {at + 2, 1}}) {
-        Node& v = g.nodes[node];
-        v.target = "operator::getitem";
-        v.args = {Arg::of_ref(at, call_name), Arg::of_int(e)};
-        v.kwargs.clear();
-      }
       return true;
     }
   }

@@ -11,10 +11,12 @@
 //   backward whose y is a softmax of the same graph (a DFS region's backward recomputes the forward):
 //     %mul_1: bf16[..] = hintbackend::row_softmax_recompute_backward(%view_8, %view_2, 0.25, 0.25, dtype.bfloat16)
 //     which recomputes y from the scores in the kernel: the float32 softmax is never written. When
-//     the same graph also reads the recomputed probabilities in T (a DFS backward's dv = P^T @ dO),
-//     row_softmax_recompute_backward2 writes them too, and their readers move after it:
-//     %mul_1_rows: (bf16[..], bf16[..]) = hintbackend::row_softmax_recompute_backward2(%view_8, %view_2, 0.25, 0.25, dtype.bfloat16)
-//     %mul_1 = getitem(%mul_1_rows, 0); %_to_copy_1 = getitem(%mul_1_rows, 1)
+//     the same graph also reads the recomputed probabilities in T (a DFS backward's dv = P^T @ dO)
+//     and nothing else reads the scores or the gradient, one kernel reads both once and overwrites
+//     them, the gradient with ds and the scores with P (a slice then holds two S x S buffers, not
+//     four); P becomes an alias of the scores, and its readers move after the kernel:
+//     %mul_1: bf16[..] = hintbackend::row_softmax_recompute_backward_(%view_8, %view_2, 0.25, 0.25) !mutates
+//     %_to_copy_1: bf16[..] = aten::alias.default(%view_2) !view
 //
 // Each part of a chain is optional (no scale; a float32 softmax input needs no casts; a float16 one
 // with half_to_float after fold-softmax-upcast), but a cast or mul joins only when the chain is its
@@ -35,7 +37,7 @@ constexpr const char* kRowSoftmaxTarget = "hintbackend::row_softmax.default";
 constexpr const char* kRowSoftmax2Target = "hintbackend::row_softmax2.default";
 constexpr const char* kRowSoftmaxBackwardTarget = "hintbackend::row_softmax_backward.default";
 constexpr const char* kRowSoftmaxRecomputeBackwardTarget = "hintbackend::row_softmax_recompute_backward.default";
-constexpr const char* kRowSoftmaxRecomputeBackward2Target = "hintbackend::row_softmax_recompute_backward2.default";
+constexpr const char* kRowSoftmaxRecomputeBackwardInPlaceTarget = "hintbackend::row_softmax_recompute_backward_.default";
 
 bool row_softmax_fusion(Graph& g, PassContext& ctx);
 

@@ -131,14 +131,17 @@ Tensor& row_softmax_recompute_backward_out(const Tensor& grad, const Tensor& x, 
   return backward_out(grad, Tensor(), x, x_scale, scale, dtype, out);
 }
 
-std::tuple<Tensor, Tensor> row_softmax_recompute_backward2(const Tensor& grad, const Tensor& x,
-                                                           std::optional<double> x_scale, std::optional<double> scale,
-                                                           at::ScalarType dtype) {
-  Tensor out = at::empty(grad.sizes(), grad.options().dtype(dtype));
-  Tensor low = at::empty(x.sizes(), x.options());
-  if (dtype == grad.scalar_type() && run_backward(grad, Tensor(), x, x_scale, scale, out, low)) return {out, low};
+// Overwrites grad with the gradient (in grad's dtype) and x with the recomputed probabilities (in x's):
+// the kernel reads each row whole before it writes it, so in place is safe.
+Tensor& row_softmax_recompute_backward_(Tensor& grad, Tensor& x, std::optional<double> x_scale,
+                                        std::optional<double> scale) {
+  TORCH_CHECK(grad.sizes().equals(x.sizes()), "hintbackend::row_softmax_recompute_backward_: grad has shape ",
+              grad.sizes(), ", x ", x.sizes());
+  if (run_backward(grad, Tensor(), x, x_scale, scale, grad, x)) return grad;
   const Tensor y = chain_forward(x, x_scale, at::kFloat);
-  return {chain_backward(grad, y, scale, dtype), y.to(x.scalar_type())};
+  grad.copy_(chain_backward(grad, y, scale, grad.scalar_type()));
+  x.copy_(y);
+  return grad;
 }
 
 Tensor row_softmax_recompute_backward(const Tensor& grad, const Tensor& x, std::optional<double> x_scale,
@@ -168,8 +171,7 @@ TORCH_LIBRARY(hintbackend, m) {
       "row_softmax_recompute_backward.out(Tensor grad, Tensor x, float? x_scale, float? scale, ScalarType dtype, *, "
       "Tensor(a!) out) -> Tensor(a!)");
   m.def(
-      "row_softmax_recompute_backward2(Tensor grad, Tensor x, float? x_scale, float? scale, ScalarType dtype) -> "
-      "(Tensor, Tensor)");
+      "row_softmax_recompute_backward_(Tensor(a!) grad, Tensor(b!) x, float? x_scale, float? scale) -> Tensor(a!)");
 }
 
 namespace {
@@ -183,7 +185,7 @@ void impl_all(Lib& m) {
   m.impl("row_softmax_backward.out", &row_softmax_backward_out);
   m.impl("row_softmax_recompute_backward", &row_softmax_recompute_backward);
   m.impl("row_softmax_recompute_backward.out", &row_softmax_recompute_backward_out);
-  m.impl("row_softmax_recompute_backward2", &row_softmax_recompute_backward2);
+  m.impl("row_softmax_recompute_backward_", &row_softmax_recompute_backward_);
 }
 }  // namespace
 

@@ -12,8 +12,8 @@
 //       -> dtype(r), then times scale in dtype when given   (the downcast, then the chain's mul)
 //   row_softmax_recompute_backward(grad, x, x_scale, scale, dtype)
 //       the same with y = row_softmax(x, x_scale, float32) recomputed in the kernel, never stored.
-//   row_softmax_recompute_backward2(grad, x, x_scale, scale, dtype)
-//       -> (that, y in T): the recomputed probabilities too, from the same kernel.
+//   row_softmax_recompute_backward_(grad, x, x_scale, scale)
+//       in place: grad becomes that (in grad's dtype), x becomes y in x's dtype; returns grad.
 // On CUDA, one dtype T for x, grad and the T-typed results (float16, bfloat16 or float32) and
 // contiguous rows run the fused kernels (codegen/cuda/RowSoftmax.cu): one pass over each row.
 // Anything else (CPU, other dtypes, strides, rows longer than the CUDA kernel takes) runs the same

@@ -13,6 +13,7 @@ namespace hb::cuda {
 bool row_softmax_forward(const at::Tensor& x, bool has_scale, float scale, const at::Tensor& y32,
                          const at::Tensor& low);
 // y32 given: read it; else recompute it from x with x_scale, and write it in T to `low` when defined.
+// `out` may be grad and `low` may be x (in place): a row is read whole before any of it is written.
 bool row_softmax_backward(const at::Tensor& grad, const at::Tensor& y32, const at::Tensor& x, bool has_x_scale,
                           float x_scale, bool has_scale, float scale, const at::Tensor& out,
                           const at::Tensor& low = at::Tensor());

@@ -81,11 +81,13 @@ def test_backward_is_as_accurate_as_eager(dtype, n, scale):
     got = ops.row_softmax_backward(grad, y, scale, dtype)
     assert got.dtype == dtype and got.shape == x.shape
     check(got, want, ref, torch.finfo(dtype).eps * ref.abs().max().item())
-    # Recomputing y in the kernel gives the same bits as reading the stored one; the kernel that also
-    # writes the recomputed probabilities writes row_softmax's bits.
+    # Recomputing y in the kernel gives the same bits as reading the stored one; the in-place kernel
+    # overwrites grad with those bits and x with row_softmax's.
     assert torch.equal(ops.row_softmax_recompute_backward(grad, x, 0.5, scale, dtype), got)
-    ds, p = ops.row_softmax_recompute_backward2(grad, x, 0.5, scale, dtype)
-    assert torch.equal(ds, got) and torch.equal(p, ops.row_softmax(x, 0.5, dtype))
+    g2, x2 = grad.clone(), x.clone()
+    r = ops.row_softmax_recompute_backward_(g2, x2, 0.5, scale)
+    assert r.data_ptr() == g2.data_ptr()
+    assert torch.equal(g2, got) and torch.equal(x2, ops.row_softmax(x, 0.5, dtype))
 
 
 def test_strided_inputs_and_out_overloads():
@@ -148,5 +150,5 @@ def test_attention_bfs_dfs_and_eager(dtype, tmp_path):
     # bf16: the forward saves the float32 softmax and reads its bf16 copy (row_softmax2); float32 has no copy.
     fw = "row_softmax2" if dtype == torch.bfloat16 else "row_softmax.default"
     assert fw in kernels["bfs"] and "row_softmax_backward" in kernels["bfs"], kernels["bfs"]
-    assert "row_softmax_recompute_backward2" in kernels["dfs"], kernels["dfs"]
+    assert "row_softmax_recompute_backward_" in kernels["dfs"], kernels["dfs"]
     assert "aten::_softmax" not in kernels["dfs"], kernels["dfs"]

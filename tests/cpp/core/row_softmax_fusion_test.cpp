@@ -53,29 +53,41 @@ TEST(row_softmax_fusion, backward_reads_the_saved_softmax) {
 }
 
 // A backward that recomputes the softmax (a DFS body): the gradient's kernel recomputes it from the
-// scores, so the float32 softmax and its detach go; the same kernel writes the bf16 probabilities,
-// whose readers (dv's bmm, and here the forward's bmm_1) move after it.
+// scores, so the float32 softmax and its detach go. Nothing else reads the scores or the gradient, so
+// the kernel overwrites them with ds and the bf16 probabilities, which become an alias of the scores
+// read after it (dv's bmm_2, and here the forward's bmm_1).
 TEST(row_softmax_fusion, recomputed_softmax_is_recomputed_in_the_gradient_kernel) {
   PassContext ctx;
   const std::string ir = fuse("attention_bf16_recompute.json", ctx);
   test::check_lines(ir, {
       "%bmm_3: bf16[8, 8, 8] = aten::bmm.default(%view_4, %transpose_2)",
-      "%mul_1_rows: (bf16[2, 4, 8, 8], bf16[2, 4, 8, 8]) = hintbackend::row_softmax_recompute_backward2.default("
-      "%view_5, %_unsafe_view_1, 0.35355339059327379, 0.35355339059327379, dtype.bfloat16)",
-      "%mul_1: bf16[2, 4, 8, 8] = operator::getitem(%mul_1_rows, 0)",
-      "%convert_element_type_1: bf16[2, 4, 8, 8] = operator::getitem(%mul_1_rows, 1)",
+      "%mul_1: bf16[2, 4, 8, 8] = hintbackend::row_softmax_recompute_backward_.default(%view_5, %_unsafe_view_1, "
+      "0.35355339059327379, 0.35355339059327379) !mutates",
+      "%convert_element_type_1: bf16[2, 4, 8, 8] = aten::alias.default(%_unsafe_view_1) !view",
       "%bmm_1: bf16[8, 8, 8] = aten::bmm.default(%view_2, %view_3)",
       "%bmm_2: bf16[8, 8, 8] = aten::bmm.default(%transpose_1, %view_4)",
       "// note: row-softmax-fusion graph backward: %mul_1 = row_softmax_recompute_backward(%view_5, "
       "%_unsafe_view_1) from %convert_element_type_2 %_softmax_backward_data %convert_element_type_3 %mul_1",
       "// note: row-softmax-fusion graph backward: %convert_element_type_1 = row_softmax(%_unsafe_view_1) from "
       "%mul %convert_element_type %_softmax %convert_element_type_1",
-      "// note: row-softmax-fusion graph backward: %mul_1_rows = row_softmax_recompute_backward2(%view_5, "
-      "%_unsafe_view_1) from %convert_element_type_1 %mul_1",
+      "// note: row-softmax-fusion graph backward: %mul_1 = row_softmax_recompute_backward_(%view_5, "
+      "%_unsafe_view_1) overwrites them with ds and %convert_element_type_1 (P, now an alias of %_unsafe_view_1)",
   });
   for (const char* gone : {"%_softmax:", "%detach:", "aten::mul.Tensor", "_softmax_backward_data.default",
                            "hintbackend::row_softmax.default"})
     EXPECT_FALSE(has(ir, gone)) << gone << "\n" << ir;
+}
+
+// Scores another node reads later (here: the graph returns them) must not be overwritten.
+TEST(row_softmax_fusion, scores_read_elsewhere_are_not_overwritten) {
+  auto g = test::load_fixture("attention_bf16_recompute.json");
+  Node& out = g->nodes[g->output_node()];
+  out.args[0].items.push_back(Arg::of_ref(g->find("_unsafe_view_1"), "_unsafe_view_1"));
+  PassContext ctx;
+  const std::string ir = test::run_and_print(*g, {"row-softmax-fusion"}, ctx);
+  EXPECT_TRUE(has(ir, "hintbackend::row_softmax.default")) << ir;
+  EXPECT_TRUE(has(ir, "hintbackend::row_softmax_recompute_backward.default")) << ir;
+  EXPECT_FALSE(has(ir, "!mutates")) << ir;
 }
 
 // The probabilities feed the gradient (here: the grad is computed from them), so the kernels stay apart.
@@ -89,7 +101,7 @@ TEST(row_softmax_fusion, probabilities_that_feed_the_gradient_are_not_merged) {
   const std::string ir = test::run_and_print(*g, {"row-softmax-fusion"}, ctx);
   EXPECT_TRUE(has(ir, "hintbackend::row_softmax.default")) << ir;
   EXPECT_TRUE(has(ir, "hintbackend::row_softmax_recompute_backward.default")) << ir;
-  EXPECT_FALSE(has(ir, "row_softmax_recompute_backward2")) << ir;
+  EXPECT_FALSE(has(ir, "row_softmax_recompute_backward_")) << ir;
 }
 
 // float32 attention: the float32-to-float32 casts are absorbed; no low-precision result.
