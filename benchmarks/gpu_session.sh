@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Calls on the GPU machine: build hintbackend there (its Python is 3.12, so nothing built here can be
 # carried), run the test corpus on CUDA, the demo, and the benchmarks. Logs go to $OUT.
-#   run: bash benchmarks/gpu_session.sh [all|tests|bench]      (default all; each mode builds first,
-#        reusing the build folder a warm machine kept)
+#   run: bash benchmarks/gpu_session.sh [all|tests|bench|none]  (default all; each mode builds first,
+#        reusing the build folder a warm machine kept; none only builds)
 set -uo pipefail
 MODE="${1:-all}"
 OUT="${OUT:-/tmp/hb-out}"; mkdir -p "$OUT"

@@ -22,7 +22,8 @@
 // with half_to_float after fold-softmax-upcast), but a cast or mul joins only when the chain is its
 // sole reader. Plain-op attention moves about 24 bytes per score through its four forward ops and
 // 28 through its four backward ones; the row kernels read and write each row once (BFS: 8 and 8;
-// DFS's recomputing backward, 6). Why this matters for slicing: docs/scheduling.md, "Row kernels".
+// DFS's recomputing backward, 8 for the gradient and the probabilities together). Tables: docs/fusion.md,
+// "Row kernels"; why it matters for slicing: docs/scheduling.md, "Measured".
 // Runs after slice-schedule (whose legality rules read the plain ATen ops) inside slice_loop bodies
 // too, and before pointwise-fusion, which would otherwise take the scalar mul.
 //
