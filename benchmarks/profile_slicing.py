@@ -12,18 +12,11 @@ import collections
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from slicing import REGIONS, make
+from slicing import REGIONS, make, make_step
 
 
 def kernel_times(fn, q, k, v, train):
-    def step():
-        if train:
-            out = fn(q, k, v)
-            out.backward(torch.ones_like(out))
-        else:
-            with torch.no_grad():
-                fn(q, k, v)
-
+    step = make_step(fn, q, k, v, train)
     step()
     step()
     torch.cuda.synchronize()

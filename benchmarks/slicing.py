@@ -70,9 +70,8 @@ class PartitionLog(logging.Handler):
             self.messages.append(record.getMessage())
 
 
-def measure(fn, q, k, v, train: bool, reps: int = 10):
-    cuda = q.device.type == "cuda"
-
+def make_step(fn, q, k, v, train: bool):
+    """One call: forward and backward (train) or forward under no_grad."""
     def step():
         if train:
             out = fn(q, k, v)
@@ -81,6 +80,12 @@ def measure(fn, q, k, v, train: bool, reps: int = 10):
             with torch.no_grad():
                 fn(q, k, v)
 
+    return step
+
+
+def measure(fn, q, k, v, train: bool, reps: int = 10):
+    cuda = q.device.type == "cuda"
+    step = make_step(fn, q, k, v, train)
     step()  # compile and warm up
     peak = None
     if cuda:

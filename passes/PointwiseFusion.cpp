@@ -98,13 +98,8 @@ Node make_fused(Graph& g, const std::vector<int>& members) {
 }
 
 bool fuse_graph(Graph& g, PassContext& ctx) {
-  bool changed = false;
   // slice_loop bodies first: their ops are the per-slice work.
-  for (const Node& n : g.nodes)
-    if (n.target == kSliceLoopTarget) {
-      auto it = g.subgraphs.find(slice_loop_args(n).body);
-      if (it != g.subgraphs.end()) changed |= fuse_graph(*it->second, ctx);
-    }
+  bool changed = for_each_slice_body(g, [&](Graph& body) { return fuse_graph(body, ctx); });
   const std::vector<std::vector<int>> groups = find_groups(g);
   if (groups.empty()) return changed;
   std::vector<bool> keep(g.nodes.size(), true);

@@ -381,12 +381,7 @@ bool merge_one_recompute(Graph& g, std::vector<std::string>& notes) {
 }
 
 bool fuse_graph(Graph& g, PassContext& ctx) {
-  bool changed = false;
-  for (const Node& n : g.nodes)
-    if (n.target == kSliceLoopTarget) {
-      auto it = g.subgraphs.find(slice_loop_args(n).body);
-      if (it != g.subgraphs.end()) changed |= fuse_graph(*it->second, ctx);
-    }
+  bool changed = for_each_slice_body(g, [&](Graph& body) { return fuse_graph(body, ctx); });
   std::vector<std::string> notes;
   while (fuse_one_backward(g, notes)) changed = true;
   while (fuse_one_forward(g, notes)) changed = true;

@@ -337,4 +337,14 @@ bool slice_schedule(Graph& g, PassContext& ctx) {
   return changed;
 }
 
+bool for_each_slice_body(Graph& g, const std::function<bool(Graph& body)>& pass) {
+  bool changed = false;
+  for (const Node& n : g.nodes)
+    if (n.target == kSliceLoopTarget) {
+      auto it = g.subgraphs.find(slice_loop_args(n).body);
+      if (it != g.subgraphs.end()) changed |= pass(*it->second);
+    }
+  return changed;
+}
+
 }  // namespace hb

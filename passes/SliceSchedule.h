@@ -50,6 +50,7 @@
 // slice; the body's returned values are unplanned there because they land in r_k.
 // ===================================================================================================
 #pragma once
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -69,6 +70,10 @@ struct SliceLoopArgs {
   int64_t slices = 1, extent = 1;
 };
 SliceLoopArgs slice_loop_args(const Node& loop);
+
+// Runs `pass` on the body of every slice_loop node of g (passes that rewrite the per-slice work, as
+// the fusion passes do); true when it changed any.
+bool for_each_slice_body(Graph& g, const std::function<bool(Graph& body)>& pass);
 
 // Rewrites region R's sliceable subgraph into one slice_loop node with `slices` slices (a valid count,
 // R computed on this graph). Returns the loop node's index.
