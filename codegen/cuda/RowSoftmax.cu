@@ -181,171 +181,6 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// ---- one warp per row (2-byte T, rows of 1024 to 4096): no block barrier, more rows in flight ----
-// Lane l holds vectors j = 0..C-1 of 8 elements at (j * 32 + l) * 8, packed in T (64 registers for
-// C = 16); values are upcast when used, and exps computed where needed rather than stored. The block
-// kernels' two __syncthreads reductions per row cost more than a warp's shuffles: on the H200 these
-// run the forward at ~3.5 TB/s where the block kernel reached 2.8 (benchmarks/row_softmax.py).
-constexpr int kWarpRows = 4;  // rows (warps) per block
-constexpr int kWarpVec = 8;   // 16-byte vectors of a 2-byte T
-
-__device__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-template <typename T>
-__device__ float scaled(T v, bool has_scale, float scale) {
-  const float f = static_cast<float>(v);
-  return has_scale ? static_cast<float>(static_cast<T>(f * scale)) : f;  // x * scale rounds to T
-}
-
-template <typename T, int C>
-__device__ void warp_load(const T* row, int64_t n, Vec<T, kWarpVec> (&raw)[C]) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int j = 0; j < C; ++j) {
-    const int64_t i = (static_cast<int64_t>(j) * 32 + lane) * kWarpVec;
-    if (i < n) raw[j] = *reinterpret_cast<const Vec<T, kWarpVec>*>(row + i);
-  }
-}
-
-// The row's max and 1 / sum(exp(v - max)): y = expf(v - max) * inv, as warp_y computes it.
-template <typename T, int C>
-__device__ float2 warp_stats(const Vec<T, kWarpVec> (&raw)[C], int64_t n, bool has_scale, float scale) {
-  const int lane = threadIdx.x & 31;
-  float m = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < C; ++j)
-    if ((static_cast<int64_t>(j) * 32 + lane) * kWarpVec < n)
-#pragma unroll
-      for (int k = 0; k < kWarpVec; ++k) m = fmaxf(m, scaled(raw[j].v[k], has_scale, scale));
-  m = warp_max(m);
-  float s = 0.f;
-#pragma unroll
-  for (int j = 0; j < C; ++j)
-    if ((static_cast<int64_t>(j) * 32 + lane) * kWarpVec < n)
-#pragma unroll
-      for (int k = 0; k < kWarpVec; ++k) s += expf(scaled(raw[j].v[k], has_scale, scale) - m);
-  return make_float2(m, 1.f / warp_sum(s));
-}
-
-template <typename T>
-__device__ float warp_y(T v, float2 st, bool has_scale, float scale) {
-  return expf(scaled(v, has_scale, scale) - st.x) * st.y;
-}
-
-template <typename T, int C>
-__global__ void __launch_bounds__(kWarpRows * 32)
-    forward_warp_kernel(const T* x, int64_t rows, int64_t n, bool has_scale, float scale, float* y32, T* low) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
-  if (row >= rows) return;  // the whole warp: no barrier below
-  const int lane = threadIdx.x & 31;
-  const int64_t base = row * n;
-  Vec<T, kWarpVec> raw[C];
-  warp_load(x + base, n, raw);
-  const float2 st = warp_stats(raw, n, has_scale, scale);
-#pragma unroll
-  for (int j = 0; j < C; ++j) {
-    const int64_t i = (static_cast<int64_t>(j) * 32 + lane) * kWarpVec;
-    if (i >= n) continue;
-    Vec<float, 4> y[2];
-    Vec<T, kWarpVec> o;
-#pragma unroll
-    for (int k = 0; k < kWarpVec; ++k) {
-      y[k / 4].v[k % 4] = warp_y(raw[j].v[k], st, has_scale, scale);
-      o.v[k] = static_cast<T>(y[k / 4].v[k % 4]);
-    }
-    if (y32) {
-      reinterpret_cast<Vec<float, 4>*>(y32 + base + i)[0] = y[0];
-      reinterpret_cast<Vec<float, 4>*>(y32 + base + i)[1] = y[1];
-    }
-    if (low) *reinterpret_cast<Vec<T, kWarpVec>*>(low + base + i) = o;
-  }
-}
-
-// As backward_kernel, a warp per row. grad, and y with y32, are read twice (the dot, then the result;
-// the second read comes from cache); without y32, y is recomputed from x where needed. In place (out
-// is grad, low is x) is safe: a lane writes only the elements it alone read, after the warp's dot.
-template <typename T, int C>
-__global__ void __launch_bounds__(kWarpRows * 32)
-    backward_warp_kernel(const T* grad, const float* y32, const T* x, int64_t rows, int64_t n, bool has_x_scale,
-                         float x_scale, bool has_scale, float scale, T* out, T* low) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int lane = threadIdx.x & 31;
-  const int64_t base = row * n;
-  Vec<T, kWarpVec> raw[C];  // x; grad is read where needed, twice (the second read hits the cache)
-  float2 st = make_float2(0.f, 0.f);
-  if (!y32) {
-    warp_load(x + base, n, raw);
-    st = warp_stats(raw, n, has_x_scale, x_scale);
-  }
-  auto y_at = [&](int j, int64_t i, float (&y)[kWarpVec]) {
-    if (y32) {
-      const Vec<float, 4> a = reinterpret_cast<const Vec<float, 4>*>(y32 + base + i)[0];
-      const Vec<float, 4> b = reinterpret_cast<const Vec<float, 4>*>(y32 + base + i)[1];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        y[k] = a.v[k];
-        y[k + 4] = b.v[k];
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < kWarpVec; ++k) y[k] = warp_y(raw[j].v[k], st, has_x_scale, x_scale);
-    }
-  };
-  float dot = 0.f;
-#pragma unroll
-  for (int j = 0; j < C; ++j) {
-    const int64_t i = (static_cast<int64_t>(j) * 32 + lane) * kWarpVec;
-    if (i >= n) continue;
-    float y[kWarpVec];
-    y_at(j, i, y);
-    const Vec<T, kWarpVec> g = *reinterpret_cast<const Vec<T, kWarpVec>*>(grad + base + i);
-#pragma unroll
-    for (int k = 0; k < kWarpVec; ++k) dot += static_cast<float>(g.v[k]) * y[k];
-  }
-  dot = warp_sum(dot);
-#pragma unroll
-  for (int j = 0; j < C; ++j) {
-    const int64_t i = (static_cast<int64_t>(j) * 32 + lane) * kWarpVec;
-    if (i >= n) continue;
-    float y[kWarpVec];
-    y_at(j, i, y);
-    const Vec<T, kWarpVec> g = *reinterpret_cast<const Vec<T, kWarpVec>*>(grad + base + i);
-    Vec<T, kWarpVec> o, p;
-#pragma unroll
-    for (int k = 0; k < kWarpVec; ++k) {
-      T v = static_cast<T>(y[k] * (static_cast<float>(g.v[k]) - dot));
-      if (has_scale) v = static_cast<T>(static_cast<float>(v) * scale);
-      o.v[k] = v;
-      p.v[k] = static_cast<T>(y[k]);
-    }
-    *reinterpret_cast<Vec<T, kWarpVec>*>(out + base + i) = o;
-    if (low) *reinterpret_cast<Vec<T, kWarpVec>*>(low + base + i) = p;
-  }
-}
-
-// Calls f(std::integral_constant<int, C>{}) when the warp kernels take rows of n 2-byte elements.
-template <typename T, typename F>
-bool dispatch_warp(int64_t n, bool vector_ok, F&& f) {
-  if constexpr (sizeof(T) != 2) {
-    return false;
-  } else {
-    if (!vector_ok || n % kWarpVec != 0 || n < 1024 || n > 4096) return false;
-    const int64_t vecs = n / kWarpVec;
-    if (vecs <= 4 * 32) f(std::integral_constant<int, 4>{});
-    else if (vecs <= 8 * 32) f(std::integral_constant<int, 8>{});
-    else f(std::integral_constant<int, 16>{});
-    return true;
-  }
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Threads per row and the chunk count for rows of n elements: false when over the limits.
@@ -398,12 +233,6 @@ bool forward_typed(const at::Tensor& x, bool has_scale, float scale, const at::T
   bool vec = aligned16(x.const_data_ptr()) && (!low.defined() || aligned16(low.const_data_ptr())) &&
              (!y32.defined() || aligned16(y32.const_data_ptr()));
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  if (dispatch_warp<T>(n, vec, [&](auto c) {
-        forward_warp_kernel<T, decltype(c)::value><<<(rows + kWarpRows - 1) / kWarpRows, kWarpRows * 32, 0, stream>>>(
-            ptr<T>(x), rows, n, has_scale, scale, mut_ptr<float>(y32), mut_ptr<T>(low));
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      }))
-    return true;
   return dispatch_shape<T>(n, vec, [&](auto v, auto c, int threads) {
     forward_kernel<T, decltype(v)::value, decltype(c)::value><<<rows, threads, 0, stream>>>(
         ptr<T>(x), n, has_scale, scale, mut_ptr<float>(y32), mut_ptr<T>(low));
@@ -420,13 +249,6 @@ bool backward_typed(const at::Tensor& grad, const at::Tensor& y32, const at::Ten
              (!x.defined() || aligned16(x.const_data_ptr())) && (!y32.defined() || aligned16(y32.const_data_ptr())) &&
              (!low.defined() || aligned16(low.const_data_ptr()));
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  if (dispatch_warp<T>(n, vec, [&](auto c) {
-        backward_warp_kernel<T, decltype(c)::value><<<(rows + kWarpRows - 1) / kWarpRows, kWarpRows * 32, 0, stream>>>(
-            ptr<T>(grad), ptr<float>(y32), ptr<T>(x), rows, n, has_x_scale, x_scale, has_scale, scale,
-            mut_ptr<T>(out), mut_ptr<T>(low));
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      }))
-    return true;
   return dispatch_shape<T>(n, vec, [&](auto v, auto c, int threads) {
     backward_kernel<T, decltype(v)::value, decltype(c)::value><<<rows, threads, 0, stream>>>(
         ptr<T>(grad), ptr<float>(y32), ptr<T>(x), n, has_x_scale, x_scale, has_scale, scale, mut_ptr<T>(out),
