@@ -132,7 +132,7 @@ int64_t arena_of(const std::vector<BufferRequest>& reqs, const std::vector<int64
 // functional result first and then copy it into `out`. The row softmax ops (backend/runtime/
 // RowSoftmax.h) qualify too: their CUDA kernels read a whole row before a block reduction that every
 // thread of the row passes before any writes, and their ATen fallback copies into `out` at the end.
-bool in_place_elementwise(const Node& n) {
+bool may_write_over_input(const Node& n) {
   static const std::set<std::string> k = {
       "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::add.Scalar",
       "aten::mul.Scalar", "aten::div.Scalar", "aten::sub.Scalar", "aten::neg.default", "aten::exp.default",
@@ -151,6 +151,19 @@ bool in_place_elementwise(const Node& n) {
 // serializer cannot set is_view): the runtime's result IS a view, so it must not get a buffer of its
 // own, and its base must live as long as it does.
 bool aliases_without_annotation(const Node& n) { return n.target == "aten::_unsafe_view.default"; }
+
+std::vector<int> storage_nodes(const Graph& g) {
+  std::vector<int> base(g.nodes.size());
+  for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
+    const Node& n = g.nodes[i];
+    const bool aliases = n.target == "operator::getitem" || n.effects.is_view || n.effects.mutates ||
+                         aliases_without_annotation(n);
+    base[i] = n.op == OpKind::CallFunction && aliases && !n.args.empty() && n.args[0].kind == Arg::Kind::Ref
+                  ? base[n.args[0].ref]
+                  : i;
+  }
+  return base;
+}
 
 // ---- strategies ---------------------------------------------------------------------------------
 
@@ -281,7 +294,7 @@ MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt) {
     const Node& node = g.nodes[V.vals[v].node];
     const int j = V.vals[v].node;
     int reuse = -1;
-    if (opt.in_place && V.vals[v].elem < 0 && in_place_elementwise(node)) {
+    if (opt.in_place && V.vals[v].elem < 0 && may_write_over_input(node)) {
       std::vector<int> read_roots;
       node.for_each_input([&](const Arg& a) {
         for (auto it = V.id.lower_bound({a.ref, std::numeric_limits<int>::min()});

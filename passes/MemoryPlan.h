@@ -154,12 +154,17 @@ MemoryPlan memory_plan(const Graph& g, const MemoryPlanOptions& opt = {});
 void set_runtime_placement(std::function<std::string(const Graph& g, int node)> unplaceable);
 const std::function<std::string(const Graph& g, int node)>& runtime_placement();
 
-// The elementwise ops whose result may take over a dying input's buffer (step 3). The runtime
-// checks its in-place placements against it.
-bool in_place_elementwise(const Node& n);
+// The ops whose result may take over a dying input's buffer (step 3): elementwise ops and the row
+// softmax ops. The runtime checks its in-place placements against it.
+bool may_write_over_input(const Node& n);
 // Ops whose result aliases their first argument although their schema does not say so
 // (aten::_unsafe_view): lifetimes treat them as views.
 bool aliases_without_annotation(const Node& n);
+// Per node, the node whose storage its value lives in: a getitem, a view, a mutating op's result and
+// _unsafe_view alias their first argument. Per node rather than per tuple element: coarser than
+// lifetimes(), which is what a safety rule wants (memory-schedule's mutation order, row-softmax-fusion's
+// in-place merge).
+std::vector<int> storage_nodes(const Graph& g);
 
 // The memory a node allocates and frees while it runs, beyond its results: hintbackend's FlexAttention
 // reference (backend/runtime/FlexAttention.h) materializes float32 [B, H, Sq, Skv] scores and their

@@ -26,22 +26,6 @@ bool has_effects(const Node& n) {
          n.target != "higher_order::flex_attention_backward";
 }
 
-// Per node, the node whose storage its value lives in: a getitem, a view, a mutating op's result and
-// _unsafe_view alias their first argument. Per node rather than per tuple element: coarser than
-// lifetimes(), which is what a safety rule wants.
-std::vector<int> storage_nodes(const Graph& g) {
-  std::vector<int> base(g.nodes.size());
-  for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
-    const Node& n = g.nodes[i];
-    const bool aliases = n.target == "operator::getitem" || n.effects.is_view || n.effects.mutates ||
-                         aliases_without_annotation(n);
-    base[i] = n.op == OpKind::CallFunction && aliases && !n.args.empty() && n.args[0].kind == Arg::Kind::Ref
-                  ? base[n.args[0].ref]
-                  : i;
-  }
-  return base;
-}
-
 // The parts every order keeps in place: placeholders, then get_attr constants (each in original
 // order); the output last. Everything else is the body the strategies order.
 struct Frame {

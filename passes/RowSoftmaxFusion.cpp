@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "backend/ir/GraphEdit.h"
+#include "passes/MemoryPlan.h"
 #include "passes/SliceSchedule.h"
 #include "passes/SoftmaxUpcast.h"
 
@@ -19,11 +20,7 @@ bool low_or_f32(DType d) { return is_low(d) || d == DType::Float32; }
 
 bool same_shape(const Node& a, const Node& b) {
   if (a.type.kind != ValueType::Kind::Tensor || b.type.kind != ValueType::Kind::Tensor) return false;
-  const TensorType &x = a.type.tensor, &y = b.type.tensor;
-  if (x.device != y.device || x.shape.size() != y.shape.size()) return false;
-  for (size_t d = 0; d < x.shape.size(); ++d)
-    if (x.shape[d].value != y.shape[d].value || x.shape[d].symbol != y.shape[d].symbol) return false;
-  return true;
+  return a.type.tensor.device == b.type.tensor.device && a.type.tensor.shape == b.type.tensor.shape;
 }
 
 bool is_last_dim(const Node& n, const Arg& dim) {
@@ -42,21 +39,7 @@ std::optional<std::pair<int, double>> scalar_mul(const Graph& g, const Node& n) 
   return std::make_pair(n.args[0].ref, c.kind == Arg::Kind::Float ? c.f : static_cast<double>(c.i));
 }
 
-Arg scale_arg(const std::optional<double>& s) {
-  Arg a;
-  if (s) {
-    a.kind = Arg::Kind::Float;
-    a.f = *s;
-  }
-  return a;
-}
-
-Arg dtype_arg(DType d) {
-  Arg a;
-  a.kind = Arg::Kind::DType;
-  a.dtype = d;
-  return a;
-}
+Arg scale_arg(const std::optional<double>& s) { return s ? Arg::of_float(*s) : Arg::none(); }
 
 // x [* scale] [-> float32] -> _softmax(-1) over float32, every step in the softmax's region and read
 // only by the next one.
@@ -218,12 +201,12 @@ bool fuse_one_backward(Graph& g, std::vector<std::string>& notes) {
     const int x = c->recompute->x;
     fused = call_node(last, kRowSoftmaxRecomputeBackwardTarget,
                       {grad, Arg::of_ref(x, g.nodes[x].name), scale_arg(c->recompute->scale), scale_arg(c->scale),
-                       dtype_arg(last.type.tensor.dtype)});
+                       Arg::of_dtype(last.type.tensor.dtype)});
     what = "row_softmax_recompute_backward(%" + g.nodes[c->grad].name + ", %" + g.nodes[x].name + ")";
   } else {
     fused = call_node(last, kRowSoftmaxBackwardTarget,
                       {grad, Arg::of_ref(c->y, g.nodes[c->y].name), scale_arg(c->scale),
-                       dtype_arg(last.type.tensor.dtype)});
+                       Arg::of_dtype(last.type.tensor.dtype)});
     what = "row_softmax_backward(%" + g.nodes[c->grad].name + ", %" + g.nodes[c->y].name + ")";
   }
   notes.push_back("row-softmax-fusion graph " + g.name + ": %" + last.name + " = " + what + " from" +
@@ -286,43 +269,28 @@ bool fuse_one_forward(Graph& g, std::vector<std::string>& notes) {
   if (down >= 0) {  // only the downcast is read: one T result
     Node& d = g.nodes[down];
     notes.push_back(prefix + d.name + " = row_softmax(%" + g.nodes[c.x].name + ")" + from);
-    d = call_node(d, kRowSoftmaxTarget, {x, scale_arg(c.scale), dtype_arg(c.t)});
+    d = call_node(d, kRowSoftmaxTarget, {x, scale_arg(c.scale), Arg::of_dtype(c.t)});
     keep[c.softmax] = false;
   } else {  // the float32 softmax only
     notes.push_back(prefix + s.name + " = row_softmax(%" + g.nodes[c.x].name + ")" + from);
-    g.nodes[c.softmax] = call_node(s, kRowSoftmaxTarget, {x, scale_arg(c.scale), dtype_arg(DType::Float32)});
+    g.nodes[c.softmax] = call_node(s, kRowSoftmaxTarget, {x, scale_arg(c.scale), Arg::of_dtype(DType::Float32)});
   }
   remove_nodes(g, keep);
   return true;
 }
 
-// The storage `v` lives in: back through views (and getitems) to the node that allocated it.
-int storage_of(const Graph& g, int v) {
-  for (;;) {
-    const Node& n = g.nodes[v];
-    const bool alias = n.effects.is_view || n.target == "aten::_unsafe_view.default" || n.target == "operator::getitem";
-    if (!alias || n.args.empty() || n.args[0].kind != Arg::Kind::Ref) return v;
-    v = n.args[0].ref;
-  }
-}
-
-// Whether storage `root` is a fresh intermediate of g that only the nodes in `allowed` (and views of it)
-// read: so an op may overwrite it once those have read it.
-bool private_storage(const Graph& g, int root, const std::set<int>& allowed,
-                     const std::vector<std::vector<int>>& users) {
+// Whether storage `root` (storage_nodes) is a fresh intermediate of g that only the nodes in `allowed`
+// read, apart from its own aliases: so an op may overwrite it once those have read it. The output node
+// reading it (through any alias) rules it out like any other reader.
+bool private_storage(const Graph& g, const std::vector<int>& base, int root, const std::set<int>& allowed) {
   const Node& r = g.nodes[root];
-  if (r.op != OpKind::CallFunction || r.effects.mutates || r.type.kind != ValueType::Kind::Tensor) return false;
-  const int out = g.output_node();
-  std::vector<int> family = {root};
-  for (size_t k = 0; k < family.size(); ++k)
-    for (int u : users[family[k]]) {
-      if (u == out) return false;
-      if (storage_of(g, u) == root && u != root && !allowed.count(u)) {
-        family.push_back(u);  // a view of it: its readers count too
-      } else if (!allowed.count(u)) {
-        return false;
-      }
-    }
+  if (r.op != OpKind::CallFunction || r.type.kind != ValueType::Kind::Tensor) return false;
+  for (int j = 0; j < static_cast<int>(g.nodes.size()); ++j) {
+    if (allowed.count(j) || (base[j] == root && j != root && g.nodes[j].op == OpKind::CallFunction)) continue;
+    bool reads = false;
+    g.nodes[j].for_each_input([&](const Arg& a) { reads |= base[a.ref] == root; });
+    if (reads) return false;
+  }
   return true;
 }
 
@@ -333,19 +301,19 @@ bool private_storage(const Graph& g, int root, const std::set<int>& allowed,
 // readers that came before it move right after it. None of them may feed it (checked).
 bool merge_one_recompute(Graph& g, std::vector<std::string>& notes) {
   const int n = static_cast<int>(g.nodes.size());
-  const std::vector<std::vector<int>> users = g.users();
+  const std::vector<int> base = storage_nodes(g);
   for (int r = 0; r < n; ++r) {
     const Node& rb = g.nodes[r];
     if (rb.target != kRowSoftmaxRecomputeBackwardTarget || rb.args.size() != 5) continue;
     const int grad = rb.args[0].ref, x = rb.args[1].ref;
-    if (rb.args[4].dtype != g.nodes[grad].type.tensor.dtype || storage_of(g, grad) == storage_of(g, x)) continue;
+    if (rb.args[4].dtype != g.nodes[grad].type.tensor.dtype || base[grad] == base[x]) continue;
     for (int p = 0; p < r; ++p) {
       const Node& sm = g.nodes[p];
       if (sm.target != kRowSoftmaxTarget || sm.args.size() != 3 || sm.args[0].ref != x ||
           sm.args[2].dtype != g.nodes[x].type.tensor.dtype || sm.args[1].kind != rb.args[2].kind ||
           (sm.args[1].kind == Arg::Kind::Float && sm.args[1].f != rb.args[2].f) || sm.hints.region != rb.hints.region)
         continue;
-      if (!private_storage(g, storage_of(g, x), {p, r}, users) || !private_storage(g, storage_of(g, grad), {r}, users))
+      if (!private_storage(g, base, base[x], {p, r}) || !private_storage(g, base, base[grad], {r}))
         continue;
       // Everything that reads the probabilities, directly or not; none may be something r reads.
       std::vector<bool> from_p(n, false);

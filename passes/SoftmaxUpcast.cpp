@@ -12,9 +12,7 @@ int plain_cast_source(const Graph& g, const Node& n) {
   if (n.type.kind != ValueType::Kind::Tensor || src.type.kind != ValueType::Kind::Tensor) return -1;
   const TensorType& out = n.type.tensor;
   const TensorType& in = src.type.tensor;
-  if (in.device != out.device || in.shape.size() != out.shape.size()) return -1;
-  for (size_t d = 0; d < in.shape.size(); ++d)
-    if (in.shape[d].value != out.shape[d].value || in.shape[d].symbol != out.shape[d].symbol) return -1;
+  if (in.device != out.device || in.shape != out.shape) return -1;
   if (n.target == "prims::convert_element_type.default") {
     if (n.args.size() != 2 || n.args[1].kind != Arg::Kind::DType || n.args[1].dtype != out.dtype) return -1;
     return n.args[0].ref;

@@ -295,8 +295,9 @@ std::shared_ptr<Graph> parse_graph(const json& g, const std::string& where) {
     n.name = need_string(jn, "name", c);
     n.op = parse_op(need_string(jn, "op", c), c);
     if (n.op != OpKind::Output) n.target = jn.contains("target") ? need_string(jn, "target", c) : "";
-    if (n.op == OpKind::CallFunction || n.op == OpKind::GetAttr)
+    if (n.op == OpKind::CallFunction || n.op == OpKind::GetAttr) {
       HB_USER_CHECK(!n.target.empty()) << c.str() << ": a " << op_kind_name(n.op) << " node needs a 'target'";
+    }
     if (jn.contains("args")) {
       const json& args = jn["args"];
       HB_USER_CHECK(args.is_array()) << c.str() << ": 'args' must be a list, got " << json_type(args);

@@ -33,6 +33,8 @@ struct Dim {
   int64_t value = 0;
   std::string symbol;  // empty when static
   bool is_static() const { return symbol.empty(); }
+  bool operator==(const Dim& o) const { return value == o.value && symbol == o.symbol; }
+  bool operator!=(const Dim& o) const { return !(*this == o); }
 };
 
 struct TensorType {
@@ -73,6 +75,8 @@ struct Arg {
     Arg a; a.kind = Kind::Ref; a.ref = node; a.s = std::move(name); return a;
   }
   static Arg of_int(int64_t v) { Arg a; a.kind = Kind::Int; a.i = v; return a; }
+  static Arg of_float(double v) { Arg a; a.kind = Kind::Float; a.f = v; return a; }
+  static Arg of_dtype(DType d) { Arg a; a.kind = Kind::DType; a.dtype = d; return a; }
   // Calls f(const Arg&) on every Ref inside this argument, depth first.
   template <typename F>
   void for_each_ref(F&& f) const {

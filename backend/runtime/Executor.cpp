@@ -1141,9 +1141,9 @@ void Executor::plan_arena(const std::vector<int>& step_of) {
       const TensorType& t = node.type.tensor;
       if (k > 0) {
         // In place: the op writes over an input that dies here, through its out= overload. Only the
-        // elementwise ops the planner allows (all safe with out == that input), same layout.
+        // ops the planner allows (may_write_over_input: all safe with out == that input), same layout.
         const TensorType& first = g.nodes[b.values[0].node].type.tensor;
-        bool same = in_place_elementwise(node) && first.dtype == t.dtype && first.shape.size() == t.shape.size();
+        bool same = may_write_over_input(node) && first.dtype == t.dtype && first.shape.size() == t.shape.size();
         for (size_t d = 0; same && d < t.shape.size(); ++d)
           same = first.shape[d].value == t.shape[d].value && first.stride[d].value == t.stride[d].value;
         HB_INTERNAL_CHECK(same) << describe(g, v.node) << ": in-place reuse of a buffer with another layout";

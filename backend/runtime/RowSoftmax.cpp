@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -36,19 +37,18 @@ bool kernel_dtype(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHal
 bool rows_ok(const Tensor& t) { return t.defined() && t.dim() >= 1 && t.is_contiguous(); }
 
 // The CUDA kernels' preconditions: contiguous rows on one device, one dtype T for `same_t` (x, grad,
-// T-typed results), float32 for `f32` (the saved softmax, float32 results).
-bool kernels_take(const std::vector<Tensor>& same_t, const std::vector<Tensor>& f32) {
-  const Tensor& first = same_t.front();
+// T-typed results), float32 for `f32` (the saved softmax, or the float32 result); undefined ones pass.
+// Pointers, not copies: this runs on every call.
+bool kernels_take(std::initializer_list<const Tensor*> same_t, const Tensor& f32) {
+  const Tensor& first = **same_t.begin();
   if (!kernel_dtype(first.scalar_type())) return false;
-  for (const Tensor& t : same_t)
-    if (t.defined() && (!rows_ok(t) || t.scalar_type() != first.scalar_type() || t.device() != first.device() ||
-                        !t.sizes().equals(first.sizes())))
-      return false;
-  for (const Tensor& t : f32)
-    if (t.defined() && (!rows_ok(t) || t.scalar_type() != at::kFloat || t.device() != first.device() ||
-                        !t.sizes().equals(first.sizes())))
-      return false;
-  return true;
+  auto fits = [&](const Tensor& t, at::ScalarType dtype) {
+    return !t.defined() || (rows_ok(t) && t.scalar_type() == dtype && t.device() == first.device() &&
+                            t.sizes().equals(first.sizes()));
+  };
+  for (const Tensor* t : same_t)
+    if (!fits(*t, first.scalar_type())) return false;
+  return fits(f32, at::kFloat);
 }
 
 #endif
@@ -56,7 +56,7 @@ bool kernels_take(const std::vector<Tensor>& same_t, const std::vector<Tensor>& 
 // Runs the CUDA forward into y32 / low (either may be undefined); false when the kernel does not take it.
 bool run_forward(const Tensor& x, std::optional<double> scale, const Tensor& y32, const Tensor& low) {
 #ifdef HB_WITH_CUDA
-  if (x.is_cuda() && kernels_take({x, low}, {y32}))
+  if (x.is_cuda() && kernels_take({&x, &low}, y32))
     return hb::cuda::row_softmax_forward(x, scale.has_value(), scale ? static_cast<float>(*scale) : 1.f, y32, low);
 #endif
   return false;
@@ -65,7 +65,7 @@ bool run_forward(const Tensor& x, std::optional<double> scale, const Tensor& y32
 bool run_backward(const Tensor& grad, const Tensor& y32, const Tensor& x, std::optional<double> x_scale,
                   std::optional<double> scale, const Tensor& out, const Tensor& low = Tensor()) {
 #ifdef HB_WITH_CUDA
-  if (grad.is_cuda() && kernels_take({grad, x, out, low}, {y32}))
+  if (grad.is_cuda() && kernels_take({&grad, &x, &out, &low}, y32))
     return hb::cuda::row_softmax_backward(grad, y32, x, x_scale.has_value(), x_scale ? static_cast<float>(*x_scale) : 1.f,
                                           scale.has_value(), scale ? static_cast<float>(*scale) : 1.f, out, low);
 #endif
