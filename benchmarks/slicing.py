@@ -139,7 +139,10 @@ def main() -> None:
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     what = {"plain": "plain-op attention", "flex": "flex_attention (relative bias)"}[args.region]
     print(f"{what} B,H,S,D={shape} {args.dtype} on {name}, torch {torch.__version__}")
-    print(f"{'schedule':<30} {'mode':<8} {'ms':>9} {'peak MB':>10} {'time/BFS':>9} {'peak/BFS':>9} {'partition':>10}")
+    print(f"{'schedule':<30} {'mode':<8} {'ms':>9} {'TFLOP/s':>8} {'peak MB':>10} {'time/BFS':>9} {'peak/BFS':>9} "
+          f"{'partition':>10}")
+    # Attention's matmul work: 4*B*H*S^2*D forward, 3.5 times that for forward+backward (no recompute counted).
+    flops_fw = 4 * args.b * args.h * args.s * args.s * args.d
     plog = PartitionLog()
     hb_log = logging.getLogger("hintbackend")
     hb_log.addHandler(plog)
@@ -165,11 +168,14 @@ def main() -> None:
             part = "-"
             if train and sched != "eager":
                 part = "recompute" if any("backward recomputes" in m for m in plog.messages) else "default"
-            print(f"{label:<30} {'fw+bw' if train else 'fw':<8} {ms:>9.2f} {mb} {rt} {rp} {part:>10}")
+            tflops = flops_fw * (3.5 if train else 1.0) / (ms * 1e-3) / 1e12
+            print(f"{label:<30} {'fw+bw' if train else 'fw':<8} {ms:>9.2f} {tflops:>8.1f} {mb} {rt} {rp} {part:>10}")
             for m in plog.messages:
                 if "keeps the default partition" in m:
                     print(f"  {m[:160]}")
-    print("time/BFS is BFS time over this time (throughput ratio); peak/BFS is this peak over BFS's. "
+    print("TFLOP/s counts attention's matmuls (4*B*H*S^2*D forward, 3.5x that with the backward; DFS's "
+          "recompute not counted). time/BFS is BFS time over this time (throughput ratio); peak/BFS is this "
+          "peak over BFS's. "
           "The 'no row kernels' rows compare with the BFS row above them, also without row kernels.")
 
 
