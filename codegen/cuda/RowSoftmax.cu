@@ -14,7 +14,8 @@ namespace {
 // rows of 4096), and so was one block reduction of online-softmax statistics (max and rescaled sum
 // together) in place of the max's and the sum's: its expf per step cost more than a reduction saves.
 // A warp per row (values kept packed, exps recomputed per pass, no block barrier) was slower still:
-// row_softmax 0.49 ms against 0.39, the in-place recompute backward 2.8 against 0.67.
+// row_softmax 0.49 ms against 0.39, the in-place recompute backward 2.8 against 0.67 (the kernels of
+// then; those below take 0.28 and 0.53).
 constexpr int kMaxThreads = 256;
 constexpr int kMaxChunks = 8;     // vectors per thread
 
@@ -24,37 +25,77 @@ struct alignas(sizeof(T) * VEC) Vec {
   T v[VEC];
 };
 
-// The sum (or max) over the block, returned to every thread. `red` holds one float per warp.
+// The sum (or max) over the block, returned to every thread. `red` holds one float per warp, padded
+// with the identity to kMaxThreads / 32 so that every thread reads it as two 16-byte loads: a loop to
+// blockDim.x / 32 compiled to one shared load per warp and reduction. These kernels issue few
+// instructions per byte, so such overheads show: this and compile-time flags (on() below) took
+// row_softmax from 0.387 to 0.317 ms for 65536 rows of 4096 bf16 on the H200 (benchmarks/row_softmax.py).
 template <bool MAX>
 __device__ float block_reduce(float v, float* red) {
   for (int o = 16; o > 0; o >>= 1) {
     const float w = __shfl_xor_sync(0xffffffffu, v, o);
     v = MAX ? fmaxf(v, w) : v + w;
   }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __syncthreads();  // `red` may still be read by a previous reduction
   if (lane == 0) red[warp] = v;
+  if (threadIdx.x >= (blockDim.x >> 5) && threadIdx.x < kMaxThreads / 32) red[threadIdx.x] = MAX ? -INFINITY : 0.f;
   __syncthreads();
   v = red[0];
-  for (int w = 1; w < warps; ++w) v = MAX ? fmaxf(v, red[w]) : v + red[w];
+#pragma unroll
+  for (int w = 1; w < kMaxThreads / 32; ++w) v = MAX ? fmaxf(v, red[w]) : v + red[w];
   return v;
 }
 
-// Row `row` of x into r[] (the scaled, upcast values; -inf past the row's end), then y = softmax
-// in place. C chunks of VEC elements per thread: chunk c of thread t starts at (c * threads + t) * VEC.
+// Blocks take rows from the end: the rows a matrix product wrote last are the likeliest still in L2
+// (its last tiles), so the first blocks read them from there. A DFS slice's scores (128 MB for 4 heads
+// of 4096 x 4096 bf16) are about twice the H200's L2: its row kernels took 3% less time (1.195 to
+// 1.158 ms forward, 3.372 to 3.286 fw+bw, benchmarks/profile_slicing.py); BFS's did not change.
+__device__ __forceinline__ unsigned row_of_block() { return gridDim.x - 1 - blockIdx.x; }
+
+// Launched with programmatic stream serialization (launch() below), a kernel's blocks may start while
+// the previous kernel in the stream (the matrix product that wrote the scores) finishes: they wait
+// here for it to complete and its writes to be visible, and the launch latency between the two is
+// hidden.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Flags of a kernel: 0 or 1 when fixed at compile time (the vectorized shapes attention uses: no
+// per-element tests), kRuntime when read from the arguments (the one generic instantiation per shape).
+constexpr int kRuntime = 2;
+__device__ __forceinline__ bool on(int flag, bool runtime) { return flag == kRuntime ? runtime : flag == 1; }
+
+// This thread's chunks of a row, every load issued before any value is used: with a use between
+// them the second load waited for the first (row_softmax 0.317 ms, 0.284 loading first; the in-place
+// recompute backward 0.582, 0.529). C chunks of VEC elements per thread: chunk c of thread t starts at
+// (c * threads + t) * VEC; chunks past the row's end are not loaded.
 template <typename T, int VEC, int C>
-__device__ void softmax_row(const T* x, int64_t n, bool has_scale, float scale, float (&r)[C][VEC], float* red) {
-  using V = Vec<T, VEC>;
+__device__ void load_row(const T* row, int64_t n, Vec<T, VEC> (&in)[C]) {
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const int64_t i = (static_cast<int64_t>(c) * blockDim.x + threadIdx.x) * VEC;
+    if (i < n) in[c] = *reinterpret_cast<const Vec<T, VEC>*>(row + i);
+  }
+}
+
+// The loaded row `in` into r[] (the scaled, upcast values; -inf past the row's end), then y = softmax
+// in place. Past the row's end exp(-inf - max) is 0, so the sum needs no test (a row of only -inf
+// gives NaN, as ATen's softmax does).
+template <typename T, int VEC, int C, int SCALE>
+__device__ void softmax_row(const Vec<T, VEC> (&in)[C], int64_t n, bool has_scale, float scale, float (&r)[C][VEC],
+                            float* red) {
   float m = -INFINITY;
 #pragma unroll
   for (int c = 0; c < C; ++c) {
     const int64_t i = (static_cast<int64_t>(c) * blockDim.x + threadIdx.x) * VEC;
     if (i < n) {
-      const V in = *reinterpret_cast<const V*>(x + i);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        float v = static_cast<float>(in.v[k]);
-        if (has_scale) v = static_cast<float>(static_cast<T>(v * scale));  // x * scale rounds to T
+        float v = static_cast<float>(in[c].v[k]);
+        if (on(SCALE, has_scale)) v = static_cast<float>(static_cast<T>(v * scale));  // x * scale rounds to T
         r[c][k] = v;
         m = fmaxf(m, v);
       }
@@ -69,8 +110,7 @@ __device__ void softmax_row(const T* x, int64_t n, bool has_scale, float scale, 
   for (int c = 0; c < C; ++c)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const int64_t i = (static_cast<int64_t>(c) * blockDim.x + threadIdx.x) * VEC + k;
-      r[c][k] = i < n ? expf(r[c][k] - m) : 0.f;
+      r[c][k] = expf(r[c][k] - m);
       s += r[c][k];
     }
   s = block_reduce<false>(s, red);
@@ -81,18 +121,21 @@ __device__ void softmax_row(const T* x, int64_t n, bool has_scale, float scale, 
     for (int k = 0; k < VEC; ++k) r[c][k] *= inv;
 }
 
-template <typename T, int VEC, int C>
+template <typename T, int VEC, int C, int SCALE, int Y32, int LOW>
 __global__ void __launch_bounds__(kMaxThreads)
     forward_kernel(const T* x, int64_t n, bool has_scale, float scale, float* y32, T* low) {
-  __shared__ float red[kMaxThreads / 32];
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * n;
+  __shared__ alignas(16) float red[kMaxThreads / 32];
+  wait_for_previous_kernel();
+  const int64_t base = static_cast<int64_t>(row_of_block()) * n;
+  Vec<T, VEC> in[C];
+  load_row<T, VEC, C>(x + base, n, in);
   float r[C][VEC];
-  softmax_row<T, VEC, C>(x + base, n, has_scale, scale, r, red);
+  softmax_row<T, VEC, C, SCALE>(in, n, has_scale, scale, r, red);
 #pragma unroll
   for (int c = 0; c < C; ++c) {
     const int64_t i = (static_cast<int64_t>(c) * blockDim.x + threadIdx.x) * VEC;
     if (i >= n) continue;
-    if (y32) {
+    if (on(Y32, y32 != nullptr)) {
       Vec<float, VEC> o;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) o.v[k] = r[c][k];
@@ -105,7 +148,7 @@ __global__ void __launch_bounds__(kMaxThreads)
           *reinterpret_cast<Vec<float, 4>*>(y32 + base + i + h) = *reinterpret_cast<Vec<float, 4>*>(&o.v[h]);
       }
     }
-    if (low) {
+    if (on(LOW, low != nullptr)) {
       Vec<T, VEC> o;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) o.v[k] = static_cast<T>(r[c][k]);
@@ -114,16 +157,21 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// out = T(y * (g - sum(g * y))) [* scale in T]; y read from y32, or recomputed from x.
-template <typename T, int VEC, int C>
+// out = T(y * (g - sum(g * y))) [* scale in T]; y read from y32 (SAVED), or recomputed from x.
+template <typename T, int VEC, int C, int SAVED, int XSCALE, int SCALE, int LOW>
 __global__ void __launch_bounds__(kMaxThreads)
     backward_kernel(const T* grad, const float* y32, const T* x, int64_t n, bool has_x_scale, float x_scale,
                     bool has_scale, float scale, T* out, T* low) {
-  __shared__ float red[kMaxThreads / 32];
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * n;
+  __shared__ alignas(16) float red[kMaxThreads / 32];
+  wait_for_previous_kernel();
+  const int64_t base = static_cast<int64_t>(row_of_block()) * n;
+  const bool saved = on(SAVED, y32 != nullptr);
+  Vec<T, VEC> xin[C], gin[C];
+  if (!saved) load_row<T, VEC, C>(x + base, n, xin);
+  load_row<T, VEC, C>(grad + base, n, gin);
   float y[C][VEC];
-  if (y32 == nullptr) {
-    softmax_row<T, VEC, C>(x + base, n, has_x_scale, x_scale, y, red);
+  if (!saved) {
+    softmax_row<T, VEC, C, XSCALE>(xin, n, has_x_scale, x_scale, y, red);
   } else {
 #pragma unroll
     for (int c = 0; c < C; ++c) {
@@ -152,9 +200,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int c = 0; c < C; ++c) {
     const int64_t i = (static_cast<int64_t>(c) * blockDim.x + threadIdx.x) * VEC;
     if (i < n) {
-      const Vec<T, VEC> in = *reinterpret_cast<const Vec<T, VEC>*>(grad + base + i);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) g[c][k] = static_cast<float>(in.v[k]);
+      for (int k = 0; k < VEC; ++k) g[c][k] = static_cast<float>(gin[c].v[k]);
     } else {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) g[c][k] = 0.f;
@@ -171,11 +218,11 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       T v = static_cast<T>(y[c][k] * (g[c][k] - dot));
-      if (has_scale) v = static_cast<T>(static_cast<float>(v) * scale);
+      if (on(SCALE, has_scale)) v = static_cast<T>(static_cast<float>(v) * scale);
       o.v[k] = v;
     }
     *reinterpret_cast<Vec<T, VEC>*>(out + base + i) = o;
-    if (low) {  // the recomputed probabilities in T, as forward_kernel writes them
+    if (on(LOW, low != nullptr)) {  // the recomputed probabilities in T, as forward_kernel writes them
 #pragma unroll
       for (int k = 0; k < VEC; ++k) o.v[k] = static_cast<T>(y[c][k]);
       *reinterpret_cast<Vec<T, VEC>*>(low + base + i) = o;
@@ -228,6 +275,36 @@ T* mut_ptr(const at::Tensor& t) {
   return t.defined() ? reinterpret_cast<T*>(t.mutable_data_ptr()) : nullptr;
 }
 
+// Calls f(std::integral_constant<int, F>{}) with F the flag's compile-time value: 0 or 1 when
+// Fixed (the vectorized shapes), else kRuntime.
+template <bool Fixed, typename F>
+void with_flag(bool value, F&& f) {
+  if constexpr (!Fixed) {
+    f(std::integral_constant<int, kRuntime>{});
+  } else if (value) {
+    f(std::integral_constant<int, 1>{});
+  } else {
+    f(std::integral_constant<int, 0>{});
+  }
+}
+
+// One block per row, with programmatic stream serialization (wait_for_previous_kernel): the DFS 16
+// forward of benchmarks/slicing.py spent 0.093 ms idle between kernels instead of 0.119 and ran in
+// 2.65 to 2.67 ms instead of 2.69 (H200, the same machine, runs interleaved).
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), int64_t rows, int threads, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(rows));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
+}
+
 template <typename T>
 bool forward_typed(const at::Tensor& x, bool has_scale, float scale, const at::Tensor& y32, const at::Tensor& low) {
   const int64_t n = x.size(-1), rows = n ? x.numel() / n : 0;
@@ -236,9 +313,16 @@ bool forward_typed(const at::Tensor& x, bool has_scale, float scale, const at::T
              (!y32.defined() || aligned16(y32.const_data_ptr()));
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   return dispatch_shape<T>(n, vec, [&](auto v, auto c, int threads) {
-    forward_kernel<T, decltype(v)::value, decltype(c)::value><<<rows, threads, 0, stream>>>(
-        ptr<T>(x), n, has_scale, scale, mut_ptr<float>(y32), mut_ptr<T>(low));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    constexpr bool fixed = decltype(v)::value > 1;
+    with_flag<fixed>(has_scale, [&](auto s) {
+      with_flag<fixed>(y32.defined(), [&](auto y) {
+        with_flag<fixed>(low.defined(), [&](auto l) {
+          launch(forward_kernel<T, decltype(v)::value, decltype(c)::value, decltype(s)::value, decltype(y)::value,
+                                decltype(l)::value>,
+                 rows, threads, stream, ptr<T>(x), n, has_scale, scale, mut_ptr<float>(y32), mut_ptr<T>(low));
+        });
+      });
+    });
   });
 }
 
@@ -251,11 +335,25 @@ bool backward_typed(const at::Tensor& grad, const at::Tensor& y32, const at::Ten
              (!x.defined() || aligned16(x.const_data_ptr())) && (!y32.defined() || aligned16(y32.const_data_ptr())) &&
              (!low.defined() || aligned16(low.const_data_ptr()));
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool saved = y32.defined();
   return dispatch_shape<T>(n, vec, [&](auto v, auto c, int threads) {
-    backward_kernel<T, decltype(v)::value, decltype(c)::value><<<rows, threads, 0, stream>>>(
-        ptr<T>(grad), ptr<float>(y32), ptr<T>(x), n, has_x_scale, x_scale, has_scale, scale, mut_ptr<T>(out),
-        mut_ptr<T>(low));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    constexpr bool fixed = decltype(v)::value > 1;
+    auto run = [&](auto sv, auto xs, auto s, auto l) {
+      launch(backward_kernel<T, decltype(v)::value, decltype(c)::value, decltype(sv)::value, decltype(xs)::value,
+                             decltype(s)::value, decltype(l)::value>,
+             rows, threads, stream, ptr<T>(grad), ptr<float>(y32), ptr<T>(x), n, has_x_scale, x_scale, has_scale,
+             scale, mut_ptr<T>(out), mut_ptr<T>(low));
+    };
+    using Fixed0 = std::integral_constant<int, fixed ? 0 : kRuntime>;
+    with_flag<fixed>(has_scale, [&](auto s) {
+      if (fixed && saved) {  // x, x_scale and low unused
+        run(std::integral_constant<int, fixed ? 1 : kRuntime>{}, Fixed0{}, s, Fixed0{});
+        return;
+      }
+      with_flag<fixed>(has_x_scale, [&](auto xs) {
+        with_flag<fixed>(low.defined(), [&](auto l) { run(Fixed0{}, xs, s, l); });
+      });
+    });
   });
 }
 

@@ -15,9 +15,10 @@ hintbackend._core()  # registers the ops
 ops = torch.ops.hintbackend
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-# Row lengths: tiny, odd (the scalar path), the vector path, long rows, and longer than the CUDA
-# kernel's rows (ATen ops then).
-LENGTHS = [1, 7, 64, 100, 4096, 20000]
+# Row lengths: tiny, odd (the scalar path), the vector path, a row that leaves some threads' chunks
+# past its end (1000), long rows (several chunks per thread; 8200 also past the end), and longer than
+# the CUDA kernel's rows (ATen ops then).
+LENGTHS = [1, 7, 64, 100, 1000, 4096, 8200, 20000]
 
 
 def rows(n, dtype, spread=4.0):
@@ -88,6 +89,28 @@ def test_backward_is_as_accurate_as_eager(dtype, n, scale):
     r = ops.row_softmax_recompute_backward_(g2, x2, 0.5, scale)
     assert r.data_ptr() == g2.data_ptr()
     assert torch.equal(g2, got) and torch.equal(x2, ops.row_softmax(x, 0.5, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masked_rows_match_eager(dtype):
+    """Scores masked with -inf (a causal mask, say): partly masked rows are exact zeros where masked;
+    a row masked whole is NaN, as eager's softmax gives. Forward and the recomputing backward."""
+    torch.manual_seed(9)
+    x = rows(4096, dtype)
+    x[..., 1::3] = float("-inf")
+    x[1, 2] = float("-inf")  # one row masked whole
+    got = ops.row_softmax(x, 0.125, dtype)
+    want = eager_forward(x, 0.125, dtype)
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan()[1, 2].all() and not got.isnan()[0].any()
+    assert (got[..., 1::3][~got.isnan()[..., 1::3]] == 0).all()
+    torch.testing.assert_close(got, want, rtol=0, atol=torch.finfo(dtype).eps, equal_nan=True)
+    grad = rows(4096, dtype, spread=1.0)
+    y = eager_forward(x, 0.125, torch.float32)
+    want_g = torch._softmax_backward_data(grad.float(), y, -1, torch.float32).to(dtype)
+    got_g = ops.row_softmax_recompute_backward(grad, x, 0.125, None, dtype)
+    assert torch.equal(got_g.isnan(), want_g.isnan())
+    eps = torch.finfo(dtype).eps  # a unit in the last place either way (float32 sums in another order)
+    torch.testing.assert_close(got_g, want_g, rtol=2 * eps, atol=2 * eps, equal_nan=True)
 
 
 def test_strided_inputs_and_out_overloads():
