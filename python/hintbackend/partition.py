@@ -23,7 +23,12 @@ Not recomputed (their values are saved, as the default does):
   than ``flex_attention``;
 - the values of an ``auto`` region whose ``memory_budget`` the default partition's forward already
   meets (the C++ heap simulator's figure, the chooser's): the chooser keeps it whole, so recomputing
-  it would only cost time. The log says so.
+  it would only cost time. The log says so;
+- saved values no larger than the region's largest output whose recompute would rerun a matrix
+  product or an attention op (FlexAttention's logsumexp, B x H x S next to its B x H x S x D output):
+  saving one costs less than the output the caller holds anyway, while recomputing it would rerun the
+  whole attention in the backward. Attention's S x S values are far larger and are recomputed; views
+  of the region's inputs cost nothing to recompute and are.
 
 The whole graph keeps the default partition, with a log line saying why, when: no region asks for
 dfs/auto (exactly ``default_partition``), the graph uses activation checkpointing tags or activation
@@ -143,11 +148,68 @@ def _joint_outputs(joint: fx.GraphModule) -> tuple:
     return leaves, descs
 
 
+def _numel(node: fx.Node) -> Optional[int]:
+    """The element count of node's tensor value, None when not a tensor or not a static size."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        return int(val.numel())
+    except (TypeError, ValueError, RuntimeError):  # symbolic
+        return None
+
+
+def _region_output_numels(joint: fx.GraphModule, forward: AbstractSet[str], fwd_outputs: AbstractSet[fx.Node]
+                          ) -> Dict[int, int]:
+    """Per region: the largest element count among its forward values that the forward outside the region
+    reads or returns (`forward`: the names of the forward's nodes; the backward's reads do not count)."""
+    sizes: Dict[int, int] = {}
+    for n in joint.graph.nodes:
+        hints = node_hints(n)
+        if not hints or "region" not in hints or n.name not in forward:
+            continue
+        region = hints["region"]
+        if n in fwd_outputs or any(u.name in forward and (node_hints(u) or {}).get("region") != region
+                                   for u in n.users):
+            numel = _numel(n)
+            if numel is not None:
+                sizes[region] = max(sizes.get(region, 0), numel)
+    return sizes
+
+
+#: Ops whose recompute costs real work: matrix products and attention.
+_HEAVY = {"mm", "bmm", "addmm", "baddbmm", "matmul", "convolution", "_scaled_dot_product_flash_attention",
+          "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+          "_scaled_dot_product_flash_attention_for_cpu", "flex_attention"}
+
+
+def _op_name(node: fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name.split("::")[-1]
+    return getattr(target, "__name__", "") or str(target)
+
+
+def _recompute_is_heavy(value: fx.Node, kept: AbstractSet[int]) -> bool:
+    """Whether recomputing value (back through its region's nodes) reruns a matrix product or attention."""
+    seen, stack = set(), [value]
+    while stack:
+        node = stack.pop()
+        if node in seen or node.op != "call_function" or not recomputes(node, kept):
+            continue
+        seen.add(node)
+        if _op_name(node) in _HEAVY:
+            return True
+        stack.extend(node.all_input_nodes)
+    return False
+
+
 class _Plan:
     """Which values the forward saves once the dfs/auto regions are recomputed."""
 
     def __init__(self, joint: fx.GraphModule, default_saved: List[fx.Node], default_sym: List[fx.Node],
-                 num_fwd_outputs: int, kept: AbstractSet[int] = frozenset()) -> None:
+                 num_fwd_outputs: int, kept: AbstractSet[int] = frozenset(),
+                 forward: AbstractSet[str] = frozenset()) -> None:
         self.kept = kept
         leaves, self.descs = _joint_outputs(joint)
         self.fwd_outputs: Set[fx.Node] = {o for o in leaves[:num_fwd_outputs] if isinstance(o, fx.Node)}
@@ -155,12 +217,25 @@ class _Plan:
         self.saved: Dict[fx.Node, str] = {}  # value -> why it is saved
         self.saved_sym: Dict[fx.Node, None] = dict.fromkeys(default_sym)
         self.random: Dict[fx.Node, None] = {}
+        output_numels = _region_output_numels(joint, forward, self.fwd_outputs)
+        # Every value that stays saved first, so that a recompute walk stops at it.
+        to_recompute = []
         for value in default_saved:
             reason = self._keep_reason(value)
+            if reason is None:
+                region = (node_hints(value) or {}).get("region")
+                numel = _numel(value)
+                if (numel is not None and region in output_numels and numel <= output_numels[region]
+                        and _recompute_is_heavy(value, kept)):
+                    reason = (f"no larger than region {region}'s largest output ({numel} <= "
+                              f"{output_numels[region]} elements) and recomputing it reruns a matrix product "
+                              f"or attention")
             if reason is not None:
                 self.saved.setdefault(value, f"saved by default, {reason}")
             else:
-                self._recompute(value)
+                to_recompute.append(value)
+        for value in to_recompute:
+            self._recompute(value)
 
     def _keep_reason(self, node: fx.Node) -> Optional[str]:
         """None when the backward may recompute node; else why its value is saved."""
@@ -308,7 +383,8 @@ def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_output
     fw_default, bw_default = default()
     try:
         saved, sym = _default_saved(joint_module, fw_default, num_fwd_outputs)
-        plan = _Plan(joint_module, saved, sym, num_fwd_outputs, _auto_regions_that_fit(joint_module, fw_default))
+        plan = _Plan(joint_module, saved, sym, num_fwd_outputs, _auto_regions_that_fit(joint_module, fw_default),
+                     {n.name for n in fw_default.graph.nodes})
         if not plan.recomputed:
             log.debug("partition: no saved value of a dfs/auto region to recompute")
             return fw_default, bw_default

@@ -381,3 +381,42 @@ def test_flex_attention_default_block_mask_stays_outside_the_loop(tmp_path):
     loop = main_graph(ir)
     assert "hintbackend::slice_loop(" in loop and "aten::sort" in loop, ir  # the mask: outside, once
     assert "higher_order::flex_attention" in ir[len(loop):], ir             # the attention: in the body
+
+
+def test_small_values_of_heavy_ops_are_saved_not_recomputed():
+    """Attention through a log-sum-exp: the default partition saves S x S values (the scores, the
+    probabilities) and the B x H x S x 1 log-sum-exp. hintbackend's recomputes the S x S values but
+    saves the log-sum-exp: it is smaller than the region's output and recomputing it would rerun q @ k^T
+    (FlexAttention's logsumexp is the case that matters: recomputing it reruns the whole attention).
+    Training through the backend still matches eager, BFS and DFS alike."""
+    def region(q, k, v):
+        s = (q @ k.transpose(-1, -2)) * (D ** -0.5)
+        lse = torch.logsumexp(s, -1, keepdim=True)
+        return (s - lse).exp() @ v
+
+    def f(q, k, v, hints):
+        with hinted_context(**hints):
+            out = region(q, k, v)
+        return out * 2
+
+    hints = {"schedule": "dfs", "slices": 4}
+    (want_fw, _), (got_fw, _), n = partitions_of(lambda *a: f(*a, hints), *qkv())
+    shapes = lambda nodes: [tuple(v.meta["val"].shape) for v in nodes]  # noqa: E731
+    assert (B, H, S, 1) in shapes(saved_values(want_fw, n)) and any(
+        has_s_by_s(str(list(x))) for x in shapes(saved_values(want_fw, n)))
+    saved = shapes(saved_values(got_fw, n))
+    assert (B, H, S, 1) in saved and not any(has_s_by_s(str(list(x))) for x in saved), saved
+
+    torch.manual_seed(4)
+    q, k, v = (randn(B, H, S, D) for _ in range(3))
+    ref = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    want = region(*ref) * 2
+    want.backward(torch.ones_like(want))
+    for h in ({"schedule": "bfs"}, hints):
+        torch._dynamo.reset()
+        xs = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        out = torch.compile(lambda *a: f(*a, h), backend="hintbackend", options={"strict": True})(*xs)
+        out.backward(torch.ones_like(out))
+        for name, got, r in zip(("out", "dq", "dk", "dv"), [out.detach()] + [x.grad for x in xs],
+                                [want.detach()] + [x.grad for x in ref]):
+            torch.testing.assert_close(got.double(), r, rtol=1e-4, atol=1e-5, msg=lambda m: f"{h} {name}: {m}")
