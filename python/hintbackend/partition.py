@@ -65,7 +65,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from .hoo.hints import HINTS_KEY
 from . import _core
-from .serialize import SerializationError, draws_random, serialize
+from .serialize import SerializationError, draws_random, serialize, target_name
 
 log = logging.getLogger("hintbackend")
 
@@ -177,17 +177,11 @@ def _region_output_numels(joint: fx.GraphModule, forward: AbstractSet[str], fwd_
     return sizes
 
 
-#: Ops whose recompute costs real work: matrix products and attention.
-_HEAVY = {"mm", "bmm", "addmm", "baddbmm", "matmul", "convolution", "_scaled_dot_product_flash_attention",
-          "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-          "_scaled_dot_product_flash_attention_for_cpu", "flex_attention"}
-
-
-def _op_name(node: fx.Node) -> str:
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return target._schema.name.split("::")[-1]
-    return getattr(target, "__name__", "") or str(target)
+#: Ops whose recompute costs real work, by their IR names (any overload): matrix products and attention.
+_HEAVY = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::convolution",
+          "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+          "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
+          "higher_order::flex_attention"}
 
 
 def _recompute_is_heavy(value: fx.Node, kept: AbstractSet[int]) -> bool:
@@ -198,7 +192,7 @@ def _recompute_is_heavy(value: fx.Node, kept: AbstractSet[int]) -> bool:
         if node in seen or node.op != "call_function" or not recomputes(node, kept):
             continue
         seen.add(node)
-        if _op_name(node) in _HEAVY:
+        if target_name(node.target).split(".")[0] in _HEAVY:
             return True
         stack.extend(node.all_input_nodes)
     return False

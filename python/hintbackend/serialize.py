@@ -30,7 +30,8 @@ class SerializationError(Exception):
     """A node whose arguments or metadata the document cannot express."""
 
 
-def _target_name(target: Any) -> str:
+def target_name(target: Any) -> str:
+    """The IR's name of an FX target (docs/graph-schema.md): aten::mm.default, higher_order::flex_attention ..."""
     if isinstance(target, torch._ops.OpOverload):
         overload = target._overloadname or "default"
         return f"{target._schema.name}.{overload}"
@@ -149,7 +150,7 @@ class _Serializer:
                 raise SerializationError(f"%{node.name}: {node.op} nodes do not occur in AOT graphs")
             entry: dict = {"name": node.name, "op": node.op}
             if node.op == "call_function":
-                entry["target"] = _target_name(node.target)
+                entry["target"] = target_name(node.target)
                 effects = _effects(node.target, node)
                 if effects:
                     entry["effects"] = effects
@@ -207,12 +208,12 @@ class _Serializer:
             return {"memory_format": str(a).removeprefix("torch.")}
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             raise SerializationError(
-                f"%{node.name} ({_target_name(node.target)}): argument {a} is a symbolic value that is not a graph "
+                f"%{node.name} ({target_name(node.target)}): argument {a} is a symbolic value that is not a graph "
                 "node; hintbackend supports symbolic sizes only as graph values. Mark the input static "
                 "(torch._dynamo.mark_static) or compile with dynamic=False.")
         if isinstance(a, torch.Tensor):
             raise SerializationError(f"%{node.name}: a tensor literal in the arguments (should have been lifted)")
-        raise SerializationError(f"%{node.name} ({_target_name(node.target)}): cannot serialize argument of type "
+        raise SerializationError(f"%{node.name} ({target_name(node.target)}): cannot serialize argument of type "
                                  f"{type(a).__name__}: {a!r}")
 
 
