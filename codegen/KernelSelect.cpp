@@ -1,30 +1,13 @@
 #include "codegen/KernelSelect.h"
 
 #include "backend/ir/Error.h"
+#include "backend/ir/SliceLoop.h"
 #include "codegen/PointwiseProgram.h"
 
 #include <set>
 #include <sstream>
 
 namespace hb {
-
-const char* kernel_kind_name(KernelKind k) {
-  switch (k) {
-    case KernelKind::Input: return "input";
-    case KernelKind::Constant: return "constant";
-    case KernelKind::Aten: return "aten-dispatch";
-    case KernelKind::GetItem: return "getitem";
-    case KernelKind::SymOp: return "sym-op";
-    case KernelKind::FlexForward: return "flex-attention-reference";
-    case KernelKind::FlexBackward: return "flex-attention-backward-reference";
-    case KernelKind::ZerosAndScatter: return "zeros-and-scatter";
-    case KernelKind::SliceLoop: return "slice-loop";
-    case KernelKind::FusedPointwise: return "fused-pointwise";
-    case KernelKind::Output: return "output";
-    case KernelKind::Unsupported: return "UNSUPPORTED";
-  }
-  return "?";
-}
 
 bool is_native_sym_op(const std::string& t) {
   static const std::set<std::string> kOps = {
@@ -55,7 +38,7 @@ KernelChoice choose(const Node& n) {
   if (t == "higher_order::flex_attention_backward")
     return {KernelKind::FlexBackward, "C++ reference (dense scores, recomputed)"};
   if (t == "flex_lib::zeros_and_scatter.default") return {KernelKind::ZerosAndScatter, ""};
-  if (t == "hintbackend::slice_loop") return {KernelKind::SliceLoop, "DFS: the body runs once per slice"};
+  if (t == kSliceLoopTarget) return {KernelKind::SliceLoop, "DFS: the body runs once per slice"};
   if (t == kFusedPointwiseTarget) return {KernelKind::FusedPointwise, ""};
   const std::string ns = ns_of(t);
   if (ns == "higher_order")
@@ -78,28 +61,30 @@ KernelChoice choose_fused(const Graph& g, const Node& n) {
   }
 }
 
-void select_into(const Graph& g, KernelPlan& plan, const std::string& prefix) {
-  for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
-    KernelChoice c = choose(g.nodes[i]);
-    if (c.kind == KernelKind::FusedPointwise) c = choose_fused(g, g.nodes[i]);
-    if (c.kind == KernelKind::Unsupported) {
-      plan.unsupported.push_back(i);
-      plan.unsupported_descriptions.push_back(prefix + describe(g, i) + ": " + c.why);
-    }
-    plan.nodes.push_back(std::move(c));
-  }
-}
-
 }  // namespace
+
+KernelChoice select_kernel(const Graph& g, int node) {
+  KernelChoice c = choose(g.nodes[node]);
+  if (c.kind == KernelKind::FusedPointwise) c = choose_fused(g, g.nodes[node]);
+  return c;
+}
 
 KernelPlan select_kernels(const Graph& g) {
   KernelPlan plan;
-  select_into(g, plan, "");
+  for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
+    KernelChoice c = select_kernel(g, i);
+    if (c.kind == KernelKind::Unsupported) {
+      plan.unsupported.push_back(i);
+      plan.unsupported_descriptions.push_back(describe(g, i) + ": " + c.why);
+    }
+    plan.nodes.push_back(std::move(c));
+  }
   // Subgraphs run through the same executor: an unsupported op inside a score_mod is as fatal.
   for (const auto& kv : g.subgraphs) {
-    KernelPlan sub = select_kernels(*kv.second);
-    for (const std::string& d : sub.unsupported_descriptions)
+    auto sub = std::make_shared<const KernelPlan>(select_kernels(*kv.second));
+    for (const std::string& d : sub->unsupported_descriptions)
       plan.unsupported_descriptions.push_back("subgraph '" + kv.first + "': " + d);
+    plan.subgraphs[kv.first] = std::move(sub);
   }
   return plan;
 }
@@ -116,7 +101,11 @@ std::string print_kernel_plan(const Graph& g, const KernelPlan& plan) {
     os << "\n";
   }
   os << "}\n";
-  for (const auto& kv : g.subgraphs) os << print_kernel_plan(*kv.second, select_kernels(*kv.second));
+  for (const auto& kv : g.subgraphs) {
+    auto it = plan.subgraphs.find(kv.first);
+    HB_INTERNAL_CHECK(it != plan.subgraphs.end()) << "no kernel plan for subgraph '" << kv.first << "'";
+    os << print_kernel_plan(*kv.second, *it->second);
+  }
   return os.str();
 }
 

@@ -10,7 +10,9 @@
 
 #include "backend/ir/Error.h"
 #include "backend/ir/GraphEdit.h"
-#include "passes/MemoryPlan.h"
+#include "backend/ir/Aliasing.h"
+#include "passes/HeapSimulator.h"
+#include "passes/Lifetimes.h"
 
 namespace hb {
 namespace {
@@ -162,10 +164,10 @@ int64_t saturating_add(int64_t a, int64_t b) {
   return a > kMax - b ? kMax : a + b;
 }
 
-int64_t peak_in_order(const Graph& g, const std::vector<int>& order) {
+int64_t peak_in_order(const Graph& g, const std::vector<int>& order, const MemoryPlanOptions& opt) {
   Graph copy = g;
   reorder_nodes(copy, order);
-  return simulate_peak(copy);
+  return simulate_peak(copy, opt);
 }
 
 struct Candidate {
@@ -333,8 +335,8 @@ bool memory_schedule(Graph& g, PassContext& ctx) {
   std::vector<int> original(g.nodes.size());
   std::iota(original.begin(), original.end(), 0);
   std::vector<Candidate> candidates = {
-      {"original", original, simulate_peak(g)}, {"list", list_schedule(g), 0}, {"dfs", dfs_schedule(g), 0}};
-  for (size_t k = 1; k < candidates.size(); ++k) candidates[k].peak = peak_in_order(g, candidates[k].order);
+      {"original", original, simulate_peak(g, ctx.memory)}, {"list", list_schedule(g), 0}, {"dfs", dfs_schedule(g), 0}};
+  for (size_t k = 1; k < candidates.size(); ++k) candidates[k].peak = peak_in_order(g, candidates[k].order, ctx.memory);
   // The lowest peak; the original (then the earlier strategy) wins ties, and a reorder must gain at
   // least 1/kMinGainDivisor of the peak: a new order also changes which kernels run back to back (and
   // when hidden workspaces are taken), which the simulator does not see, so noise does not pay for it.

@@ -7,7 +7,7 @@
 //             ties by original position
 //   dfs       a post-order from the output: a node's inputs, heaviest subtree first, then the node
 //
-// The heap simulator (simulate_peak, passes/MemoryPlan.h; it honours Graph::inputs_owned) replays each
+// The heap simulator (simulate_peak, passes/HeapSimulator.h; it honours Graph::inputs_owned) replays each
 // order and the lowest peak wins; the original wins ties and any gain under 1/64 of its peak, so the
 // pass changes nothing unless it clearly helps (a new order also moves what the simulator cannot see:
 // which kernels run back to back, when hidden workspaces are taken).

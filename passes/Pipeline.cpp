@@ -2,6 +2,7 @@
 
 #include "backend/ir/Error.h"
 #include "backend/ir/Verifier.h"
+#include "codegen/KernelSelect.h"
 #include "passes/DeadCodeElimination.h"
 #include "passes/HintPropagation.h"
 #include "passes/MemoryPlan.h"
@@ -42,7 +43,8 @@ const std::vector<PassInfo>& pipeline() {
        "before memory-plan, which plans the order it leaves"},
       // Last: plans offsets over the final order; any pass after it would invalidate the plan.
       {"memory-plan", memory_plan_pass,
-       "analysis over the final order: arena offsets, in-place reuse, planned vs no-reuse peak in the dump"},
+       "analysis over the final order: the program's memory plan (arena offsets, in-place reuse, direct "
+       "output writes) for ctx.memory's target; the runtime runs it as given"},
   };
   return kPipeline;
 }
@@ -86,6 +88,18 @@ void run_passes(Graph& g, const std::vector<std::string>& names, PassContext& ct
     HB_USER_CHECK(p != nullptr) << "unknown pass '" << name << "'";
     run_one(*p, g, ctx);
   }
+}
+
+Program compile_program(std::shared_ptr<Graph> g, PassContext& ctx) {
+  run_pipeline(*g, ctx);
+  Program p;
+  // Kernel selection reads the final graph; the memory plan was made for the same graph (its target
+  // asks the same per-node choice, codegen/TargetModel.h).
+  p.kernels = std::make_shared<const KernelPlan>(select_kernels(*g));
+  p.memory = ctx.memory_plan;
+  p.notes = ctx.notes;
+  p.graph = std::move(g);
+  return p;
 }
 
 }  // namespace hb

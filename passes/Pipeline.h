@@ -3,23 +3,36 @@
 // analyses (Liveness, ...) return data and never mutate.
 #pragma once
 #include <functional>
+#include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "backend/ir/Graph.h"
+#include "backend/ir/MemoryPlan.h"
+#include "backend/ir/Program.h"
 
 namespace hb {
 
 struct PassContext {
-  // Called after every pass with its name and whether it changed the graph (dumps hook in here).
+  // Called after every pass with its name and whether it changed the graph (dumps hook in here; null
+  // when nothing is dumped, so no IR is printed).
   std::function<void(const std::string& pass, const Graph& g, bool changed)> after_pass;
+  // The memory planner's settings and the target's model (what it can place, workspaces): read by the
+  // slice chooser, memory-schedule and memory-plan. Values, set by whoever runs the pipeline.
+  MemoryPlanOptions memory;
   // Passes turned off by name (options["disable_passes"] or HINTBACKEND_DISABLE_PASSES=a,b).
   std::set<std::string> disabled;
   // Verify the IR after every pass (HINTBACKEND_VERIFY_EACH_PASS=1; tests turn it on).
   bool verify_each = false;
   // Free-form notes passes leave for the dump ("slice-legality: %mm ends the region: ...").
   std::vector<std::string> notes;
+  // slice-schedule's decision per region id: its slice count (1: left whole). The one owner of that
+  // decision: the training partition asks it too (bindings, slice_decisions).
+  std::map<int, int64_t> slice_counts;
+  // memory-plan's result, the compiled program's plan (null until it runs, or when it is disabled).
+  std::shared_ptr<const MemoryPlan> memory_plan;
 };
 
 using PassFn = bool (*)(Graph& g, PassContext& ctx);
@@ -38,5 +51,7 @@ const PassInfo* find_pass(const std::string& name);
 void run_pipeline(Graph& g, PassContext& ctx);
 // Runs the named passes in the given order (hb-opt, tests).
 void run_passes(Graph& g, const std::vector<std::string>& names, PassContext& ctx);
+// Compiling: the pipeline over g, then kernel selection; the result the runtime runs as given.
+Program compile_program(std::shared_ptr<Graph> g, PassContext& ctx);
 
 }  // namespace hb

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "backend/ir/GraphEdit.h"
-#include "passes/MemoryPlan.h"
+#include "backend/ir/Aliasing.h"
 #include "passes/SliceSchedule.h"
 #include "passes/SoftmaxUpcast.h"
 

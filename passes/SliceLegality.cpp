@@ -13,37 +13,6 @@ std::string to_string(const SliceMap& m) {
   return "dims[" + std::to_string(m.dim) + ":" + std::to_string(m.dim + m.ndims) + "]";
 }
 
-std::optional<std::vector<SliceRange>> slice_box(const std::vector<int64_t>& group, int64_t slices, int64_t i) {
-  int64_t E = 1;
-  for (int64_t s : group) E *= s;
-  if (slices < 1 || E % slices != 0 || i < 0 || i >= slices) return std::nullopt;
-  const int64_t c = E / slices;
-  const int k = static_cast<int>(group.size());
-  // Find the pivot: dims right of it are covered whole (their product P divides c), the pivot is
-  // narrowed by m = c / P, which must divide its size so slices never straddle its end.
-  int pivot = -1;
-  int64_t P = 1;
-  for (int j = k - 1; j >= 0; --j) {
-    if (c % (P * group[j]) == 0) {
-      P *= group[j];
-      continue;
-    }
-    if (c % P != 0 || group[j] % (c / P) != 0) return std::nullopt;
-    pivot = j;
-    break;
-  }
-  std::vector<SliceRange> out(k);
-  int64_t flat = i * c;
-  for (int j = k - 1; j >= 0; --j) {
-    const int64_t idx = flat % group[j];
-    flat /= group[j];
-    if (pivot < 0 || j > pivot) out[j] = {0, group[j]};
-    else if (j == pivot) out[j] = {idx, c / P};
-    else out[j] = {idx, 1};
-  }
-  return out;
-}
-
 std::vector<int64_t> SliceRegion::slice_counts() const {
   std::vector<int64_t> out;
   if (extent <= 0) return out;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/ir/Graph.h"
+#include "backend/ir/SliceLoop.h"
 #include "passes/Pipeline.h"
 
 namespace hb {
@@ -38,16 +39,6 @@ struct SliceMap {
 };
 // "whole" or "dims[0:2]" (half-open).
 std::string to_string(const SliceMap& m);
-
-// Slice i of `slices` equal slices of a group with sizes `group` (row-major, product E): for each
-// group dim, the index range it covers. A slice is always a box when it exists: the dims left of one
-// pivot dim get length 1, the pivot is narrowed, the dims right of it stay whole. nullopt when
-// `slices` does not divide E or the slice is not a box for these sizes (e.g. E=12 as [3, 4], 6 slices).
-struct SliceRange {
-  int64_t start = 0;
-  int64_t length = 0;
-};
-std::optional<std::vector<SliceRange>> slice_box(const std::vector<int64_t>& group, int64_t slices, int64_t i);
 
 struct SliceInput {
   int node = -1;   // a value defined outside the sliceable subgraph

@@ -8,7 +8,7 @@
 #include "backend/ir/Error.h"
 #include "backend/ir/GraphEdit.h"
 #include "backend/ir/Printer.h"
-#include "passes/MemoryPlan.h"
+#include "passes/HeapSimulator.h"
 
 namespace hb {
 
@@ -20,13 +20,6 @@ Arg list_of(const std::vector<int64_t>& v) {
   for (int64_t x : v) a.items.push_back(Arg::of_int(x));
   return a;
 }
-std::vector<int64_t> ints_of(const Arg* a) {
-  std::vector<int64_t> v;
-  HB_INTERNAL_CHECK(a && a->kind == Arg::Kind::List) << "slice_loop: malformed integer list";
-  for (const Arg& x : a->items) v.push_back(x.i);
-  return v;
-}
-
 // Contiguous strides that keep the original dim order (by decreasing original stride).
 std::vector<Dim> restride(const TensorType& t) {
   const int r = static_cast<int>(t.shape.size());
@@ -81,25 +74,6 @@ std::string counts_str(const std::vector<int64_t>& v) {
 }
 
 }  // namespace
-
-SliceLoopArgs slice_loop_args(const Node& loop) {
-  HB_INTERNAL_CHECK(loop.target == kSliceLoopTarget && loop.args.size() == 2 &&
-                    loop.args[0].kind == Arg::Kind::Graph && loop.args[1].kind == Arg::Kind::List)
-      << "not a well-formed slice_loop node: %" << loop.name;
-  SliceLoopArgs a;
-  a.body = loop.args[0].s;
-  for (const Arg& x : loop.args[1].items) a.inputs.push_back(x.ref);
-  a.in_dims = ints_of(loop.kwarg("in_dims"));
-  a.in_ndims = ints_of(loop.kwarg("in_ndims"));
-  a.out_dims = ints_of(loop.kwarg("out_dims"));
-  a.out_ndims = ints_of(loop.kwarg("out_ndims"));
-  const Arg* s = loop.kwarg("slices");
-  const Arg* e = loop.kwarg("extent");
-  HB_INTERNAL_CHECK(s && e) << "slice_loop %" << loop.name << " lacks slices/extent";
-  a.slices = s->i;
-  a.extent = e->i;
-  return a;
-}
 
 int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
   HB_INTERNAL_CHECK(!R.sliceable.empty() && !R.outputs.empty()) << "make_slice_loop: nothing to slice";
@@ -226,12 +200,12 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
   return loop_index;
 }
 
-std::vector<SliceCandidate> simulate_slice_counts(const Graph& g, const SliceRegion& R) {
+std::vector<SliceCandidate> simulate_slice_counts(const Graph& g, const SliceRegion& R, const MemoryPlanOptions& opt) {
   std::vector<SliceCandidate> out;
   for (int64_t n : R.slice_counts()) {
     Graph copy = g;  // subgraphs are shared, the map is not: the original stays untouched
     if (n > 1) make_slice_loop(copy, R, n);
-    out.push_back({n, simulate_peak(copy)});
+    out.push_back({n, simulate_peak(copy, opt)});
   }
   return out;
 }
@@ -271,6 +245,7 @@ bool slice_schedule(Graph& g, PassContext& ctx) {
     const std::string where = region_name(g, *R);
     const std::string head = "slice-schedule region " + std::to_string(R->region) + ": ";
     const Schedule sched = R->hints.schedule.value_or(Schedule::BFS);
+    ctx.slice_counts[R->region] = 1;
     if (sched == Schedule::BFS) {
       ctx.notes.push_back(head + "bfs, left as is");
       continue;
@@ -301,7 +276,7 @@ bool slice_schedule(Graph& g, PassContext& ctx) {
       n = R->extent / *h.slice_size;
       how = "slice_size hint";
     } else if (sched == Schedule::Auto || h.memory_budget) {
-      const std::vector<SliceCandidate> cands = simulate_slice_counts(g, *R);
+      const std::vector<SliceCandidate> cands = simulate_slice_counts(g, *R, ctx.memory);
       std::ostringstream sim;
       for (size_t i = 0; i < cands.size(); ++i)
         sim << (i ? ", " : "") << cands[i].slices << ": " << cands[i].peak_bytes;
@@ -326,6 +301,7 @@ bool slice_schedule(Graph& g, PassContext& ctx) {
     }
     const std::string rest = R->end_node < 0 ? "" : "; the region's rest stays outside from %" +
                                                       g.nodes[R->end_node].name + ": " + R->end_reason;
+    ctx.slice_counts[R->region] = n;
     const int loop = make_slice_loop(g, *R, n);
     changed = true;
     std::ostringstream note;

@@ -11,8 +11,10 @@
 #include "backend/ir/Error.h"
 #include "backend/ir/Printer.h"
 #include "backend/runtime/Executor.h"
+#include "backend/runtime/Placement.h"
 #include "codegen/KernelSelect.h"
-#include "passes/MemoryPlan.h"
+#include "codegen/TargetModel.h"
+#include "passes/HeapSimulator.h"
 #include "passes/Pipeline.h"
 
 namespace py = pybind11;
@@ -51,36 +53,60 @@ py::object to_py(const c10::IValue& v) {
   throw InternalError("hintbackend: cannot return a value of kind " + std::string(v.tagKind()) + " to Python");
 }
 
-// One compiled FX graph: the IR after the pipeline, its kernel plan, the executor, and the dumps.
-class CompiledGraph {
- public:
-  CompiledGraph(const std::string& document, std::vector<at::Tensor> constants,
-                const std::vector<std::string>& disable_passes, bool verify_each_pass) {
-    graph_ = import_json(document);
-    dumps_.emplace_back("ir-import", print_graph(*graph_));
+// The settings of one compile, read once in Python (options.py) and passed down as values.
+struct CompileSettings {
+  std::vector<std::string> disable_passes;
+  bool verify_each_pass = false;
+  std::string memory_plan_strategy;  // "" = the planner keeps the better of its strategies
+  bool memory_plan_in_place = true;
+  bool arena = true;
+  bool dump = false;  // print the IR after every pass, the kernels and the plan (else none is printed)
+
+  PassContext pass_context() const {
     PassContext ctx;
     ctx.disabled.insert(disable_passes.begin(), disable_passes.end());
     ctx.verify_each = verify_each_pass;
+    ctx.memory.strategy = memory_plan_strategy;
+    ctx.memory.in_place = memory_plan_in_place;
+    ctx.memory.arena = arena;
+    ctx.memory.target = rt::runtime_target();  // plan exactly what this runtime places
+    return ctx;
+  }
+};
+
+// One compiled FX graph: the program the pipeline made, the executor that runs it, and the dumps.
+class CompiledGraph {
+ public:
+  CompiledGraph(const std::string& document, std::vector<at::Tensor> constants, const CompileSettings& settings) {
+    std::shared_ptr<Graph> graph = import_json(document);
+    PassContext ctx = settings.pass_context();
     int step = 0;
-    ctx.after_pass = [&](const std::string& pass, const Graph& g, bool changed) {
-      ++step;
-      dumps_.emplace_back("ir-after-" + std::to_string(step) + "-" + pass,
-                          changed ? print_graph(g) : "(unchanged)\n");
-    };
-    run_pipeline(*graph_, ctx);
-    notes_ = ctx.notes;
-    kernels_ = select_kernels(*graph_);
-    dumps_.emplace_back("ir-final", print_graph(*graph_));
-    dumps_.emplace_back("kernels", print_kernel_plan(*graph_, kernels_));
-    if (kernels_.unsupported_descriptions.empty()) {
+    if (settings.dump) {
+      dumps_.emplace_back("ir-import", print_graph(*graph));
+      ctx.after_pass = [&](const std::string& pass, const Graph& g, bool changed) {
+        ++step;
+        dumps_.emplace_back("ir-after-" + std::to_string(step) + "-" + pass,
+                            changed ? print_graph(g) : "(unchanged)\n");
+      };
+    }
+    program_ = compile_program(std::move(graph), ctx);
+    ctx.after_pass = nullptr;
+    const Graph& g = *program_.graph;
+    if (settings.dump) {
+      dumps_.emplace_back("ir-final", print_graph(g));
+      dumps_.emplace_back("kernels", print_kernel_plan(g, *program_.kernels));
+      dumps_.emplace_back("memory-plan", program_.memory ? to_string(*program_.memory, g) + "\n"
+                                                         : "memory-plan disabled: nothing is placed\n");
+      dumps_.emplace_back("placement", placement_table(g, ctx.memory.target));
+    }
+    if (program_.kernels->unsupported_descriptions.empty()) {
       auto consts = std::make_shared<const std::vector<at::Tensor>>(std::move(constants));
-      executor_ = std::make_unique<rt::Executor>(graph_, kernels_, consts);
-      dumps_.emplace_back("memory-plan-runtime", executor_->memory_plan_text());
+      executor_ = std::make_unique<rt::Executor>(program_, consts);
     }
   }
 
   py::object run(py::list args) {
-    HB_USER_CHECK(executor_ != nullptr) << "graph '" << graph_->name
+    HB_USER_CHECK(executor_ != nullptr) << "graph '" << program_.graph->name
                                         << "' has unsupported nodes and cannot run in hintbackend";
     std::vector<c10::IValue> inputs;
     inputs.reserve(args.size());
@@ -96,17 +122,15 @@ class CompiledGraph {
     return std::move(t);
   }
 
-  std::vector<std::string> unsupported() const { return kernels_.unsupported_descriptions; }
+  std::vector<std::string> unsupported() const { return program_.kernels->unsupported_descriptions; }
   std::vector<std::pair<std::string, std::string>> dumps() const { return dumps_; }
-  std::vector<std::string> notes() const { return notes_; }
-  std::string ir() const { return print_graph(*graph_); }
+  std::vector<std::string> notes() const { return program_.notes; }
+  std::string ir() const { return print_graph(*program_.graph); }  // printed on demand only
 
  private:
-  std::shared_ptr<Graph> graph_;
-  KernelPlan kernels_;
+  Program program_;
   std::unique_ptr<rt::Executor> executor_;
   std::vector<std::pair<std::string, std::string>> dumps_;
-  std::vector<std::string> notes_;
 };
 
 }  // namespace
@@ -123,10 +147,17 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("WITH_CUDA") = false;
 #endif
+  py::class_<hb::CompileSettings>(m, "CompileSettings")
+      .def(py::init<>())
+      .def_readwrite("disable_passes", &hb::CompileSettings::disable_passes)
+      .def_readwrite("verify_each_pass", &hb::CompileSettings::verify_each_pass)
+      .def_readwrite("memory_plan_strategy", &hb::CompileSettings::memory_plan_strategy)
+      .def_readwrite("memory_plan_in_place", &hb::CompileSettings::memory_plan_in_place)
+      .def_readwrite("arena", &hb::CompileSettings::arena)
+      .def_readwrite("dump", &hb::CompileSettings::dump);
   py::class_<hb::CompiledGraph>(m, "CompiledGraph")
-      .def(py::init<const std::string&, std::vector<at::Tensor>, const std::vector<std::string>&, bool>(),
-           py::arg("document"), py::arg("constants"), py::arg("disable_passes") = std::vector<std::string>{},
-           py::arg("verify_each_pass") = false)
+      .def(py::init<const std::string&, std::vector<at::Tensor>, const hb::CompileSettings&>(), py::arg("document"),
+           py::arg("constants"), py::arg("settings"))
       .def("run", &hb::CompiledGraph::run, "Runs the graph on a list of inputs (boxed: the list is cleared)")
       .def_property_readonly("unsupported", &hb::CompiledGraph::unsupported)
       .def_property_readonly("dumps", &hb::CompiledGraph::dumps)
@@ -134,13 +165,27 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("ir", &hb::CompiledGraph::ir);
   m.def("import_graph", [](const std::string& doc) { return hb::print_graph(*hb::import_json(doc)); },
         "Parses and verifies a graph document; returns its IR text");
-  m.def("simulated_peak", [](const std::string& doc) {
+  m.def("simulated_peak", [](const std::string& doc, const hb::CompileSettings& settings) {
     auto g = hb::import_json(doc);
-    hb::PassContext ctx;
+    hb::PassContext ctx = settings.pass_context();
     hb::run_passes(*g, {"dead-code-elimination"}, ctx);
-    return hb::simulate_peak(*g);
-  }, "The heap simulator's peak (bytes) of a graph document as it is (no slicing), after dead-code "
-     "elimination: the figure schedule='auto' compares with memory_budget");
+    return hb::simulate_peak(*g, ctx.memory);
+  }, py::arg("document"), py::arg("settings"),
+     "The heap simulator's peak (bytes) of a graph document as it is (no slicing), after dead-code "
+     "elimination, under the runtime's target");
+  m.def("slice_decisions", [](const std::string& doc, const hb::CompileSettings& settings) {
+    auto g = hb::import_json(doc);
+    hb::PassContext ctx = settings.pass_context();
+    std::vector<std::string> upto;
+    for (const auto& p : hb::pipeline()) {
+      if (!ctx.disabled.count(p.name)) upto.push_back(p.name);
+      if (std::string(p.name) == "slice-schedule") break;
+    }
+    hb::run_passes(*g, upto, ctx);
+    return ctx.slice_counts;
+  }, py::arg("document"), py::arg("settings"),
+     "slice-schedule's slice count per hinted region id of a graph document (1: left whole), as compiling "
+     "it would decide");
   m.def("pipeline", [] {
     std::vector<std::pair<std::string, std::string>> out;
     for (const auto& p : hb::pipeline()) out.emplace_back(p.name, p.why);

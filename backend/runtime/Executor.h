@@ -1,18 +1,17 @@
-// The runtime: executes an IR graph with no Python in the per-node path. The constructor turns
-// the graph and its kernel plan into a list of steps once (dispatcher handles resolved, constant
-// arguments converted to IValues against the op's schema, release lists from liveness); run()
-// then walks the steps.
+// The runtime: executes a compiled Program (backend/ir/Program.h: the graph after the pipeline, its
+// kernel choices and its memory plan) with no Python in the per-node path. It decides nothing: the
+// constructor turns the program into a list of steps once (dispatcher handles resolved, constant
+// arguments converted to IValues against the op's schema, release lists from liveness, a Call for each
+// node a kernel of ours runs (Call.h), a Placement for each value the memory plan placed); run() then
+// walks the steps.
 //
-// Memory: the constructor also decides which results it can place (an ATen op with its own out=
-// kernel, or a fused pointwise group; one tensor of static contiguous layout) and computes the
-// memory plan over those only (passes/MemoryPlan.h). A run() then allocates one arena per busy
-// period of the plan (at::empty, so on CUDA from the caching allocator; most graphs have one period)
-// at the period's first placed result, writes each placed result into a view of it at its planned
-// offset, and drops it after the period's last placed value dies.
-// Calls skip the arena where it would raise the simulated peak (arena_for_calls()). Everything else
-// (inputs, outputs, views, multi-output ops, ops without out=) is allocated by its op as before and
-// released after its last use. Outputs never live in the arena. HINTBACKEND_ARENA=0 (read at
-// construction) turns placement off.
+// Memory: a run() allocates one arena per busy period of the plan (at::empty, so on CUDA from the
+// caching allocator; most graphs have one) at the period's first placed result, writes each placed
+// result into a view of it at its planned offset through the op's out= overload, and drops it after
+// the period's last placed value dies. Calls skip the arena where the plan says it would raise the
+// simulated peak (MemoryPlan::arena_for_calls). Everything else (inputs, outputs, views, multi-output
+// ops, ops without out=) is allocated by its op and released after its last use. Outputs never live in
+// the arena. A program without a memory plan places nothing.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -24,8 +23,8 @@
 #include <vector>
 
 #include "backend/ir/Graph.h"
-#include "codegen/KernelSelect.h"
-#include "passes/MemoryPlan.h"
+#include "backend/ir/MemoryPlan.h"
+#include "backend/ir/Program.h"
 
 namespace hb::rt {
 
@@ -34,9 +33,7 @@ struct Step;
 class Executor {
  public:
   // `constants`: the document's tensor constants (get_attr nodes index into it), shared by subgraphs.
-  // `arena`: place intermediates in one arena per call (also off when HINTBACKEND_ARENA=0).
-  Executor(std::shared_ptr<const Graph> graph, const KernelPlan& kernels,
-           std::shared_ptr<const std::vector<at::Tensor>> constants, bool arena = true);
+  Executor(Program program, std::shared_ptr<const std::vector<at::Tensor>> constants);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -48,7 +45,7 @@ class Executor {
   // undefined `arena` runs without placement.
   // `lazy`: allocate the arena at the first placed result and drop it after the last one dies.
   // `dests`: where the caller wants output k (a slice loop passes slice i of its full results); an
-  // output whose producer has an out= kernel (or is a fused group) is written there, no copy after.
+  // output the plan lists in output_writes is written there, no copy after.
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs, at::Tensor arena, bool lazy = false,
                                const std::vector<at::Tensor>* dests = nullptr) const;
   // Whether a run on these inputs places values: the plan has an arena, and autograd will not
@@ -56,19 +53,16 @@ class Executor {
   bool places(const std::vector<c10::IValue>& inputs) const;
   // Whether out= overloads accept a run on these inputs (autograd will not record them).
   bool writes_out(const std::vector<c10::IValue>& inputs) const;
-  // A fresh arena for one call: arena_bytes() bytes, not resizable, on the plan's device.
-  // `bytes` < 0: arena_bytes(), the largest busy period, which holds any period (a slice body's arena).
+  // A fresh arena for one call: `bytes` (< 0: arena_bytes(), the largest busy period, which holds any
+  // period: a slice body's arena), not resizable, on the plan's device.
   at::Tensor new_arena(int64_t bytes = -1) const;
 
   int num_inputs() const { return static_cast<int>(placeholders_.size()); }
-  const Graph& graph() const { return *graph_; }
-
-  // The plan run() uses (empty when placement is off) and its bytes.
-  const MemoryPlan& runtime_plan() const { return plan_; }
-  int64_t arena_bytes() const { return plan_.arena_bytes; }
-  // For the dumps ("memory-plan-runtime"): this graph's plan, why each op's result is not placed,
-  // then the plans of the subgraphs it runs (slice_loop bodies, FlexAttention mods).
-  std::string memory_plan_text() const;
+  const Graph& graph() const { return *program_.graph; }
+  const Program& program() const { return program_; }
+  // The plan run() executes (empty when the program has none) and its bytes.
+  const MemoryPlan& plan() const { return *plan_; }
+  int64_t arena_bytes() const { return plan_->arena_bytes; }
 
   struct ArenaStats {
     int64_t arena_bytes = 0;  // the last run's arena (0: none allocated)
@@ -78,28 +72,22 @@ class Executor {
                               // (slice-loop bodies: into slice i of the loop's results, every slice counted)
   };
   ArenaStats arena_stats() const;
-  // Whether calls use the arena: only when it does not raise the call's simulated peak over allocating
-  // per op (the dump's memory-plan-runtime note gives both). Slice-loop bodies use it regardless.
-  bool arena_for_calls() const { return arena_pays_ && plan_.arena_bytes > 0; }
+  // Whether calls use the arena (the plan's decision). Slice-loop bodies use it regardless.
+  bool arena_for_calls() const { return plan_->arena_for_calls && plan_->arena_bytes > 0; }
 
  private:
-  std::shared_ptr<const Graph> graph_;
+  Program program_;
+  std::shared_ptr<const MemoryPlan> plan_;  // program_.memory, or an empty plan
   std::shared_ptr<const std::vector<at::Tensor>> constants_;
   std::vector<int> placeholders_;
   std::vector<Step> steps_;
   std::vector<int> release_inputs_;  // placeholders nobody reads: dropped at once
   size_t max_stack_ = 0;
 
-  // Arena placement (plan_arena in Executor.cpp).
-  void plan_arena(const std::vector<int>& step_of);
-  // Outputs a caller's destination can take (run's `dests`).
-  void plan_output_writes(const std::vector<int>& step_of);
-  bool arena_enabled_ = true;
+  // The memory plan's placements and output writes, onto the steps.
+  void place_results(const std::vector<int>& step_of);
   bool constants_require_grad_ = false;
-  MemoryPlan plan_;
-  std::string arena_note_;    // the simulated peaks with and without the arena (the dump says why it is off)
   std::vector<bool> segment_ends_;  // per node: a busy period of the plan ends there (its arena is dropped)
-  bool arena_pays_ = true;    // the arena does not raise the call's simulated peak (else calls skip it)
   c10::Device arena_device_ = c10::Device(c10::kCPU);
   mutable std::atomic<int64_t> last_arena_bytes_{0}, last_placed_{0}, allocations_{0}, last_written_{0};
 };

@@ -5,6 +5,15 @@
 //   hb-opt --passes=slice-legality,slice-schedule graph.json
 //   hb-opt --list-passes                       the pipeline, one line per pass with its reason
 //   cat graph.json | hb-opt -                  reads stdin (also when no file is given)
+//   hb-opt --placement=dumps/forward_0/placement.txt graph.json
+//                                              plans memory as that run's runtime did (its placement table)
+//
+// What the target can place is a value handed to the pipeline (backend/ir/Target.h), never a global:
+// --placement=structural (default) places every value the IR allows (the runtime's rule, assuming
+// every ATen op has an out= kernel); --placement=none places nothing; --placement=FILE reads the
+// placement table a real run wrote to its dump folder, so hb-opt plans (and slices) exactly as it did.
+// --strategy, --no-in-place and --no-arena are the memory planner's settings (options.py's
+// memory_plan_strategy, memory_plan_in_place and arena).
 //
 // Output per pass: `// ----- IR after <pass> (changed|unchanged)`, the IR (print_graph) when it
 // changed or it is the first pass, then `// note: ...` lines for the notes it added.
@@ -19,6 +28,7 @@
 #include "backend/importer/JsonImport.h"
 #include "backend/ir/Error.h"
 #include "backend/ir/Printer.h"
+#include "codegen/TargetModel.h"
 #include "passes/Pipeline.h"
 
 namespace {
@@ -39,10 +49,13 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }
 
 void usage(std::ostream& os) {
-  os << "usage: hb-opt [--passes=a,b,...] [--print-all] [--list-passes] [FILE|-]\n"
+  os << "usage: hb-opt [--passes=a,b,...] [--print-all] [--list-passes] [--placement=structural|none|FILE]\n"
+        "              [--strategy=greedy-by-size|best-fit] [--no-in-place] [--no-arena] [FILE|-]\n"
         "  reads a hintbackend graph document (JSON) from FILE or stdin, runs the named passes (default: the\n"
         "  whole pipeline) and prints the IR after each pass and the notes it left.\n"
-        "  --print-all   print the IR after every pass, changed or not\n";
+        "  --print-all   print the IR after every pass, changed or not\n"
+        "  --placement   what the runtime can place in its arena: every value the IR allows (structural,\n"
+        "                the default), nothing (none), or a run's placement table (the dump's placement.txt)\n";
 }
 
 }  // namespace
@@ -51,11 +64,33 @@ int main(int argc, char** argv) {
   std::vector<std::string> passes;
   bool use_pipeline = true, print_all = false;
   std::string file = "-";
+  hb::MemoryPlanOptions memory;
+  memory.target = hb::structural_target();
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--passes=", 0) == 0) {
       passes = split(a.substr(9), ',');
       use_pipeline = false;
+    } else if (a.rfind("--placement=", 0) == 0) {
+      const std::string v = a.substr(12);
+      if (v == "structural") {
+        memory.target = hb::structural_target();
+      } else if (v == "none") {
+        memory.arena = false;
+      } else {
+        std::ifstream in(v);
+        if (!in) {
+          std::cerr << "hb-opt: cannot read the placement table '" << v << "'\n";
+          return 64;
+        }
+        memory.target = hb::table_target(std::string(std::istreambuf_iterator<char>(in), {}));
+      }
+    } else if (a.rfind("--strategy=", 0) == 0) {
+      memory.strategy = a.substr(11);
+    } else if (a == "--no-in-place") {
+      memory.in_place = false;
+    } else if (a == "--no-arena") {
+      memory.arena = false;
     } else if (a == "--print-all") {
       print_all = true;
     } else if (a == "--list-passes") {
@@ -88,6 +123,7 @@ int main(int argc, char** argv) {
     std::cout << "// ----- IR after import\n" << hb::print_graph(*g);
     hb::PassContext ctx;
     ctx.verify_each = true;
+    ctx.memory = memory;
     size_t seen_notes = 0;
     ctx.after_pass = [&](const std::string& pass, const hb::Graph& graph, bool changed) {
       std::cout << "// ----- IR after " << pass << " (" << (changed ? "changed" : "unchanged") << ")\n";

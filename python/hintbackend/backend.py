@@ -9,6 +9,7 @@ raises under ``options={"strict": True}``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -76,13 +77,14 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Opt
     text = json.dumps(doc)
     if dumper:
         dumper.write("graph.json", json.dumps(doc, indent=1))
-    compiled = _core().CompiledGraph(text, constants, **opts.core_args())
+    compiled = _core().CompiledGraph(text, constants, opts.core_settings())
     if dumper:
         for stage, body in compiled.dumps:
             dumper.write(f"{stage}.txt", body)
         if compiled.notes:
             dumper.write("notes.txt", "\n".join(compiled.notes) + "\n")
-    log.debug("compiled %s (%d nodes)\n%s", name, len(gm.graph.nodes), compiled.ir)
+    if log.isEnabledFor(logging.DEBUG):  # the IR is printed on demand only
+        log.debug("compiled %s (%d nodes)\n%s", name, len(gm.graph.nodes), compiled.ir)
     if compiled.unsupported:
         return _fallback(gm, opts, name, list(compiled.unsupported))
     run = compiled.run
@@ -110,4 +112,5 @@ def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Op
     # partition: default_partition, except that saved values of dfs/auto regions are recomputed in the
     # backward (partition.py), so training keeps the regions' intermediates per slice too.
     return aot_autograd(fw_compiler=make("forward"), bw_compiler=make("backward"),
-                        inference_compiler=make("inference"), partition_fn=partition)(gm, example_inputs)
+                        inference_compiler=make("inference"),
+                        partition_fn=functools.partial(partition, settings=opts.core_settings()))(gm, example_inputs)

@@ -6,7 +6,10 @@
                        ir-after-<k>-<pass>.txt  after each pass ("(unchanged)" when it did nothing)
                        ir-final.txt           the IR that runs
                        kernels.txt            which kernel runs each node
-                       memory-plan-runtime.txt  the memory plan the runtime uses (what it places in its arena)
+                       memory-plan.txt        the program's memory plan, which the runtime runs as given
+                                              (what goes into its arenas, where, and why the rest does not)
+                       placement.txt          what the runtime could place, per op and device
+                                              (hb-opt --placement=placement.txt replays this plan)
                        notes.txt              what passes reported (disabled passes, schedules, plans)
 """
 

@@ -1,4 +1,9 @@
-"""Validated options for ``torch.compile(model, backend="hintbackend", options={...})``."""
+"""Validated options for ``torch.compile(model, backend="hintbackend", options={...})``.
+
+The one place settings are read: the options dict and the HINTBACKEND_* environment variables are
+checked here, once per compile, and handed to the C++ core as values (``core_settings``); nothing
+below reads the environment.
+"""
 
 from __future__ import annotations
 
@@ -18,14 +23,47 @@ class Options:
     disable_passes: tuple = ()
     #: Verify the IR after every pass (slower compile; tests turn it on). Also HINTBACKEND_VERIFY_EACH_PASS=1.
     verify_each_pass: bool = False
+    #: Place intermediates in the memory plan's arena (False: every op allocates its own result, as
+    #: eager does). Also HINTBACKEND_ARENA=0/1.
+    arena: bool = True
+    #: Let an elementwise result take over a dying input's buffer. Also HINTBACKEND_MEMORY_PLAN_IN_PLACE=0/1.
+    memory_plan_in_place: bool = True
+    #: Force one placement strategy ("greedy-by-size" or "best-fit"); "" keeps the better of both.
+    #: Also HINTBACKEND_MEMORY_PLAN_STRATEGY.
+    memory_plan_strategy: str = ""
 
-    def core_args(self) -> dict:
-        """The keyword arguments of the C++ core's CompiledGraph."""
-        return {"disable_passes": list(self.disable_passes), "verify_each_pass": self.verify_each_pass}
+    def core_settings(self) -> Any:
+        """The C++ core's CompileSettings for these options."""
+        from . import _core
+
+        s = _core().CompileSettings()
+        s.disable_passes = list(self.disable_passes)
+        s.verify_each_pass = self.verify_each_pass
+        s.arena = self.arena
+        s.memory_plan_in_place = self.memory_plan_in_place
+        s.memory_plan_strategy = self.memory_plan_strategy
+        s.dump = self.dump_dir is not None
+        return s
 
 
 _TYPES = {"strict": bool, "dump_dir": (str, os.PathLike, type(None)), "disable_passes": (list, tuple),
-          "verify_each_pass": bool}
+          "verify_each_pass": bool, "arena": bool, "memory_plan_in_place": bool, "memory_plan_strategy": str}
+_WANT = {"strict": "a bool", "dump_dir": "a path string or None", "disable_passes": "a list of pass names",
+         "verify_each_pass": "a bool", "arena": "a bool", "memory_plan_in_place": "a bool",
+         "memory_plan_strategy": 'one of "", "greedy-by-size", "best-fit"'}
+STRATEGIES = ("", "greedy-by-size", "best-fit")
+# Boolean settings the environment may give: variable -> option.
+_ENV_BOOLS = {"HINTBACKEND_ARENA": "arena", "HINTBACKEND_MEMORY_PLAN_IN_PLACE": "memory_plan_in_place",
+              "HINTBACKEND_VERIFY_EACH_PASS": "verify_each_pass"}
+
+
+def _env_bool(name: str) -> Optional[bool]:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    if value not in ("0", "1"):
+        raise ValueError(f"hintbackend: environment variable {name}={value!r} must be 0 or 1")
+    return value == "1"
 
 
 def parse_options(options: Optional[Mapping[str, Any]]) -> Options:
@@ -39,10 +77,8 @@ def parse_options(options: Optional[Mapping[str, Any]]) -> Options:
     for key, value in options.items():
         if key not in _TYPES:
             raise ValueError(f"hintbackend: unknown option {key!r}; valid options are {', '.join(valid)}")
-        if not isinstance(value, _TYPES[key]):
-            want = {"strict": "a bool", "dump_dir": "a path string or None", "disable_passes": "a list of pass names",
-                    "verify_each_pass": "a bool"}[key]
-            raise ValueError(f"hintbackend: option {key!r} must be {want}, got {value!r}")
+        if not isinstance(value, _TYPES[key]) or (key == "memory_plan_strategy" and value not in STRATEGIES):
+            raise ValueError(f"hintbackend: option {key!r} must be {_WANT[key]}, got {value!r}")
         values[key] = value
     env_dump = os.environ.get("HINTBACKEND_DUMP_DIR")
     if values.get("dump_dir") is None and env_dump:
@@ -58,6 +94,15 @@ def parse_options(options: Optional[Mapping[str, Any]]) -> Options:
         if not isinstance(p, str) or p not in known:
             raise ValueError(f"hintbackend: cannot disable unknown pass {p!r}; the passes are {', '.join(known)}")
     values["disable_passes"] = tuple(disabled)
-    if os.environ.get("HINTBACKEND_VERIFY_EACH_PASS") == "1":
-        values["verify_each_pass"] = True
+    # The environment fills what the options dict leaves unset (verify_each_pass: either turns it on).
+    for name, key in _ENV_BOOLS.items():
+        env = _env_bool(name)
+        if env is not None and (key not in values or (key == "verify_each_pass" and env)):
+            values[key] = env
+    strategy = os.environ.get("HINTBACKEND_MEMORY_PLAN_STRATEGY", "")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"hintbackend: environment variable HINTBACKEND_MEMORY_PLAN_STRATEGY={strategy!r} must be "
+                         f"one of {', '.join(repr(x) for x in STRATEGIES[1:])} (or unset)")
+    if strategy and "memory_plan_strategy" not in values:
+        values["memory_plan_strategy"] = strategy
     return Options(**values)

@@ -21,9 +21,10 @@ Not recomputed (their values are saved, as the default does):
 - impure ops, values the default partitioner must save (``MUST_SAVE``, effectful ops, collectives),
   forward outputs (the caller holds them anyway, so saving them costs nothing), higher-order ops other
   than ``flex_attention``;
-- the values of an ``auto`` region whose ``memory_budget`` the default partition's forward already
-  meets (the C++ heap simulator's figure, the chooser's): the chooser keeps it whole, so recomputing
-  it would only cost time. The log says so;
+- the values of a region that slice-schedule leaves whole (1 slice) in the default partition's forward:
+  an ``auto`` region whose ``memory_budget`` that forward already meets, or that has none, and ``dfs``
+  with ``slices=1``. The C++ chooser decides (``slice_decisions``; the partition never restates its
+  rule), so recomputing would only cost time. The log says so;
 - saved values no larger than the region's largest output whose recompute would rerun a matrix
   product or an attention op (FlexAttention's logsumexp, B x H x S next to its B x H x S x D output):
   saving one costs less than the output the caller holds anyway, while recomputing it would rerun the
@@ -86,38 +87,35 @@ def node_hints(node: fx.Node) -> Optional[dict]:
 
 
 def recomputes(node: fx.Node, kept: AbstractSet[int] = frozenset()) -> bool:
-    """Whether node belongs to a region whose saved values the backward recomputes (`kept`: auto regions
-    that fit their memory_budget without slicing, see _auto_regions_that_fit)."""
+    """Whether node belongs to a region whose saved values the backward recomputes (`kept`: regions the
+    slice chooser leaves whole, see _regions_left_whole)."""
     hints = node_hints(node)
-    if not hints or hints.get("schedule") not in RECOMPUTE_SCHEDULES or hints.get("region") in kept:
-        return False
-    return hints.get("slices") != 1  # dfs with one slice is BFS: nothing to gain
+    return bool(hints) and hints.get("schedule") in RECOMPUTE_SCHEDULES and hints.get("region") not in kept
 
 
-def _auto_regions_that_fit(joint: fx.GraphModule, fw_default: fx.GraphModule) -> Set[int]:
-    """The auto regions whose memory_budget the default partition's forward already meets.
+def _regions_left_whole(joint: fx.GraphModule, fw_default: fx.GraphModule, settings: Any) -> Set[int]:
+    """The dfs/auto regions that slice-schedule leaves whole (1 slice) in the default partition's forward.
 
-    slice-schedule's chooser keeps such a region whole (1 slice), so recomputing its intermediates in
-    the backward would cost time and save nothing. The figure is the C++ heap simulator's peak of the
-    default forward graph (its saved values included, as outputs), the one the chooser compares with
-    the budget; when it cannot be computed the region is recomputed, as before."""
-    budgets: Dict[int, int] = {}
-    for n in joint.graph.nodes:
-        hints = node_hints(n)
-        if hints and hints.get("schedule") == "auto" and isinstance(hints.get("memory_budget"), int):
-            budgets.setdefault(hints["region"], hints["memory_budget"])
-    if not budgets:
+    The decision has one owner, the C++ slice chooser: this asks it (``slice_decisions``) on the default
+    forward graph, whose saved values are outputs, under the same settings the compile uses. A region it
+    keeps whole (an auto region that meets its memory_budget, or has none; dfs with slices=1) is not
+    recomputed: that would only cost time. When the decision cannot be made (the graph does not
+    serialize, or no slice count meets a budget), the regions are recomputed, as before."""
+    regions = {h["region"] for n in joint.graph.nodes
+               if (h := node_hints(n)) and h.get("schedule") in RECOMPUTE_SCHEDULES and "region" in h}
+    if not regions:
         return set()
     try:
         doc, _ = serialize(fw_default, "partition_check")
-        peak = _core().simulated_peak(json.dumps(doc))
+        counts = _core().slice_decisions(json.dumps(doc), settings)
     except (SerializationError, ValueError, RuntimeError) as e:
-        log.info("partition: cannot simulate the default forward (%s); auto regions are recomputed", e)
+        log.info("partition: cannot ask slice-schedule about the default forward (%s); dfs/auto regions are "
+                 "recomputed", e)
         return set()
-    kept = {r for r, budget in budgets.items() if peak <= budget}
+    kept = {r for r in regions if counts.get(r) == 1}
     for r in sorted(kept):
-        log.info("partition: auto region %d fits memory_budget=%d bytes without slicing (simulated forward peak "
-                 "%d bytes with its intermediates saved): the backward does not recompute it", r, budgets[r], peak)
+        log.info("partition: slice-schedule leaves region %d whole in the forward (1 slice: an auto region that "
+                 "fits its memory_budget or has none, or slices=1): the backward does not recompute it", r)
     return kept
 
 
@@ -359,8 +357,12 @@ def _default_saved(joint: fx.GraphModule, fw: fx.GraphModule, num_fwd_outputs: i
 
 
 def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
-              static_lifetime_input_indices: Optional[List[int]] = None, **kwargs: Any):
-    """hintbackend's partition_fn for aot_autograd (see the module docstring)."""
+              static_lifetime_input_indices: Optional[List[int]] = None, settings: Any = None, **kwargs: Any):
+    """hintbackend's partition_fn for aot_autograd (see the module docstring). `settings`: the compile's
+    CompileSettings (Options.core_settings()), so the slice decision is the compile's own."""
+    if settings is None:
+        settings = _core().CompileSettings()
+
     def default():
         return default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                  static_lifetime_input_indices=static_lifetime_input_indices, **kwargs)
@@ -377,7 +379,7 @@ def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_output
     fw_default, bw_default = default()
     try:
         saved, sym = _default_saved(joint_module, fw_default, num_fwd_outputs)
-        plan = _Plan(joint_module, saved, sym, num_fwd_outputs, _auto_regions_that_fit(joint_module, fw_default),
+        plan = _Plan(joint_module, saved, sym, num_fwd_outputs, _regions_left_whole(joint_module, fw_default, settings),
                      {n.name for n in fw_default.graph.nodes})
         if not plan.recomputed:
             log.debug("partition: no saved value of a dfs/auto region to recompute")

@@ -4,6 +4,7 @@ fallback and strict mode for unsupported ops, dumps, logging, and graph-document
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -31,7 +32,11 @@ def test_entry_point_without_import():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"strictt": True}, "unknown option 'strictt'; valid options are disable_passes, dump_dir, strict, verify_each_pass"),
+    ({"strictt": True}, "unknown option 'strictt'; valid options are arena, disable_passes, dump_dir, "
+                        "memory_plan_in_place, memory_plan_strategy, strict, verify_each_pass"),
+    ({"memory_plan_strategy": "first-fit"}, "option 'memory_plan_strategy' must be one of \"\", \"greedy-by-size\", "
+                                            "\"best-fit\", got 'first-fit'"),
+    ({"arena": 1}, "option 'arena' must be a bool, got 1"),
     ({"strict": "yes"}, "option 'strict' must be a bool, got 'yes'"),
     ({"disable_passes": ["no-such-pass"]}, "cannot disable unknown pass 'no-such-pass'; the passes are dead-code-elimination"),
     ({"dump_dir": 3}, "option 'dump_dir' must be a path string or None, got 3"),
@@ -96,8 +101,11 @@ def test_dumps_every_stage(tmp_path):
     ir = (fwd / "ir-final.txt").read_text()
     assert "aten::mm.default" in ir and "aten::relu.default" in ir
     assert "aten-dispatch aten::mm.default" in (fwd / "kernels.txt").read_text()
-    runtime_plan = (fwd / "memory-plan-runtime.txt").read_text()
-    assert runtime_plan.startswith("memory-plan-runtime graph") and "%mm" in runtime_plan, runtime_plan
+    plan = (fwd / "memory-plan.txt").read_text()
+    assert plan.startswith("memory-plan graph") and "for target runtime" in plan and "%mm" in plan, plan
+    # The placement table the runtime planned with: hb-opt --placement=placement.txt replays it.
+    table = (fwd / "placement.txt").read_text()
+    assert "aten::mm.default cpu: ok" in table or "aten::mm.default cuda:0: ok" in table, table
 
 
 def test_backward_document_says_which_inputs_the_caller_keeps(tmp_path):
@@ -151,10 +159,15 @@ def test_graph_document_errors_name_the_node():
         {"name": "r", "op": "call_function", "target": "aten::relu.default", "args": [{"ref": "ghost"}]},
         {"name": "output", "op": "output", "args": [{"tuple": [{"ref": "r"}]}]}]}}
     with pytest.raises(ValueError, match=r"node 1 \('r'\): dangling reference to 'ghost'"):
-        hintbackend._core().CompiledGraph(json.dumps(doc), [])
+        hintbackend._core().CompiledGraph(json.dumps(doc), [], _settings())
     doc["version"] = 7
     with pytest.raises(ValueError, match="schema version 7 is not supported"):
-        hintbackend._core().CompiledGraph(json.dumps(doc), [])
+        hintbackend._core().CompiledGraph(json.dumps(doc), [], _settings())
+
+
+def _settings():
+    from hintbackend.options import parse_options
+    return parse_options({}).core_settings()
 
 
 def test_runtime_error_names_the_node():
@@ -163,7 +176,7 @@ def test_runtime_error_names_the_node():
         {"name": "mm", "op": "call_function", "target": "aten::mm.default", "args": [{"ref": "a"}, {"ref": "b"}],
          "source": "model.py:9 in forward"},
         {"name": "output", "op": "output", "args": [{"tuple": [{"ref": "mm"}]}]}]}}
-    g = hintbackend._core().CompiledGraph(json.dumps(doc), [])
+    g = hintbackend._core().CompiledGraph(json.dumps(doc), [], _settings())
     with pytest.raises(RuntimeError, match=r"%mm \(aten::mm.default\) at model.py:9 in forward"):
         g.run([torch.randn(2, 3), torch.randn(4, 5)])
     with pytest.raises(ValueError, match="takes 2 inputs, got 1"):
@@ -173,3 +186,43 @@ def test_runtime_error_names_the_node():
 def test_outside_torch_compile_nothing_changes():
     assert hintbackend.__version__
     assert callable(hintbackend.hintbackend)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("HINTBACKEND_ARENA", "off", "HINTBACKEND_ARENA='off' must be 0 or 1"),
+    ("HINTBACKEND_MEMORY_PLAN_IN_PLACE", "no", "HINTBACKEND_MEMORY_PLAN_IN_PLACE='no' must be 0 or 1"),
+    ("HINTBACKEND_MEMORY_PLAN_STRATEGY", "first-fit", "HINTBACKEND_MEMORY_PLAN_STRATEGY='first-fit' must be one of"),
+])
+def test_environment_settings_are_validated(monkeypatch, name, value, message):
+    """Settings are read once, in options.py, and a bad value is an error naming the variable."""
+    from hintbackend.options import parse_options
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_options({})
+
+
+def test_settings_reach_the_core_as_values(monkeypatch):
+    """The environment fills what options leave unset; options win; the core gets the values."""
+    from hintbackend.options import parse_options
+    monkeypatch.setenv("HINTBACKEND_ARENA", "0")
+    monkeypatch.setenv("HINTBACKEND_MEMORY_PLAN_STRATEGY", "best-fit")
+    s = parse_options({}).core_settings()
+    assert (s.arena, s.memory_plan_strategy, s.memory_plan_in_place, s.dump) == (False, "best-fit", True, False)
+    s = parse_options({"arena": True, "memory_plan_strategy": "greedy-by-size", "dump_dir": "/tmp/x"}).core_settings()
+    assert (s.arena, s.memory_plan_strategy, s.dump) == (True, "greedy-by-size", True)
+
+
+def test_no_dump_prints_no_ir():
+    """Without dump_dir the core prints nothing: the dumps are empty (they cost nothing when off)."""
+    from hintbackend.options import parse_options
+    doc = {"format": "hintbackend.graph", "version": 1, "graph": {"name": "g", "nodes": [
+        {"name": "a", "op": "placeholder", "target": "a"},
+        {"name": "r", "op": "call_function", "target": "aten::relu.default", "args": [{"ref": "a"}]},
+        {"name": "output", "op": "output", "args": [{"tuple": [{"ref": "r"}]}]}]}}
+    off = hintbackend._core().CompiledGraph(json.dumps(doc), [], parse_options({}).core_settings())
+    assert off.dumps == []
+    on = hintbackend._core().CompiledGraph(json.dumps(doc), [], parse_options({"dump_dir": "/tmp/unused"}).core_settings())
+    names = [n for n, _ in on.dumps]
+    assert names[0] == "ir-import" and "ir-final" in names and "memory-plan" in names and "placement" in names, names
+    x = torch.randn(5)
+    assert torch.equal(off.run([x.clone()])[0], torch.relu(x))

@@ -186,9 +186,30 @@ def test_auto_region_that_fits_its_budget_whole_partitions_like_default(caplog):
         (want_fw, want_bw), (got_fw, got_bw), n = partitions_of(lambda *a: f(*a, "1GB"), *qkv())
     assert got_fw.code == want_fw.code
     assert got_bw.code == want_bw.code
-    assert any("fits memory_budget=1000000000 bytes without slicing" in r.getMessage() for r in caplog.records)
+    assert any("slice-schedule leaves region" in r.getMessage() and "whole" in r.getMessage() for r in caplog.records)
     torch._dynamo.reset()
     (want_fw, _), (got_fw, _), n = partitions_of(lambda *a: f(*a, 4096), *qkv())
+    assert len(saved_values(got_fw, n)) < len(saved_values(want_fw, n))
+
+
+def test_partition_asks_the_slice_chooser():
+    """One owner for the slice decision: an auto region without a memory_budget, which the chooser keeps
+    whole (1 slice), is not recomputed either (before, the partition recomputed it for nothing); a dfs
+    region with slices=1 neither. A dfs region the chooser slices is recomputed."""
+    def auto(q, k, v):
+        with hinted_context(schedule="auto"):
+            return attention(q, k, v) * 2
+
+    def dfs(q, k, v, slices):
+        with hinted_context(schedule="dfs", slices=slices):
+            return attention(q, k, v) * 2
+
+    for fn in (auto, lambda *a: dfs(*a, 1)):
+        torch._dynamo.reset()
+        (want_fw, want_bw), (got_fw, got_bw), _ = partitions_of(fn, *qkv())
+        assert got_fw.code == want_fw.code and got_bw.code == want_bw.code
+    torch._dynamo.reset()
+    (want_fw, _), (got_fw, _), n = partitions_of(lambda *a: dfs(*a, 4), *qkv())
     assert len(saved_values(got_fw, n)) < len(saved_values(want_fw, n))
 
 

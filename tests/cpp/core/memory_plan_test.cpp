@@ -11,10 +11,16 @@
 #include <sstream>
 
 #include "backend/importer/JsonImport.h"
+#include "codegen/TargetModel.h"
+#include "passes/ArenaAllocator.h"
+#include "passes/HeapSimulator.h"
 #include "passes/MemoryPlan.h"
 #include "passes/SliceSchedule.h"
 
 namespace hb {
+
+// The planner with every value placeable and no workspaces: the target is part of the input.
+const MemoryPlanOptions kEveryValue{};
 namespace {
 
 // ---- a random graph generator ------------------------------------------------------------------
@@ -255,7 +261,7 @@ TEST(memory_plan, invariants_hold_on_random_graphs) {
       opt.in_place = seed % 2 == 1;
       const uint32_t salt = seed * 2654435761u;
       auto rejected = [&](int node) { return ((static_cast<uint32_t>(node) * 40503u) ^ salt) % 3 == 0; };
-      opt.unplaceable = [&](const Graph&, int node) { return rejected(node) ? std::string("test says no") : ""; };
+      opt.target.unplaceable = [&](const Graph&, int node) { return rejected(node) ? std::string("test says no") : ""; };
       const MemoryPlan p = memory_plan(g, opt);
       check_invariants(g, p);
       for (const PlannedBuffer& b : p.buffers)
@@ -266,7 +272,7 @@ TEST(memory_plan, invariants_hold_on_random_graphs) {
       rejected_planned += static_cast<int>(p.buffers.size());
     }
     // The chooser keeps the smaller of the two.
-    const int64_t both = memory_plan(g).arena_bytes;
+    const int64_t both = memory_plan(g, kEveryValue).arena_bytes;
     MemoryPlanOptions a, b;
     a.strategy = "greedy-by-size";
     b.strategy = "best-fit";
@@ -316,7 +322,7 @@ TEST(memory_plan, elementwise_chain_reuses_in_place_and_skips_inputs_outputs_vie
   gen.add(gen.call("aten::sum.default", {gen.ref(2), gen.ref(3)}, gen.tv(t)));        // 4: last read of the view
   gen.add(gen.call("aten::neg.default", {gen.ref(4)}, gen.tv(t)));                     // 5
   gen.output(5);
-  const MemoryPlan p = memory_plan(g);
+  const MemoryPlan p = memory_plan(g, kEveryValue);
   check_invariants(g, p);
   // exp is read through its view until node 4, so mul (node 3) cannot take it over.
   EXPECT_EQ(p.offset_of(2), -1);
@@ -326,7 +332,7 @@ TEST(memory_plan, elementwise_chain_reuses_in_place_and_skips_inputs_outputs_vie
   EXPECT_EQ(p.no_reuse_bytes, 3 * 1024);
   // With the view gone, mul reuses exp's buffer in place.
   g.nodes[4].args = {gen.ref(3)};
-  const MemoryPlan q = memory_plan(g);
+  const MemoryPlan q = memory_plan(g, kEveryValue);
   check_invariants(g, q);
   ASSERT_EQ(q.buffers.size(), 2u);
   EXPECT_EQ(q.buffers[0].values.size(), 2u);
@@ -353,7 +359,7 @@ TEST(memory_plan, unplaceable_values_and_unsafe_view) {
   gen.add(gen.call("operator::getitem", {gen.ref(4), Arg::of_int(0)}, gen.tv(t)));          // 5
   gen.add(gen.call("aten::neg.default", {gen.ref(5)}, gen.tv(t)));                           // 6
   gen.output(6);
-  const MemoryPlan all = memory_plan(g);
+  const MemoryPlan all = memory_plan(g, kEveryValue);
   check_invariants(g, all);
   EXPECT_EQ(all.offset_of(2), -1) << "_unsafe_view must not get a buffer of its own";
   ASSERT_GE(all.offset_of(1), 0);
@@ -361,7 +367,7 @@ TEST(memory_plan, unplaceable_values_and_unsafe_view) {
   EXPECT_NE(all.offset_of(1), all.offset_of(3)) << "mul reads exp through the view: no in-place reuse";
   EXPECT_GE(all.offset_of(4, 0), 0);
   MemoryPlanOptions opt;
-  opt.unplaceable = [](const Graph& graph, int node) {
+  opt.target.unplaceable = [](const Graph& graph, int node) {
     return graph.nodes[node].type.kind == ValueType::Kind::Tuple ? std::string("multi-output op") : std::string();
   };
   const MemoryPlan p = memory_plan(g, opt);
@@ -387,38 +393,41 @@ TEST(memory_plan, dump_reports_peaks_buffers_and_bodies) {
   std::vector<std::string> lines;
   for (std::string l; std::getline(in, l);) lines.push_back(l);
   const std::vector<std::string> expect = {
-      "memory-plan graph forward: arena 0 bytes (0 bytes) by greedy-by-size, no reuse 0, live peak 0, 0 buffers",
+      "memory-plan graph forward: arena 0 bytes (0 bytes) by greedy-by-size for target all-placeable, no reuse 0, "
+      "live peak 0, 0 buffers",
       "  unplanned: %q (input), %k (input), %v (input), %slice_loop_0.0 (output), %_unsafe_view_2 (view of "
       "%slice_loop_0.0), %sum_1 (output)",
-      "memory-plan graph slice_body_0: arena 1024 bytes (1 KiB) by greedy-by-size, no reuse 2816, live peak 1024, "
-      "6 buffers",
+      "memory-plan graph slice_body_0: arena 1024 bytes (1 KiB) by greedy-by-size on cpu for target all-placeable, no "
+      "reuse 2816, live peak 1024, 6 buffers",
       // _unsafe_view is a view at run time: bmm lives until mul reads it through %_unsafe_view_1, and
       // mul cannot take bmm's buffer in place (it reads a view of it, not bmm itself).
       "  %bmm: offset 0 size 512 live [9, 11]",
       "  %mul: offset 512 size 512 live [11, 12]",
+      // The body's result goes straight into slice i of the loop's result (no copy).
+      "  written straight into the caller's result when it passes one (a slice loop's slice i): %bmm_1",
   };
   size_t k = 0;
   for (const std::string& l : lines)
     if (k < expect.size() && l == expect[k]) ++k;
   EXPECT_EQ(k, expect.size()) << "missing: " << (k < expect.size() ? expect[k] : "") << "\n" << d;
   // The plan is a pure function of the graph: the runtime's call gives the same offsets.
-  const MemoryPlan body = *memory_plan(*g).bodies.at("slice_body_0");
+  const MemoryPlan body = *memory_plan(*g, kEveryValue).bodies.at("slice_body_0");
   EXPECT_EQ(body.arena_bytes, 1024);
   check_invariants(*g->subgraphs.at("slice_body_0"), body);
 }
 
 TEST(memory_plan, slicing_lowers_the_simulated_peak_and_the_body_arena) {
   auto bfs = load("attention_auto.json");
-  const int64_t bfs_peak = simulate_peak(*bfs);
-  const MemoryPlan bfs_plan = memory_plan(*bfs);
+  const int64_t bfs_peak = simulate_peak(*bfs, kEveryValue);
+  const MemoryPlan bfs_plan = memory_plan(*bfs, kEveryValue);
   check_invariants(*bfs, bfs_plan);
   auto g = load("attention_auto.json");
   const SliceRegion R = slice_legality(*g).regions.at(0);
   make_slice_loop(*g, R, 16);
-  const MemoryPlan p = memory_plan(*g);
+  const MemoryPlan p = memory_plan(*g, kEveryValue);
   const int64_t body_arena = p.bodies.at("slice_body_0")->arena_bytes;
   EXPECT_LE(body_arena * 16, bfs_plan.arena_bytes);
-  EXPECT_LE(simulate_peak(*g) * 10, bfs_peak);
+  EXPECT_LE(simulate_peak(*g, kEveryValue) * 10, bfs_peak);
 }
 
 }  // namespace
@@ -435,14 +444,17 @@ TEST(memory_plan, flex_attention_workspace_counts_while_it_runs) {
   for (int i = 0; i < static_cast<int>(g->nodes.size()); ++i)
     if (g->nodes[i].target == "higher_order::flex_attention") flex = i;
   ASSERT_GE(flex, 0);
-  EXPECT_EQ(hidden_workspace_bytes(*g, g->nodes[flex]), 2 * 4 * 8 * 8 * kFlexForwardWorkspace);
+  EXPECT_EQ(kernel_workspace_bytes(*g, g->nodes[flex]), 2 * 4 * 8 * 8 * kFlexForwardWorkspace);
   for (const Node& n : g->nodes)
-    if (static_cast<const void*>(&n) != &g->nodes[flex]) EXPECT_EQ(hidden_workspace_bytes(*g, n), 0) << n.name;
-  const int64_t bfs = simulate_peak(*g);
+    if (static_cast<const void*>(&n) != &g->nodes[flex]) EXPECT_EQ(kernel_workspace_bytes(*g, n), 0) << n.name;
+  MemoryPlanOptions opt;
+  opt.target = structural_target();  // with the kernels' workspaces
+  const int64_t bfs = simulate_peak(*g, opt);
   EXPECT_GE(bfs, 2 * 4 * 8 * 8 * kFlexForwardWorkspace);
   PassContext ctx;
+  ctx.memory = opt;
   test::run_and_print(*g, {"slice-legality", "slice-schedule"}, ctx);
-  const int64_t dfs = simulate_peak(*g);
+  const int64_t dfs = simulate_peak(*g, opt);
   // Four slices: a quarter of the workspace while each runs (less the body's arena rounding).
   EXPECT_LE(dfs, bfs - 2 * 2 * 8 * 8 * kFlexForwardWorkspace) << "bfs " << bfs << ", dfs " << dfs;
 }

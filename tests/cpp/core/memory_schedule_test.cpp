@@ -18,10 +18,16 @@
 #include "backend/ir/GraphEdit.h"
 #include "backend/ir/Printer.h"
 #include "backend/ir/Verifier.h"
+#include "codegen/TargetModel.h"
+#include "passes/ArenaAllocator.h"
+#include "passes/HeapSimulator.h"
 #include "passes/MemoryPlan.h"
 #include "passes/MemorySchedule.h"
 
 namespace hb {
+
+// The planner with every value placeable and no workspaces: the target is part of the input.
+const MemoryPlanOptions kEveryValue{};
 namespace {
 
 constexpr int64_t kMiB = 1 << 20;
@@ -86,10 +92,10 @@ std::string weight_grad_first() {
 
 TEST(memory_schedule, list_order_runs_the_freeing_op_before_the_big_gradient) {
   auto g = import_json(weight_grad_first());
-  EXPECT_EQ(simulate_peak(*g), 17 * kMiB);
+  EXPECT_EQ(simulate_peak(*g, kEveryValue), 17 * kMiB);
   PassContext ctx;
   EXPECT_TRUE(schedule(*g, ctx));
-  EXPECT_EQ(simulate_peak(*g), 14 * kMiB);
+  EXPECT_EQ(simulate_peak(*g, kEveryValue), 14 * kMiB);
   EXPECT_LT(position(*g, "dx"), position(*g, "wgrad"));
   const std::string& note = ctx.notes.back();
   EXPECT_NE(note.find(std::string("memory-schedule graph g: ") + kWeightGradFirst + " order, simulated peak 17 MiB -> 14 MiB"),
@@ -111,10 +117,10 @@ TEST(memory_schedule, dfs_order_computes_the_held_value_late) {
   auto g = import_json(doc(ph("x", 1) + op("a", "aten::exp.default", {"x"}, 8) + op("b", "aten::neg.default", {"x"}, 8) +
                            op("c", "aten::sum.default", {"b"}, 1) + op("d", "aten::mul.Tensor", {"a", "c"}, 1) +
                            ret({"d"})));
-  EXPECT_EQ(simulate_peak(*g), 18 * kMiB);
+  EXPECT_EQ(simulate_peak(*g, kEveryValue), 18 * kMiB);
   PassContext ctx;
   EXPECT_TRUE(schedule(*g, ctx));
-  EXPECT_EQ(simulate_peak(*g), 11 * kMiB);
+  EXPECT_EQ(simulate_peak(*g, kEveryValue), 11 * kMiB);
   EXPECT_EQ(names(*g), (std::vector<std::string>{"x", "b", "c", "a", "d", "output"}));
   EXPECT_NE(ctx.notes.back().find("dfs order, simulated peak 18 MiB -> 11 MiB"), std::string::npos) << ctx.notes.back();
 }
@@ -385,24 +391,24 @@ TEST(memory_schedule, random_dags_stay_valid_and_never_peak_higher) {
     const Graph original = RandomGraph(seed).build();
     owned += original.inputs_owned;
     ASSERT_NO_THROW(verify(original)) << print_graph(original);
-    const int64_t peak = simulate_peak(original);
+    const int64_t peak = simulate_peak(original, kEveryValue);
     int64_t best = peak;
     for (int strategy = 0; strategy < 2; ++strategy) {
       Graph g = original;
       reorder_nodes(g, strategy == 0 ? list_schedule(original) : dfs_schedule(original));
       check_schedule(original, g);
       check_getitems_glued(g);
-      best = std::min(best, simulate_peak(g));
+      best = std::min(best, simulate_peak(g, kEveryValue));
     }
     Graph g = original;
     PassContext ctx;
     const bool did = schedule(g, ctx);
     check_schedule(original, g);
-    EXPECT_LE(simulate_peak(g), peak);
+    EXPECT_LE(simulate_peak(g, kEveryValue), peak);
     // The lowest candidate, unless it gains under 1/64 of the peak (then the original stays).
-    EXPECT_EQ(simulate_peak(g), peak - best >= peak / 64 ? best : peak) << "the pass keeps the lowest candidate";
+    EXPECT_EQ(simulate_peak(g, kEveryValue), peak - best >= peak / 64 ? best : peak) << "the pass keeps the lowest candidate";
     if (did) {
-      EXPECT_LT(simulate_peak(g), peak) << "changed without lowering the peak";
+      EXPECT_LT(simulate_peak(g, kEveryValue), peak) << "changed without lowering the peak";
       ++changed;
       list_wins += ctx.notes.back().find(": list order") != std::string::npos;
       dfs_wins += ctx.notes.back().find(": dfs order") != std::string::npos;
@@ -445,13 +451,13 @@ TEST(inputs_owned, the_simulator_frees_an_owned_input_after_its_last_use) {
       ph("x", 4) + op("a", "aten::exp.default", {"x"}, 4) + op("b", "aten::neg.default", {"a"}, 4) + ret({"b"});
   auto kept = import_json(doc(nodes));
   auto owned = import_json(doc(nodes, R"("inputs_owned": true, )"));
-  EXPECT_EQ(simulate_peak(*kept), 12 * kMiB);
-  EXPECT_EQ(simulate_peak(*owned), 8 * kMiB);
-  EXPECT_EQ(simulate_peak(*kept, false), 8 * kMiB);
-  EXPECT_EQ(simulate_peak(*owned, false), 8 * kMiB);
+  EXPECT_EQ(simulate_peak(*kept, kEveryValue), 12 * kMiB);
+  EXPECT_EQ(simulate_peak(*owned, kEveryValue), 8 * kMiB);
+  EXPECT_EQ(simulate_peak(*kept, kEveryValue, false), 8 * kMiB);
+  EXPECT_EQ(simulate_peak(*owned, kEveryValue, false), 8 * kMiB);
   const std::string returns_x =
       ph("x", 4) + op("a", "aten::exp.default", {"x"}, 4) + op("b", "aten::neg.default", {"a"}, 4) + ret({"b", "x"});
-  EXPECT_EQ(simulate_peak(*import_json(doc(returns_x, R"("inputs_owned": true, )"))), 12 * kMiB);
+  EXPECT_EQ(simulate_peak(*import_json(doc(returns_x, R"("inputs_owned": true, )")), kEveryValue), 12 * kMiB);
 }
 
 // inputs_kept: an owned graph's placeholders the caller still holds (a saved parameter, a tangent).
@@ -463,8 +469,8 @@ TEST(inputs_owned, kept_inputs_live_for_the_whole_call) {
                             op("b", "aten::mul.Tensor", {"a", "y"}, 4) + ret({"b"});
   auto owned = import_json(doc(nodes, R"("inputs_owned": true, )"));
   auto kept = import_json(doc(nodes, R"("inputs_owned": true, "inputs_kept": ["x"], )"));
-  EXPECT_EQ(simulate_peak(*owned), 12 * kMiB);
-  EXPECT_EQ(simulate_peak(*kept), 16 * kMiB);
+  EXPECT_EQ(simulate_peak(*owned, kEveryValue), 12 * kMiB);
+  EXPECT_EQ(simulate_peak(*kept, kEveryValue), 16 * kMiB);
   EXPECT_TRUE(kept->caller_keeps(kept->nodes[kept->find("x")]));
   EXPECT_FALSE(kept->caller_keeps(kept->nodes[kept->find("y")]));
   EXPECT_EQ(print_graph(*kept).rfind("graph g (inputs owned except %x) {\n", 0), 0u) << print_graph(*kept);

@@ -11,10 +11,16 @@
 #include "backend/ir/Error.h"
 #include "backend/ir/Printer.h"
 #include "backend/ir/Verifier.h"
+#include "codegen/TargetModel.h"
+#include "passes/ArenaAllocator.h"
+#include "passes/HeapSimulator.h"
 #include "passes/MemoryPlan.h"
 #include "passes/SliceSchedule.h"
 
 namespace hb {
+
+// The planner with every value placeable and no workspaces: the target is part of the input.
+const MemoryPlanOptions kEveryValue{};
 namespace {
 
 std::shared_ptr<Graph> load(const std::string& name) { return test::load_fixture(name); }
@@ -210,7 +216,7 @@ TEST(slice_schedule, auto_picks_the_fewest_slices_that_fit) {
   // B=4, H=16, S=4096, D=128 bf16 attention, memory_budget = 2 GiB (the goal).
   auto g = load("attention_auto.json");
   const SliceRegion R = slice_legality(*g).regions.at(0);
-  const auto cands = simulate_slice_counts(*g, R);
+  const auto cands = simulate_slice_counts(*g, R, kEveryValue);
   ASSERT_EQ(cands.size(), 7u);  // 1, 2, 4, ..., 64
   for (size_t i = 1; i < cands.size(); ++i) EXPECT_LT(cands[i].peak_bytes, cands[i - 1].peak_bytes);
   // BFS materializes the fp32 scores (4 GiB) twice over: far above 2 GiB; 16 slices cut it ~12x+.
@@ -226,7 +232,7 @@ TEST(slice_schedule, auto_picks_the_fewest_slices_that_fit) {
     if (c.peak_bytes <= (2ll << 30)) { expect = c.slices; break; }
   EXPECT_EQ(a.slices, expect);
   EXPECT_EQ(a.slices, 8);
-  EXPECT_LE(simulate_peak(*g), 2ll << 30);
+  EXPECT_LE(simulate_peak(*g, kEveryValue), 2ll << 30);
   ASSERT_EQ(ctx.notes.size(), 1u);
   EXPECT_NE(ctx.notes[0].find("auto chose slices=8: simulated peak " + std::to_string(cands[3].peak_bytes) +
                               " bytes (" + format_bytes(cands[3].peak_bytes) + ") fits memory_budget=2147483648 (2 GiB)"),
@@ -234,15 +240,13 @@ TEST(slice_schedule, auto_picks_the_fewest_slices_that_fit) {
       << ctx.notes[0];
   // While the loop runs, its body's arena (planned once, held for every slice) counts in full.
   const Graph& body = *g->subgraphs.at(a.body);
-  MemoryPlanOptions whole;
-  whole.bodies = false;
-  EXPECT_GE(simulate_peak(*g), memory_plan(body, whole).arena_bytes);
+  EXPECT_GE(simulate_peak(*g, kEveryValue), memory_plan(body, kEveryValue).arena_bytes);
 }
 
 TEST(slice_schedule, auto_errors_on_an_impossible_budget) {
   auto g = load("attention_auto.json");
   set_hints(*g, [](Hints& h) { h.memory_budget = 100ll << 20; });
-  const auto cands = simulate_slice_counts(*g, slice_legality(*g).regions.at(0));
+  const auto cands = simulate_slice_counts(*g, slice_legality(*g).regions.at(0), kEveryValue);
   const int64_t lowest = cands.back().peak_bytes;  // 64 slices
   PassContext ctx;
   try {

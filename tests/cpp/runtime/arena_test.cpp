@@ -14,7 +14,9 @@
 
 #include "backend/importer/JsonImport.h"
 #include "backend/runtime/Executor.h"
+#include "backend/runtime/Placement.h"
 #include "codegen/KernelSelect.h"
+#include "passes/MemoryPlan.h"
 #include "passes/Pipeline.h"
 
 namespace hb {
@@ -54,10 +56,14 @@ std::string ints(std::vector<int64_t> v) {
   return s + "]}";
 }
 
+// The graph as it is, planned for the runtime's target (arena: the planner's setting).
 std::unique_ptr<rt::Executor> build(std::shared_ptr<Graph> g, bool arena) {
-  const KernelPlan kp = select_kernels(*g);
-  return std::make_unique<rt::Executor>(g, kp, std::make_shared<const std::vector<at::Tensor>>(), arena);
+  MemoryPlanOptions opt;
+  opt.arena = arena;
+  return std::make_unique<rt::Executor>(rt::program_of(std::move(g), opt),
+                                        std::make_shared<const std::vector<at::Tensor>>());
 }
+std::string plan_text(const rt::Executor& e) { return to_string(e.plan(), e.graph()); }
 std::unique_ptr<rt::Executor> build(const std::string& text, bool arena) { return build(import_json(text), arena); }
 
 std::vector<at::Tensor> tensors(const std::vector<c10::IValue>& v) {
@@ -117,10 +123,10 @@ TEST(Arena, MatchesNoArenaBitwiseAndAtenDirectly) {
   EXPECT_GT(s.arena_bytes, 0);
   EXPECT_EQ(s.arena_bytes, on->arena_bytes());
   EXPECT_LT(on->arena_bytes(), 5 * 32 * 48 * 4) << "lifetimes must let buffers share bytes";
-  EXPECT_GE(in_place_buffers(on->runtime_plan()), 1);
+  EXPECT_GE(in_place_buffers(on->plan()), 1);
   // relu is returned, so mm and add die before mul is computed: two busy periods, an arena each.
-  const int64_t periods = static_cast<int64_t>(on->runtime_plan().segments.size());
-  EXPECT_EQ(periods, 2) << on->memory_plan_text();
+  const int64_t periods = static_cast<int64_t>(on->plan().segments.size());
+  EXPECT_EQ(periods, 2) << plan_text(*on);
   EXPECT_EQ(s.allocations, periods);
   on->run({x, w, b});
   EXPECT_EQ(on->arena_stats().allocations, 2 * periods) << "one arena per busy period per call";
@@ -129,32 +135,39 @@ TEST(Arena, MatchesNoArenaBitwiseAndAtenDirectly) {
   EXPECT_EQ(off->arena_bytes(), 0);
 }
 
-// The simulator plans slice-loop bodies with the runtime's placement rules, registered when the
-// runtime is loaded: exp has its own out= kernel; _to_copy's out= is torch's "functional, then copy"
+// The runtime's target (what the bindings hand the pipeline, so the simulator and the planner see what
+// this runtime places): exp has its own out= kernel; _to_copy's out= is torch's "functional, then copy"
 // wrapper; a view is never placed.
-TEST(Arena, SimulatorUsesTheRuntimePlacementModel) {
-  ASSERT_TRUE(static_cast<bool>(runtime_placement()));
+TEST(Arena, RuntimeTargetPlacesWhatTheRuntimeCan) {
+  const Target t = rt::runtime_target();
   auto g = import_json(R"({"format": "hintbackend.graph", "version": 1, "graph": {"name": "g", "nodes": [
     {"name": "x", "op": "placeholder", "target": "x", "val": {"tensor": {"shape": [4, 8], "stride": [8, 1], "dtype": "float32", "device": "cpu"}}},
     {"name": "e", "op": "call_function", "target": "aten::exp.default", "args": [{"ref": "x"}], "val": {"tensor": {"shape": [4, 8], "stride": [8, 1], "dtype": "float32", "device": "cpu"}}},
     {"name": "c", "op": "call_function", "target": "aten::_to_copy.default", "args": [{"ref": "e"}], "kwargs": {"dtype": {"dtype": "float64"}}, "val": {"tensor": {"shape": [4, 8], "stride": [8, 1], "dtype": "float64", "device": "cpu"}}},
     {"name": "v", "op": "call_function", "target": "aten::view.default", "args": [{"ref": "c"}, {"list": [{"int": 32}]}], "val": {"tensor": {"shape": [32], "stride": [1], "dtype": "float64", "device": "cpu"}}, "effects": {"is_view": true}},
     {"name": "output", "op": "output", "args": [{"tuple": [{"ref": "v"}]}]}]}})");
-  EXPECT_EQ(runtime_placement()(*g, g->find("e")), "");
-  EXPECT_NE(runtime_placement()(*g, g->find("c")), "");
-  EXPECT_EQ(runtime_placement()(*g, g->find("v")), "alias");
+  EXPECT_EQ(t.why_unplaceable(*g, g->find("e")), "");
+  EXPECT_NE(t.why_unplaceable(*g, g->find("c")), "");
+  EXPECT_EQ(t.why_unplaceable(*g, g->find("v")), "alias");
+  // The plan the pipeline makes with this target is the plan the executor runs: %e placed, %c not.
+  MemoryPlanOptions opt;
+  opt.target = t;
+  const MemoryPlan p = memory_plan(*g, opt);
+  EXPECT_GE(p.offset_of(g->find("e")), 0) << to_string(p, *g);
+  EXPECT_EQ(p.offset_of(g->find("c")), -1) << to_string(p, *g);
+  EXPECT_EQ(rt::program_of(g).memory->offset_of(g->find("e")), p.offset_of(g->find("e")));
 }
 
-TEST(Arena, KillSwitchIsReadAtConstruction) {
-  ::setenv("HINTBACKEND_ARENA", "0", 1);
-  auto off = build(mlp(), true);
-  ::unsetenv("HINTBACKEND_ARENA");
+// The arena setting (options.py's arena, HINTBACKEND_ARENA=0) is a value the planner takes: off, the
+// plan places nothing and says so, and results are bitwise the same.
+TEST(Arena, ArenaOffPlacesNothing) {
+  auto off = build(mlp(), false);
   auto on = build(mlp(), true);
   at::Tensor x = at::randn({32, 64}), w = at::randn({64, 48}), b = at::randn({48});
-  expect_bitwise(tensors(off->run({x, w, b})), tensors(on->run({x, w, b})), "HINTBACKEND_ARENA=0 vs on");
+  expect_bitwise(tensors(off->run({x, w, b})), tensors(on->run({x, w, b})), "arena off vs on");
   EXPECT_EQ(off->arena_stats().placed, 0);
   EXPECT_EQ(off->arena_stats().allocations, 0);
-  EXPECT_NE(off->memory_plan_text().find("arena off"), std::string::npos) << off->memory_plan_text();
+  EXPECT_NE(plan_text(*off).find("arena off"), std::string::npos) << plan_text(*off);
   EXPECT_GT(on->arena_stats().placed, 0);
 }
 
@@ -173,7 +186,7 @@ TEST(Arena, InPlaceReuseIsCorrect) {
   at::manual_seed(1);
   at::Tensor x = at::randn({16, 33}), y = at::randn({16, 33}), c = at::rand({16, 33}) > 0.5;
   auto on = build(text, true);
-  const MemoryPlan& p = on->runtime_plan();
+  const MemoryPlan& p = on->plan();
   ASSERT_EQ(p.buffers.size(), 1u) << to_string(p, on->graph());
   EXPECT_EQ(p.buffers[0].values.size(), 5u) << to_string(p, on->graph());
   const auto r_on = tensors(on->run({x, y, c}));
@@ -206,11 +219,11 @@ TEST(Arena, UnplaceableOpsMixIn) {
   auto [vals, idx] = at::max(m, 1, true);
   expect_bitwise(r_on, {at::tanh(m - vals), idx}, "arena vs ATen");
   EXPECT_EQ(on->arena_stats().placed, 3);  // e, m, sub
-  EXPECT_EQ(on->runtime_plan().offset_of(on->graph().find("p")), -1);
-  const std::string d = on->memory_plan_text();
+  EXPECT_EQ(on->plan().offset_of(on->graph().find("p")), -1);
+  const std::string d = plan_text(*on);
   EXPECT_NE(d.find("%p (no matching out= overload)"), std::string::npos) << d;
   EXPECT_NE(d.find("%mx.0 (multi-output op)"), std::string::npos) << d;
-  EXPECT_NE(d.find("memory-plan-runtime graph g: 3 results placed"), std::string::npos) << d;
+  EXPECT_NE(d.find("memory-plan graph g: arena "), std::string::npos) << d;
 }
 
 // The caller keeps outputs across calls: a second call with other inputs must not touch the first
@@ -230,7 +243,7 @@ TEST(Arena, OutputsNeverLiveInTheArena) {
   at::Tensor x1 = at::randn({12, 20}), x2 = at::randn({12, 20});
   const auto first = tensors(on->run({x1}));
   const auto kept = clones(first);
-  EXPECT_GT(on->arena_stats().placed, 0) << on->memory_plan_text();
+  EXPECT_GT(on->arena_stats().placed, 0) << plan_text(*on);
   const auto second = tensors(on->run({x2}));
   expect_bitwise(first, kept, "first call's outputs after a second call");
   expect_bitwise(second, tensors(build(text, false)->run({x2})), "second call vs no arena");
@@ -270,6 +283,7 @@ TEST(Arena, SliceLoopBodyUsesOneArenaForAllSlices) {
       n.args.resize(1);
     }
   PassContext ctx;
+  ctx.memory.target = rt::runtime_target();
   run_pipeline(*g, ctx);
   int loops = 0;
   for (const Node& n : g->nodes) loops += n.target == "hintbackend::slice_loop";
@@ -285,8 +299,8 @@ TEST(Arena, SliceLoopBodyUsesOneArenaForAllSlices) {
   }
   const auto r_on = tensors(on->run(in));
   expect_bitwise(r_on, tensors(off->run(in)), "arena vs none");
-  const std::string d = on->memory_plan_text();
-  EXPECT_NE(d.find("memory-plan-runtime graph slice_body_0: "), std::string::npos) << d;
+  const std::string d = plan_text(*on);
+  EXPECT_NE(d.find("memory-plan graph slice_body_0: "), std::string::npos) << d;
   // The outer graph has nothing to place (the loop's results are returned); the body has an arena,
   // allocated once for all its slices.
   EXPECT_EQ(on->arena_bytes(), 0);
@@ -402,16 +416,16 @@ TEST(Arena, RandomChainsMatchNoArenaBitwise) {
     const auto kept = clones(first);
     expect_bitwise(first, tensors(off->run(inputs(seed))), "arena vs none");
     placed += static_cast<int>(on->arena_stats().placed);
-    in_place += in_place_buffers(on->runtime_plan());
+    in_place += in_place_buffers(on->plan());
     // A second call reuses nothing of the first call's outputs.
     expect_bitwise(tensors(on->run(inputs(seed + 1000))), tensors(off->run(inputs(seed + 1000))), "second call");
     expect_bitwise(first, kept, "first outputs after a second call");
-    const int64_t periods = static_cast<int64_t>(on->runtime_plan().segments.size());
+    const int64_t periods = static_cast<int64_t>(on->plan().segments.size());
     EXPECT_EQ(on->arena_stats().allocations, on->arena_for_calls() ? 2 * periods : 0);
     if (on->arena_bytes() > 0 && !on->arena_for_calls()) {
       ++skipped;  // the arena would raise the simulated peak: calls allocate per op, and the dump says why
-      EXPECT_NE(on->memory_plan_text().find("arena off for calls of this graph: simulated call peak"),
-                std::string::npos) << on->memory_plan_text();
+      EXPECT_NE(plan_text(*on).find("arena off for calls: simulated call peak"),
+                std::string::npos) << plan_text(*on);
     }
     if (::testing::Test::HasFailure()) return;
   }

@@ -7,6 +7,7 @@
 #include "backend/importer/JsonImport.h"
 #include "backend/ir/Error.h"
 #include "backend/runtime/Executor.h"
+#include "backend/runtime/Placement.h"
 #include "codegen/KernelSelect.h"
 
 namespace hb {
@@ -24,9 +25,7 @@ std::string call(const std::string& n, const std::string& target, const std::str
 std::string out(const std::string& items) { return R"({"name": "output", "op": "output", "args": [{"tuple": [)" + items + "]}]}"; }
 
 std::vector<c10::IValue> run(const std::string& text, std::vector<c10::IValue> in, std::vector<at::Tensor> consts = {}) {
-  auto g = import_json(text);
-  KernelPlan kp = select_kernels(*g);
-  rt::Executor ex(g, kp, std::make_shared<const std::vector<at::Tensor>>(std::move(consts)));
+  rt::Executor ex(rt::program_of(import_json(text)), std::make_shared<const std::vector<at::Tensor>>(std::move(consts)));
   return ex.run(std::move(in));
 }
 

@@ -1,4 +1,4 @@
-#include "passes/Liveness.h"
+#include "backend/ir/Liveness.h"
 
 #include <algorithm>
 

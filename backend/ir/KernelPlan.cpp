@@ -1,0 +1,23 @@
+#include "backend/ir/KernelPlan.h"
+
+namespace hb {
+
+const char* kernel_kind_name(KernelKind k) {
+  switch (k) {
+    case KernelKind::Input: return "input";
+    case KernelKind::Constant: return "constant";
+    case KernelKind::Aten: return "aten-dispatch";
+    case KernelKind::GetItem: return "getitem";
+    case KernelKind::SymOp: return "sym-op";
+    case KernelKind::FlexForward: return "flex-attention-reference";
+    case KernelKind::FlexBackward: return "flex-attention-backward-reference";
+    case KernelKind::ZerosAndScatter: return "zeros-and-scatter";
+    case KernelKind::SliceLoop: return "slice-loop";
+    case KernelKind::FusedPointwise: return "fused-pointwise";
+    case KernelKind::Output: return "output";
+    case KernelKind::Unsupported: return "UNSUPPORTED";
+  }
+  return "?";
+}
+
+}  // namespace hb

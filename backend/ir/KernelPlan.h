@@ -1,0 +1,41 @@
+// Kernel choices: which implementation runs each node. The vocabulary shared by kernel selection
+// (codegen/KernelSelect.h decides) and the runtime (backend/runtime/ executes what was decided); the
+// kernels dump prints it. Plain data: no libtorch.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace hb {
+
+enum class KernelKind {
+  Input,            // placeholder: a graph input
+  Constant,         // get_attr: a tensor constant handed over at compile time
+  Aten,             // any dispatcher op (aten::, prims::, custom C++ ops), boxed call through c10
+  GetItem,          // operator::getitem on a tuple or list value
+  SymOp,            // arithmetic on SymInt/SymFloat/SymBool values (operator::mul, torch::sym_max ...)
+  FlexForward,      // higher_order::flex_attention, C++ reference (backend/runtime/FlexAttention.cpp)
+  FlexBackward,     // higher_order::flex_attention_backward, C++ reference
+  ZerosAndScatter,  // flex_lib::zeros_and_scatter: FlexAttention's captured-buffer gradient scatter
+  SliceLoop,        // hintbackend::slice_loop: a DFS region run slice by slice (backend/ir/SliceLoop.h)
+  FusedPointwise,   // hintbackend::fused_pointwise: one pointwise program (codegen/PointwiseProgram.h)
+  Output,
+  Unsupported,
+};
+const char* kernel_kind_name(KernelKind k);
+
+struct KernelChoice {
+  KernelKind kind = KernelKind::Unsupported;
+  std::string why;  // for Unsupported: what is missing; otherwise a short note for the dump
+};
+
+struct KernelPlan {
+  std::vector<KernelChoice> nodes;  // parallel to Graph::nodes
+  std::vector<int> unsupported;     // node indices, in graph order (subgraphs: see `subgraphs`)
+  std::vector<std::string> unsupported_descriptions;  // "%x (target) at file:line: why", whole tree
+  // The plans of the graph's subgraphs (slice bodies, score/mask mods, fused bodies), by name.
+  std::map<std::string, std::shared_ptr<const KernelPlan>> subgraphs;
+};
+
+}  // namespace hb

@@ -1,0 +1,23 @@
+// A compiled program: what the pipeline hands the runtime (XLA's Executable, Inductor's CompiledFxGraph).
+// The graph after every pass, the kernel chosen for each node, and the memory plan, decided once at
+// compile time (passes/Pipeline.h, compile_program); the runtime (backend/runtime/Executor.h) runs it
+// as given, adding only the tensor constants, which the bindings hand over.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/ir/Graph.h"
+#include "backend/ir/KernelPlan.h"
+#include "backend/ir/MemoryPlan.h"
+
+namespace hb {
+
+struct Program {
+  std::shared_ptr<const Graph> graph;
+  std::shared_ptr<const KernelPlan> kernels;  // with the subgraphs' plans
+  std::shared_ptr<const MemoryPlan> memory;   // with the slice bodies' plans; null: nothing placed
+  std::vector<std::string> notes;             // what the passes decided, for the dump
+};
+
+}  // namespace hb

@@ -1,0 +1,27 @@
+// What the machine that will run a graph can do, as the passes need to know it: which results the
+// runtime can write into a planned arena, and how much memory a node takes while it runs beyond its
+// results (a kernel's workspace). A value handed to the pipeline (PassContext::memory.target), never
+// a global: the bindings pass the runtime's (backend/runtime/Placement.h), hb-opt builds one from
+// --placement, tests pass theirs explicitly (codegen/Placement.h has the plain-C++ ones). The same graph
+// and the same target give the same plan, slice counts and dumps everywhere.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "backend/ir/Graph.h"
+
+namespace hb {
+
+struct Target {
+  std::string name = "all-placeable";  // for the dumps: which model planned this graph
+  // Why node's result cannot be written into the arena ("" = it can). Null: every value can.
+  std::function<std::string(const Graph& g, int node)> unplaceable;
+  // Bytes node allocates and frees while it runs, beyond its results. Null: none.
+  std::function<int64_t(const Graph& g, const Node& n)> workspace;
+
+  std::string why_unplaceable(const Graph& g, int node) const { return unplaceable ? unplaceable(g, node) : ""; }
+  int64_t workspace_bytes(const Graph& g, const Node& n) const { return workspace ? workspace(g, n) : 0; }
+};
+
+}  // namespace hb

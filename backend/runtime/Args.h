@@ -1,0 +1,45 @@
+// How the runtime builds the arguments of a call: each IR argument becomes an ArgSpec once, when the
+// executor is built (constants converted against the op's schema, lists folded), and build_arg makes
+// the IValue from it and the slots of the values computed so far on every call.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/ir/Graph.h"
+
+namespace hb::rt {
+
+// How to build one IValue of a call from constants and slots.
+struct ArgSpec {
+  enum class K { Const, Slot, NumberSlot, TensorList, OptTensorList, IntList, DoubleList, Tuple };
+  K k = K::Const;
+  c10::IValue value;            // Const
+  int slot = -1;                // Slot, NumberSlot (a SymInt/SymFloat value where a Tensor is expected)
+  std::vector<ArgSpec> items;   // lists and tuples
+};
+
+c10::IValue build_arg(const ArgSpec& s, const std::vector<c10::IValue>& slots);
+
+ArgSpec constant(c10::IValue v);
+ArgSpec slot(int i);
+// An IR argument as a spec for one schema argument of type `type` (`where` names it in errors).
+ArgSpec convert(const Graph& g, const Arg& a, const c10::TypePtr& type, const std::string& where);
+// Untyped conversion (higher-order op arguments, sym ops, outputs): tuples and lists of values.
+ArgSpec convert_untyped(const Arg& a, const std::string& where);
+// A constant float (a scale), from a Float or Int argument.
+double float_arg(const Arg& a, const std::string& where);
+
+// A Python number passed where a schema wants a Tensor: a 0-dim "wrapped number" tensor, which
+// type promotion treats as a scalar (what eager does for x + 1).
+at::Tensor wrapped_number(const c10::IValue& v);
+c10::ScalarType to_scalar_type(DType d);
+c10::Device device_of(const TensorType& t);  // "cuda" -> cuda:0
+// "aten::addmm.default" -> ("aten::addmm", ""); "aten::add.Tensor" -> ("aten::add", "Tensor")
+std::pair<std::string, std::string> split_target(const std::string& target);
+
+}  // namespace hb::rt

@@ -1,0 +1,121 @@
+#include "codegen/TargetModel.h"
+
+#include <map>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "backend/ir/Aliasing.h"
+#include "codegen/KernelSelect.h"
+#include "codegen/PointwiseProgram.h"
+
+namespace hb {
+
+namespace {
+
+// Static shape and the plain contiguous layout (a size-1 dim's stride does not matter).
+bool contiguous_static(const TensorType& t) {
+  if (t.stride.size() != t.shape.size()) return false;
+  int64_t expect = 1;
+  for (size_t k = t.shape.size(); k-- > 0;) {
+    if (!t.shape[k].is_static() || !t.stride[k].is_static()) return false;
+    if (t.shape[k].value != 1 && t.stride[k].value != expect) return false;
+    expect *= t.shape[k].value;
+  }
+  return true;
+}
+
+bool on_cpu_or_cuda(const std::string& d) {
+  return d == "cpu" || d.rfind("cpu:", 0) == 0 || d == "cuda" || d.rfind("cuda:", 0) == 0;
+}
+
+}  // namespace
+
+std::string normalize_device(const std::string& device) { return device == "cuda" ? "cuda:0" : device; }
+
+std::string structural_unplaceable(const Graph& g, int node, bool* ask_op) {
+  *ask_op = false;
+  const Node& n = g.nodes[node];
+  if (n.target == kFusedPointwiseTarget)  // its kernels write into any preallocated result
+    return n.type.kind == ValueType::Kind::Tensor && contiguous_static(n.type.tensor) ? "" : "not static contiguous";
+  const KernelChoice c = select_kernel(g, node);
+  if (c.kind != KernelKind::Aten) return kernel_kind_name(c.kind);
+  if (n.effects.is_view || n.effects.mutates || aliases_without_annotation(n)) return "alias";
+  if (n.effects.nondeterministic_seeded) return "random";  // its out= overload may draw differently
+  if (n.type.kind == ValueType::Kind::Tuple) return "multi-output op";
+  if (n.type.kind != ValueType::Kind::Tensor) return "not a tensor";
+  if (!contiguous_static(n.type.tensor)) return "not static contiguous";
+  if (!on_cpu_or_cuda(n.type.tensor.device)) return "on " + n.type.tensor.device;
+  *ask_op = true;
+  return "";
+}
+
+Target make_target(std::string name, OutKernelQuery query) {
+  Target t;
+  t.name = std::move(name);
+  t.unplaceable = [query = std::move(query)](const Graph& g, int node) -> std::string {
+    bool ask = false;
+    std::string why = structural_unplaceable(g, node, &ask);
+    if (why.empty() && ask && query) why = query(g.nodes[node], normalize_device(g.nodes[node].type.tensor.device));
+    return why;
+  };
+  t.workspace = kernel_workspace_bytes;
+  return t;
+}
+
+Target structural_target() { return make_target("structural", nullptr); }
+
+Target table_target(const std::string& table_text) {
+  // "<target> <device>: <ok | why>" per line; '#' starts a comment.
+  auto table = std::make_shared<std::map<std::pair<std::string, std::string>, std::string>>();
+  std::istringstream in(table_text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.find(' '), colon = line.find(": ");
+    if (sp == std::string::npos || colon == std::string::npos || colon < sp) continue;
+    const std::string why = line.substr(colon + 2);
+    (*table)[{line.substr(0, sp), line.substr(sp + 1, colon - sp - 1)}] = why == "ok" ? "" : why;
+  }
+  return make_target("table", [table](const Node& n, const std::string& device) -> std::string {
+    auto it = table->find({n.target, device});
+    return it == table->end() ? "not in the placement table" : it->second;
+  });
+}
+
+std::string placement_table(const Graph& g, const Target& t) {
+  std::set<std::string> lines;
+  std::function<void(const Graph&)> walk = [&](const Graph& graph) {
+    for (int i = 0; i < static_cast<int>(graph.nodes.size()); ++i) {
+      bool ask = false;
+      if (!structural_unplaceable(graph, i, &ask).empty() || !ask) continue;
+      const std::string why = t.why_unplaceable(graph, i);
+      lines.insert(graph.nodes[i].target + " " + normalize_device(graph.nodes[i].type.tensor.device) + ": " +
+                   (why.empty() ? "ok" : why));
+    }
+    for (const auto& kv : graph.subgraphs) walk(*kv.second);
+  };
+  walk(g);
+  std::string out = "# placement table of target '" + t.name + "' (hb-opt --placement=<this file> replays it)\n";
+  for (const std::string& l : lines) out += l + "\n";
+  return out;
+}
+
+int64_t kernel_workspace_bytes(const Graph& g, const Node& n) {
+  const bool fw = n.target == "higher_order::flex_attention";
+  if ((!fw && n.target != "higher_order::flex_attention_backward") || n.args.size() < 2) return 0;
+  auto shape = [&](const Arg& a) -> const std::vector<Dim>* {
+    if (a.kind != Arg::Kind::Ref || g.nodes[a.ref].type.kind != ValueType::Kind::Tensor) return nullptr;
+    return &g.nodes[a.ref].type.tensor.shape;
+  };
+  const std::vector<Dim>*q = shape(n.args[0]), *k = shape(n.args[1]);
+  if (!q || !k || q->size() != 4 || k->size() != 4) return 0;
+  int64_t scores = 1;
+  for (const Dim& d : {(*q)[0], (*q)[1], (*q)[2], (*k)[2]}) {
+    if (!d.is_static()) return 0;  // symbolic: counted as 0, like symbolic values
+    scores *= d.value;
+  }
+  return scores * (fw ? kFlexForwardWorkspace : kFlexBackwardWorkspace);
+}
+
+}  // namespace hb

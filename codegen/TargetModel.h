@@ -1,0 +1,47 @@
+// The target models in plain C++ (backend/ir/Target.h says what a Target is). The runtime's placement
+// rule has two parts: what the IR alone decides (an ATen-dispatched op with one fresh tensor result of
+// static contiguous layout on a CPU or CUDA device, or a fused pointwise group) and what only the
+// dispatcher knows (whether the op has an out= overload with a kernel of its own for the device). The
+// first part lives here; the second is a query the caller supplies: the runtime asks the dispatcher
+// (backend/runtime/Placement.h), hb-opt reads a placement table that a real run dumped
+// (placement.txt), tests say "every op has one".
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "backend/ir/Graph.h"
+#include "backend/ir/Target.h"
+
+namespace hb {
+
+// Why node's result cannot be placed, from the IR alone ("" = it can, once the op query agrees).
+// *ask_op: set when the answer also depends on the op query (an ATen-dispatched op).
+std::string structural_unplaceable(const Graph& g, int node, bool* ask_op);
+
+// Whether op `n` can write its result through an out= overload on `device` ("" = it can, else why not).
+using OutKernelQuery = std::function<std::string(const Node& n, const std::string& device)>;
+
+// The runtime's placement rule with `query` for the op part, and the kernels' workspaces.
+Target make_target(std::string name, OutKernelQuery query);
+// Every structurally placeable value is placeable (the core tests; hb-opt's default).
+Target structural_target();
+// The op part read from a placement table ("<target> <device>: ok" or "<target> <device>: <why>" per
+// line, as the dumps write it); an op missing from the table is not placed.
+Target table_target(const std::string& table_text);
+// The table of the ATen ops of g and its subgraphs under `t` (for the dump, so hb-opt can replay a run).
+std::string placement_table(const Graph& g, const Target& t);
+
+// The memory a node's kernel allocates and frees while it runs, beyond its results: hintbackend's
+// FlexAttention reference (backend/runtime/FlexAttention.h) materializes float32 [B, H, Sq, Skv]
+// scores and their derivatives. Per score, as measured on the H200 (benchmarks/slicing.py --region flex,
+// B4 H16 S4096: BFS forward 13312 MB, forward+backward 28868 MB, for 2^30 scores): kFlexForwardWorkspace
+// and kFlexBackwardWorkspace bytes. 0 for every other node (library workspaces are not modelled).
+constexpr int64_t kFlexForwardWorkspace = 13;
+constexpr int64_t kFlexBackwardWorkspace = 28;
+int64_t kernel_workspace_bytes(const Graph& g, const Node& n);
+
+// "cuda" -> "cuda:0"; other devices as they are (the arena's device names).
+std::string normalize_device(const std::string& device);
+
+}  // namespace hb
