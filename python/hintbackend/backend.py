@@ -113,4 +113,5 @@ def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Op
     # backward (partition.py), so training keeps the regions' intermediates per slice too.
     return aot_autograd(fw_compiler=make("forward"), bw_compiler=make("backward"),
                         inference_compiler=make("inference"),
-                        partition_fn=functools.partial(partition, settings=opts.core_settings()))(gm, example_inputs)
+                        partition_fn=functools.partial(partition, settings=opts.core_settings(),
+                                                       base=opts.partition))(gm, example_inputs)

@@ -31,9 +31,12 @@ Not recomputed (their values are saved, as the default does):
   whole attention in the backward. Attention's S x S values are far larger and are recomputed; views
   of the region's inputs cost nothing to recompute and are.
 
-The whole graph keeps the default partition, with a log line saying why, when: no region asks for
-dfs/auto (exactly ``default_partition``), the graph uses activation checkpointing tags or activation
-offloading, a region node mutates, a value to recompute from is mutated (or aliases a mutated value),
+A graph with no dfs/auto region gets torch's ``min_cut_rematerialization_partition`` (Inductor's: it saves
+less and recomputes cheap pointwise ops in the backward), or ``default_partition`` with
+``options={"partition": "default"}``.
+
+The whole graph keeps the default partition, with a log line saying why, when: the graph uses
+activation checkpointing tags or activation offloading, a region node mutates, a value to recompute from is mutated (or aliases a mutated value),
 or anything else is unexpected.
 """
 
@@ -57,6 +60,7 @@ from torch._functorch.partitioners import (
     _is_primal,
     default_partition,
     has_recomputable_ops,
+    min_cut_rematerialization_partition,
     is_not_collective,
     thread_graphsafe_rng_from_hops,
 )
@@ -357,9 +361,11 @@ def _default_saved(joint: fx.GraphModule, fw: fx.GraphModule, num_fwd_outputs: i
 
 
 def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
-              static_lifetime_input_indices: Optional[List[int]] = None, settings: Any = None, **kwargs: Any):
+              static_lifetime_input_indices: Optional[List[int]] = None, settings: Any = None,
+              base: str = "min-cut", **kwargs: Any):
     """hintbackend's partition_fn for aot_autograd (see the module docstring). `settings`: the compile's
-    CompileSettings (Options.core_settings()), so the slice decision is the compile's own."""
+    CompileSettings (Options.core_settings()), so the slice decision is the compile's own. `base`: the
+    partition of graphs with no dfs/auto region ("default" or "min-cut", options.py's partition)."""
     if settings is None:
         settings = _core().CompileSettings()
 
@@ -368,6 +374,10 @@ def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_output
                                  static_lifetime_input_indices=static_lifetime_input_indices, **kwargs)
 
     if not any(recomputes(n) for n in joint_module.graph.nodes):
+        if base == "min-cut":
+            return min_cut_rematerialization_partition(joint_module, joint_inputs, compiler="inductor",
+                                                       num_fwd_outputs=num_fwd_outputs,
+                                                       static_lifetime_input_indices=static_lifetime_input_indices)
         return default()
     if has_recomputable_ops(joint_module):
         log.warning("partition: keeps the default partition for this graph: it has activation checkpointing "

@@ -33,7 +33,8 @@ def test_entry_point_without_import():
 
 @pytest.mark.parametrize("options, message", [
     ({"strictt": True}, "unknown option 'strictt'; valid options are arena, disable_passes, dump_dir, "
-                        "memory_plan_in_place, memory_plan_strategy, strict, verify_each_pass"),
+                        "memory_plan_in_place, memory_plan_strategy, partition, strict, verify_each_pass"),
+    ({"partition": "greedy"}, "option 'partition' must be one of \"default\", \"min-cut\", got 'greedy'"),
     ({"memory_plan_strategy": "first-fit"}, "option 'memory_plan_strategy' must be one of \"\", \"greedy-by-size\", "
                                             "\"best-fit\", got 'first-fit'"),
     ({"arena": 1}, "option 'arena' must be a bool, got 1"),
@@ -112,7 +113,8 @@ def test_backward_document_says_which_inputs_the_caller_keeps(tmp_path):
     """The backward owns its saved activations but not the saved weight view (the module holds the
     weight) nor the tangent (AOTAutograd's backward frame holds it): the document lists those two."""
     lin = torch.nn.Linear(8, 16).to(device())
-    f = torch.compile(lambda x: torch.tanh(lin(x)).relu(), backend="hintbackend", options={"dump_dir": str(tmp_path)})
+    f = torch.compile(lambda x: torch.tanh(lin(x)).relu(), backend="hintbackend",
+                      options={"dump_dir": str(tmp_path), "partition": "default"})  # saves tanh's output
     f(randn(4, 8).requires_grad_(True)).sum().backward()
     bwd = tmp_path / next(g for g in sorted(os.listdir(tmp_path)) if g.startswith("backward_"))
     graph = json.loads((bwd / "graph.json").read_text())["graph"]

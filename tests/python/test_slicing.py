@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.partitioners import default_partition
+from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
 from conftest import device
 from helpers import randn
@@ -103,7 +103,8 @@ def test_dfs_equals_bfs_forward_and_backward(tmp_path, slices):
 
 class Captured:
     """A torch.compile backend that records AOTAutograd's joint graph and partitions it with both
-    default_partition and hintbackend's partition, running the default's forward and backward."""
+    default_partition and hintbackend's partition over the same base (options={"partition": "default"}),
+    running the default's forward and backward."""
 
     def __init__(self):
         self.results = []  # (default (fw, bw), hintbackend (fw, bw), num_fwd_outputs)
@@ -111,7 +112,7 @@ class Captured:
     def __call__(self, gm, example_inputs):
         def partition_fn(joint, joint_inputs, **kwargs):
             want = default_partition(joint, joint_inputs, **kwargs)
-            got = partition(joint, joint_inputs, **kwargs)
+            got = partition(joint, joint_inputs, base="default", **kwargs)
             self.results.append((want, got, kwargs["num_fwd_outputs"]))
             return want
 
@@ -149,6 +150,37 @@ def test_bfs_and_unhinted_graphs_partition_exactly_like_default(hints):
     assert len(saved_values(got_fw, n)) == len(saved_values(want_fw, n))
     assert got_fw.code == want_fw.code
     assert got_bw.code == want_bw.code
+
+
+def test_unhinted_graphs_use_the_min_cut_partition():
+    """Graphs with no dfs/auto region get min_cut_rematerialization_partition (the default partition
+    option): exactly its forward and backward, saving no more bytes than default_partition."""
+    results = []
+
+    def backend(gm, example_inputs):
+        def partition_fn(joint, joint_inputs, **kwargs):
+            want = min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
+            default = default_partition(joint, joint_inputs, **kwargs)
+            got = partition(joint, joint_inputs, **kwargs)
+            results.append((want, default, got, kwargs["num_fwd_outputs"]))
+            return got
+
+        compiler = lambda g, _: make_boxed_func(g.forward)  # noqa: E731
+        return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, partition_fn=partition_fn)(gm, example_inputs)
+
+    def f(x, w):
+        return torch.nn.functional.gelu(x @ w).tanh().sum(-1)
+
+    x, w = randn(8, 64).requires_grad_(True), randn(64, 64).requires_grad_(True)
+    torch.compile(f, backend=backend)(x, w).sum().backward()
+    (want_fw, want_bw), (default_fw, _), (got_fw, got_bw), n = results[0]
+    assert got_fw.code == want_fw.code and got_bw.code == want_bw.code
+
+    def saved_bytes(fw):
+        return sum(v.meta["val"].numel() * v.meta["val"].element_size() for v in saved_values(fw, n)
+                   if isinstance(v.meta.get("val"), torch.Tensor))
+
+    assert saved_bytes(got_fw) <= saved_bytes(default_fw)
 
 
 @pytest.mark.parametrize("hints", [{"schedule": "dfs", "slices": 4}, {"schedule": "dfs"},

@@ -1,0 +1,297 @@
+"""Training-step peak memory and time of real models: eager, Inductor and hintbackend side by side in one
+process (issue 12: compiled peak at or below eager, close to Inductor, step time no worse than eager).
+
+    python benchmarks/memory_models.py                      # CUDA: HF Llama, GPT-2, BERT + the corpus
+    python benchmarks/memory_models.py --device cpu --small # CPU: small shapes, live-bytes tracking
+
+Models: HF Llama, GPT-2 and BERT (masked LM), 4 layers, hidden 512, 8 heads, SDPA attention, random init,
+train mode (their default dropout), bf16 on CUDA, B4 S1024 (the issue's setting); then the test corpus's
+blocks (tests/python/test_models.py). Each step is forward, loss, backward.
+
+How peaks are accounted: "peak above the model" is the most memory allocated during one warm training
+step (the third; the first ones compile and create the gradients) minus what was allocated just before
+it (parameters, their gradients, the inputs), i.e. what the step itself adds: activations, saved values,
+temporaries, workspaces. On CUDA it is torch.cuda.max_memory_allocated (the caching allocator's own
+count). On CPU (no allocator peak) it is the most bytes of tensor storage alive at once, counted by a
+TorchDispatchMode that sees every op's results, eager's and hintbackend's runtime's alike (its executor
+calls ATen through the dispatcher; its arenas are ATen tensors too): the same accounting for both.
+Time: the median of --steps steps (CUDA events on CUDA, the wall clock on CPU).
+A peer that fails (Inductor does on some models) prints its error in place of the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import traceback
+import weakref
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# ---- models --------------------------------------------------------------------------------------
+
+def hf_models(small: bool) -> List[Tuple[str, Callable[[], nn.Module], Callable[[nn.Module, torch.Tensor], torch.Tensor]]]:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("transformers is not installed: the HF models are skipped (pip install transformers)")
+        return []
+    from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                              LlamaForCausalLM)
+    hidden, layers, heads = (128, 2, 4) if small else (512, 4, 8)
+    vocab = 1024 if small else None
+
+    def llama():
+        cfg = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 8 // 3, num_hidden_layers=layers,
+                          num_attention_heads=heads, num_key_value_heads=heads, vocab_size=vocab or 32000,
+                          max_position_embeddings=2048)
+        return LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa")
+
+    def gpt2():
+        cfg = GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, n_positions=2048, vocab_size=vocab or 50257)
+        return GPT2LMHeadModel._from_config(cfg, attn_implementation="sdpa")
+
+    def bert():
+        cfg = BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                         intermediate_size=4 * hidden, vocab_size=vocab or 30522, max_position_embeddings=2048)
+        return BertForMaskedLM._from_config(cfg, attn_implementation="sdpa")
+
+    def lm_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids, labels=ids).loss
+
+    return [("HF Llama", llama, lm_loss), ("HF GPT-2", gpt2, lm_loss), ("HF BERT (masked LM)", bert, lm_loss)]
+
+
+def corpus_models(small: bool):
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+    from test_models import GPTFlexBlock, SDPABlock  # the corpus' own blocks, at bench sizes
+
+    def mse(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return model(x).float().pow(2).mean()
+
+    s = 128 if small else 512
+    return [("transformer block (sdpa)", lambda: SDPABlock(d=256 if small else 512, h=8), mse, (4, s, 256 if small else 512)),
+            ("gpt block (flex, learned bias)", lambda: GPTFlexBlock(d=256, h=4, s=s), mse, (4, s, 256))]
+
+
+# ---- measuring -----------------------------------------------------------------------------------
+
+class LiveBytes(TorchDispatchMode):
+    """The most bytes of tensor storage alive at once while active (CPU peaks): every op's results are
+    counted once per storage until the storage is freed."""
+
+    supports_higher_order_operators = True  # flex_attention: run it, count what it returns
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self.seen: Dict[int, int] = {}
+
+    def _track(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if key in self.seen or st.nbytes() == 0:
+            return
+        n = st.nbytes()
+        self.seen[key] = n
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(st, self._free, key)
+
+    def _free(self, key: int) -> None:
+        self.live -= self.seen.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_meta:
+                try:
+                    self._track(t)
+                except (RuntimeError, NotImplementedError):
+                    pass
+        return out
+
+
+def measure(step: Callable[[], None], device: str, steps: int) -> Tuple[float, float]:
+    """(peak MiB above what was allocated before the step, median ms per step)."""
+    for _ in range(2):  # compile, allocate the gradients
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        times = []
+        for _ in range(steps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+    else:
+        with LiveBytes() as lb:
+            step()
+        peak = lb.peak / 2**20
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return peak, statistics.median(times)
+
+
+def run_peer(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor, device: str, dtype: torch.dtype,
+             steps: int) -> Tuple[Optional[float], Optional[float], str]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = make().to(device=device, dtype=dtype).train()
+    if peer == "eager":
+        fn = model
+    elif peer == "inductor":
+        fn = torch.compile(model)
+    elif peer == "aot_eager":  # the AOT graphs run by torch: what the partition alone costs
+        fn = torch.compile(model, backend="aot_eager")
+    elif peer == "hb min-cut":
+        fn = torch.compile(model, backend="hintbackend", options={"partition": "min-cut"})
+    elif peer == "hb no arena":
+        fn = torch.compile(model, backend="hintbackend", options={"arena": False})
+    else:
+        fn = torch.compile(model, backend="hintbackend")
+
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        loss_fn(fn, x).backward()
+
+    try:
+        peak, ms = measure(step, device, steps)
+        return peak, ms, ""
+    except Exception as e:  # a peer that cannot run this model: say so in its cell
+        traceback.print_exc(limit=3)
+        return None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:60] if str(e) else ''}"
+    finally:
+        del model, fn
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def explain(name: str, make, loss_fn, x: torch.Tensor, device: str, dtype: torch.dtype) -> None:
+    """What the training step keeps for the backward: eager's saved tensors (autograd's saved-tensor hooks)
+    against the backward inputs of the AOT graphs hintbackend compiles (its partition), biggest first."""
+    from torch._dynamo.backends.common import aot_autograd
+    from hintbackend.partition import partition
+
+    torch.manual_seed(0)
+    model = make().to(device=device, dtype=dtype).train()
+    seen: Dict[int, Tuple[int, str]] = {}
+
+    def pack(t):
+        seen.setdefault(t.untyped_storage().data_ptr(), (t.untyped_storage().nbytes(), f"{tuple(t.shape)} {t.dtype}"))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(model, x)
+    del loss
+    total = sum(v[0] for v in seen.values())
+    print(f"{name}: eager saves {total / 2**20:.0f} MiB in {len(seen)} storages; biggest: " +
+          ", ".join(f"{v[1]} {v[0] / 2**20:.0f}" for v in sorted(seen.values(), reverse=True)[:6]))
+    graphs = {}
+
+    def keep(kind):
+        def compiler(gm, inputs):
+            graphs[kind] = gm
+            return gm
+        return compiler
+
+    torch._dynamo.reset()
+    f = torch.compile(model, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=partition))
+    loss_fn(f, x).backward()
+    if "bw" not in graphs:
+        return
+    items = []
+    for n in graphs["bw"].graph.nodes:
+        v = n.meta.get("val")
+        if n.op == "placeholder" and isinstance(v, torch.Tensor) and not n.name.startswith("tangents"):
+            items.append((v.numel() * v.element_size(), n.name, f"{tuple(v.shape)} {v.dtype}"))
+    print(f"{name}: the AOT forward saves {sum(i[0] for i in items) / 2**20:.0f} MiB in {len(items)} values; biggest: " +
+          ", ".join(f"%{i[1]} {i[2]} {i[0] / 2**20:.0f}" for i in sorted(items, reverse=True)[:8]))
+    ops = sorted({str(n.target) for n in graphs["fw"].graph.nodes if n.op == "call_function" and
+                  any(k in str(n.target) for k in ("attention", "softmax", "bmm", "dropout", "bernoulli", "rand"))})
+    print(f"{name}: attention-related forward ops: {', '.join(ops)}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--small", action="store_true", help="small shapes (CPU)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--models", default="", help="comma-separated substrings of model names to run")
+    p.add_argument("--no-inductor", action="store_true")
+    p.add_argument("--diagnose", action="store_true",
+                   help="also aot_eager (the AOT graphs run by torch), hintbackend with the min-cut partition and "
+                        "without the arena, and what eager and the AOT forward save for the backward")
+    args = p.parse_args()
+    dev = args.device
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    B, S = (2, 128) if args.small else (4, 1024)
+    peers = ["eager"] + ([] if args.no_inductor else ["inductor"]) + ["hintbackend"]
+    if args.diagnose:
+        peers += ["hb min-cut", "hb no arena", "aot_eager"]
+    rows = []
+    models = [(n, mk, lf, None) for n, mk, lf in hf_models(args.small)] + list(corpus_models(args.small))
+    for name, make, loss_fn, shape in models:
+        if args.models and not any(m.strip().lower() in name.lower() for m in args.models.split(",")):
+            continue
+        torch.manual_seed(0)
+        if shape is None:  # token ids
+            x = torch.randint(0, 1000, (B, S), device=dev)
+        else:
+            x = torch.randn(*shape, device=dev, dtype=dtype)
+        if args.diagnose:
+            try:
+                explain(name, make, loss_fn, x, dev, dtype)
+            except Exception as e:
+                print(f"{name}: explain failed: {type(e).__name__}: {e}")
+        res = {peer: run_peer(peer, make, loss_fn, x, dev, dtype, args.steps) for peer in peers}
+        rows.append((name, res))
+        print(f"{name}: " + ", ".join(f"{k} {v[0] if v[0] is None else round(v[0])} MiB / "
+                                      f"{v[1] if v[1] is None else round(v[1], 2)} ms {v[2]}" for k, v in res.items()),
+              flush=True)
+    where = torch.cuda.get_device_name() if dev == "cuda" else "CPU (live tensor bytes)"
+    print(f"\ntraining step peak above the model (MiB) / median ms per step, {str(dtype).split('.')[-1]}, "
+          f"B{B} S{S}, on {where}, torch {torch.__version__}")
+    head = f"{'model':<32}" + "".join(f"{p:>22}" for p in peers) + f"{'hb/eager peak':>15}{'hb/eager ms':>13}"
+    if "inductor" in peers:
+        head += f"{'hb/ind peak':>13}"
+    print(head)
+    for name, res in rows:
+        line = f"{name:<32}"
+        for peer in peers:
+            peak, ms, err = res[peer]
+            line += f"{(f'{peak:.0f} / {ms:.2f}' if peak is not None else 'fails: ' + err[:14]):>22}"
+        hb, ea = res["hintbackend"], res["eager"]
+        ok = hb[0] is not None and ea[0] is not None
+        line += f"{(hb[0] / ea[0]) if ok and ea[0] else float('nan'):>15.2f}{(hb[1] / ea[1]) if ok else float('nan'):>13.2f}"
+        if "inductor" in peers:
+            ind = res["inductor"]
+            line += f"{(hb[0] / ind[0]) if ind[0] and hb[0] is not None else float('nan'):>13.2f}"
+        print(line)
+    print("goal (issue 12): hb/eager peak <= 1.00, hb/ind peak <= 1.20, hb/eager ms <= 1.00")
+
+
+if __name__ == "__main__":
+    main()
