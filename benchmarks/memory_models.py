@@ -71,7 +71,8 @@ def hf_models(small: bool) -> List[Tuple[str, Callable[[], nn.Module], Callable[
     return [("HF Llama", llama, lm_loss), ("HF GPT-2", gpt2, lm_loss), ("HF BERT (masked LM)", bert, lm_loss)]
 
 
-def corpus_models(small: bool):
+def corpus_models(small: bool, device: str):
+    os.environ["HINTBACKEND_TEST_DEVICE"] = device  # the corpus builds its block masks there
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
     from test_models import GPTFlexBlock, SDPABlock  # the corpus' own blocks, at bench sizes
 
@@ -252,7 +253,7 @@ def main() -> None:
     if args.diagnose:
         peers += ["hb min-cut", "hb no arena", "aot_eager"]
     rows = []
-    models = [(n, mk, lf, None) for n, mk, lf in hf_models(args.small)] + list(corpus_models(args.small))
+    models = [(n, mk, lf, None) for n, mk, lf in hf_models(args.small)] + list(corpus_models(args.small, dev))
     for name, make, loss_fn, shape in models:
         if args.models and not any(m.strip().lower() in name.lower() for m in args.models.split(",")):
             continue
