@@ -15,7 +15,7 @@ node.meta["custom"]["hintbackend"] = {"region": id, "path": [outer ids..., id], 
 no other node does. Outside torch.compile a region runs its code unchanged.
 
 How: when Dynamo traces a region, the payload (validated hints merged with the enclosing region's,
-a fresh region id) is computed eagerly at trace time (_region_payload is assume_constant_result, so
+a stable region id: see _stable_region_id) is computed eagerly at trace time (_region_payload is assume_constant_result, so
 it costs no guard and no graph node). The context manager and decorator then become
 torch.fx.traceback.annotate(payload), which Dynamo runs while tracing, so the Dynamo nodes carry the
 payload and AOTAutograd copies it onto the ATen nodes it traces from them; backward nodes inherit it
@@ -26,13 +26,17 @@ payload as a JSON string; AOTAutograd inlines its body under the same annotation
 from __future__ import annotations
 
 import functools
-import itertools
 import json
+import os
 import re
 import threading
+import traceback
+import weakref
+import zlib
 from typing import Any, Callable
 
 import torch
+import torch._guards
 import torch.fx.traceback as fx_traceback
 
 from .hints import HINTS_KEY, HintError, merge_hints, validate_hints
@@ -84,8 +88,42 @@ def _check_torch() -> None:
         )
 
 
-# Region ids: unique in the process, never reused, taken when a region is traced.
-_region_ids = itertools.count()
+# Region ids are stable: derived from where the region is entered in the user's source and how many
+# times that place was entered before in the same trace (a loop over layers enters one `with` line once
+# per layer), so recompiling the same code gives the same ids and dumps of two runs compare line by line.
+# id = crc32("<file name>:<line>#<occurrence>") in 31 bits; a clash with another id of the same trace
+# (never seen) takes the next free number, which is deterministic too.
+_HOO_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+# Per trace (Dynamo's TracingContext; None outside Dynamo): occurrences per place, ids taken.
+_traces: "weakref.WeakKeyDictionary[Any, tuple[dict, set]]" = weakref.WeakKeyDictionary()
+_untraced: tuple[dict, set] = ({}, set())
+
+
+def _user_place() -> tuple[str, Any]:
+    """("file.py:line", the trace's key) of the code entering a region: the frame Dynamo is tracing, or
+    outside Dynamo (make_fx, export) the innermost caller outside hintbackend and torch."""
+    ctx = torch._guards.TracingContext.try_get()
+    frames = list(torch._guards.TracingContext.extract_stack()) if ctx is not None else []
+    if not frames:
+        frames = [f for f in traceback.extract_stack()
+                  if not os.path.abspath(f.filename).startswith((_HOO_DIR, _TORCH_DIR))]
+    if not frames:
+        return "<unknown>", ctx
+    f = frames[-1]
+    return f"{os.path.basename(f.filename)}:{f.lineno}", ctx
+
+
+def _stable_region_id() -> int:
+    place, ctx = _user_place()
+    seen, taken = _untraced if ctx is None else _traces.setdefault(ctx, ({}, set()))
+    occurrence = seen.get(place, 0)
+    seen[place] = occurrence + 1
+    rid = zlib.crc32(f"{place}#{occurrence}".encode()) & 0x7FFFFFFF
+    while rid in taken:
+        rid = (rid + 1) & 0x7FFFFFFF
+    taken.add(rid)
+    return rid
 
 
 def _enclosing_payload() -> dict | None:
@@ -94,7 +132,7 @@ def _enclosing_payload() -> dict | None:
 
 
 def _new_payload(hints: dict) -> dict:
-    return merge_hints(_enclosing_payload(), validate_hints(hints), next(_region_ids))
+    return merge_hints(_enclosing_payload(), validate_hints(hints), _stable_region_id())
 
 
 @_assume_constant_result
