@@ -7,6 +7,11 @@ A region's hints end up, merged with its enclosing regions' hints, under
 
 ``region`` is the region's id, ``path`` the ids from the outermost enclosing region to this one.
 Only keys the user gave (here or in an enclosing region) are written. See docs/hints.md.
+
+This module is the one owner of the hint rules: each hint's type, range and spelling, and how hints of
+nested regions merge and may not conflict (not both slices and slice_size; memory_budget only with
+schedule="auto"). The C++ importer only reads what they produce (types and spellings), and the
+hint-propagation pass checks what needs the graph (slice_dims against ranks, a region's nodes agree).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ bool fill_getitems(Graph& g) {
   return changed;
 }
 
-// The region's own hints are self-consistent and agree on every node of the region.
+// The region's path ends in its id and its hints agree on every node of the region.
 void check_consistency(const Graph& g, const std::map<int, std::vector<int>>& regions) {
   for (const auto& [region, members] : regions) {
     const int first = members.front();
@@ -62,14 +62,6 @@ void check_consistency(const Graph& g, const std::map<int, std::vector<int>>& re
           << "}. Every node of a region carries the same merged hints; a pass that rewrote one of them "
              "should copy the hints with inherit_hints (backend/ir/GraphEdit.h).";
     }
-    HB_USER_CHECK(!(h.slices && h.slice_size))
-        << region_name(h) << " on " << describe(g, first) << ": conflicting hints slices=" << *h.slices
-        << " and slice_size=" << *h.slice_size << ": give one of them (an inner region's choice replaces "
-        << "the outer region's other one).";
-    HB_USER_CHECK(!(h.memory_budget && h.schedule && *h.schedule != Schedule::Auto))
-        << region_name(h) << " on " << describe(g, first) << ": conflicting hints memory_budget="
-        << *h.memory_budget << " and schedule=" << schedule_name(*h.schedule)
-        << ": the budget is what schedule=auto plans against; drop it or use schedule=\"auto\".";
   }
 }
 

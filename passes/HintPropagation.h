@@ -1,10 +1,12 @@
 // hint-propagation: checks the hints hinted_context regions put on nodes (backend/ir/Hints.h,
 // docs/hints.md) against the graph, and fills them in where FX left a node of a region without them.
 //
+// One owner per hint rule: the value rules of a hint and of hints merged across nested regions (types,
+// ranges, enums, not both slices and slice_size, memory_budget only with "auto") are hoo/hints.py's,
+// checked at the hinted_context call; the importer reads the document (JSON types, spellings);
+// this pass owns what needs the graph.
 // Checks (each failure is an hb::UserError naming the region and a node, with a fix):
 //   - a region's path ends in its id, and every node of a region carries the same hints;
-//   - merged hints do not conflict: not both slices and slice_size; no memory_budget with a bfs or
-//     dfs schedule (the budget is what "auto" plans against);
 //   - slice_dims exist on, and have equal sizes across, the tensors that enter and leave the region
 //     (an input of lower rank than the region's results is shared by all slices and not checked;
 //     size 1 on an input broadcasts).

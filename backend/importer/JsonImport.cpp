@@ -184,8 +184,10 @@ std::optional<int64_t> opt_int(const json& h, const char* key, const Ctx& c) {
   return it->get<int64_t>();
 }
 
-// meta["custom"]["hintbackend"] -> Hints. The Python side validated the values already; this checks
-// again because documents can be written by hand (and by other tools).
+// meta["custom"]["hintbackend"] -> Hints. Reading only: the JSON types, the known keys and the
+// spellings of the enums, so a malformed document gets an error naming the node and field. The rules for
+// hint values and their combinations are hoo/hints.py's (checked where the user wrote them); the one
+// value rule kept here, slices and slice_size >= 1, guards the passes' arithmetic (they divide by them).
 Hints parse_hints(const json& h, const Ctx& c) {
   Hints out;
   HB_USER_CHECK(h.is_object()) << c.str() << ": custom.hintbackend must be an object, got " << h.dump();
@@ -225,9 +227,9 @@ Hints parse_hints(const json& h, const Ctx& c) {
   out.slices = opt_int(h, "slices", c);
   out.slice_size = opt_int(h, "slice_size", c);
   out.memory_budget = opt_int(h, "memory_budget", c);
-  HB_USER_CHECK(!out.slices || *out.slices >= 1) << c.str() << ": hint slices=" << *out.slices << " must be >= 1";
-  HB_USER_CHECK(!out.slice_size || *out.slice_size >= 1)
-      << c.str() << ": hint slice_size=" << *out.slice_size << " must be >= 1";
+  for (const auto* v : {&out.slices, &out.slice_size})  // the passes divide by them
+    HB_USER_CHECK(!*v || **v >= 1) << c.str() << ": hint " << (v == &out.slices ? "slices" : "slice_size") << "="
+                                    << **v << " must be >= 1";
   if (h.contains("kernel") && !h["kernel"].is_null()) {
     const std::string k = h["kernel"].is_string() ? h["kernel"].get<std::string>() : h["kernel"].dump();
     if (k == "auto") out.kernel = KernelPref::Auto;
