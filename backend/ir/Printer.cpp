@@ -21,14 +21,30 @@ void print_float(std::ostream& os, double v) {
 }
 }  // namespace
 
+bool has_default_strides(const TensorType& t) {
+  if (t.stride.empty()) return true;  // none recorded: the parser gives contiguous ones
+  if (t.stride.size() != t.shape.size()) return false;
+  int64_t expect = 1;
+  for (size_t k = t.shape.size(); k-- > 0;) {
+    if (!t.shape[k].is_static() || !t.stride[k].is_static() || t.stride[k].value != expect) return false;
+    expect *= t.shape[k].value;
+  }
+  return true;
+}
+
 std::string to_string(const TensorType& t) {
   std::ostringstream os;
-  os << dtype_short(t.dtype) << "[";
-  for (size_t i = 0; i < t.shape.size(); ++i) {
-    if (i) os << ", ";
-    print_dim(os, t.shape[i]);
-  }
-  os << "]";
+  auto dims = [&](const std::vector<Dim>& v) {
+    os << "[";
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i) os << ", ";
+      print_dim(os, v[i]);
+    }
+    os << "]";
+  };
+  os << dtype_short(t.dtype);
+  dims(t.shape);
+  if (!has_default_strides(t)) dims(t.stride);
   if (t.device != "cpu") os << "@" << t.device;
   return os.str();
 }
@@ -109,13 +125,16 @@ std::string print_node(const Graph& g, int idx) {
   }
   if (n.effects.mutates) os << " !mutates";
   if (n.effects.is_view) os << " !view";
+  if (n.effects.nondeterministic_seeded) os << " !random";
   if (!n.hints.empty()) os << "  {" << to_string(n.hints) << "}";
   return os.str();
 }
 
-std::string print_graph(const Graph& g) {
-  std::ostringstream os;
-  os << "graph " << g.name;
+namespace {
+// `path`: the graph's name as printed: its own name at the top and for the top graph's subgraphs,
+// "<parent path>/<name>" deeper down, so the text says which graph holds which subgraph.
+void print_graph_at(std::ostream& os, const Graph& g, const std::string& path, int depth) {
+  os << "graph " << path;
   if (g.inputs_owned) {
     os << " (inputs owned";
     const char* sep = " except ";
@@ -128,7 +147,14 @@ std::string print_graph(const Graph& g) {
   os << " {\n";
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) os << "  " << print_node(g, i) << "\n";
   os << "}\n";
-  for (const auto& kv : g.subgraphs) os << print_graph(*kv.second);
+  for (const auto& kv : g.subgraphs)
+    print_graph_at(os, *kv.second, depth == 0 ? kv.first : path + "/" + kv.first, depth + 1);
+}
+}  // namespace
+
+std::string print_graph(const Graph& g) {
+  std::ostringstream os;
+  print_graph_at(os, g, g.name, 0);
   return os.str();
 }
 

@@ -1,7 +1,8 @@
-// hb-opt: a hintbackend graph document (JSON) in, passes by name, IR text out. Makes every pass
-// testable without Python.
+// hb-opt: a hintbackend graph document (JSON) or IR text (as the dumps print it) in, passes by name,
+// IR text out. Makes every pass testable without Python.
 //
 //   hb-opt graph.json                          the whole pipeline; IR after each pass, then its notes
+//   hb-opt --passes=memory-plan dump/forward_0/ir-final.txt    IR text in (the first character tells)
 //   hb-opt --passes=slice-legality,slice-schedule graph.json
 //   hb-opt --list-passes                       the pipeline, one line per pass with its reason
 //   cat graph.json | hb-opt -                  reads stdin (also when no file is given)
@@ -27,6 +28,7 @@
 
 #include "backend/importer/JsonImport.h"
 #include "backend/ir/Error.h"
+#include "backend/ir/Parser.h"
 #include "backend/ir/Printer.h"
 #include "codegen/TargetModel.h"
 #include "passes/Pipeline.h"
@@ -51,7 +53,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 void usage(std::ostream& os) {
   os << "usage: hb-opt [--passes=a,b,...] [--print-all] [--list-passes] [--placement=structural|none|FILE]\n"
         "              [--strategy=greedy-by-size|best-fit] [--no-in-place] [--no-arena] [FILE|-]\n"
-        "  reads a hintbackend graph document (JSON) from FILE or stdin, runs the named passes (default: the\n"
+        "  reads a hintbackend graph document (JSON) or IR text from FILE or stdin, runs the named passes (default: the\n"
         "  whole pipeline) and prints the IR after each pass and the notes it left.\n"
         "  --print-all   print the IR after every pass, changed or not\n"
         "  --placement   what the runtime can place in its arena: every value the IR allows (structural,\n"
@@ -119,7 +121,8 @@ int main(int argc, char** argv) {
     text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   try {
-    auto g = hb::import_json(text);
+    const size_t first = text.find_first_not_of(" \t\r\n");
+    auto g = first != std::string::npos && text[first] == '{' ? hb::import_json(text) : hb::parse_graph(text);
     std::cout << "// ----- IR after import\n" << hb::print_graph(*g);
     hb::PassContext ctx;
     ctx.verify_each = true;

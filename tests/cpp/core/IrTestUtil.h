@@ -4,12 +4,14 @@
 
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "backend/importer/JsonImport.h"
+#include "backend/ir/Parser.h"
 #include "backend/ir/Printer.h"
 #include "passes/Pipeline.h"
 
@@ -25,12 +27,15 @@ inline std::shared_ptr<Graph> load_fixture(const std::string& name) {
 }
 
 // Runs `passes` by name (verifying the IR after each) and returns the IR text followed by the notes
-// they left, one "// note: ..." line each: what the IR-text tests check.
+// they left, each line of each marked "// note: ": what the IR-text tests check.
 inline std::string run_and_print(Graph& g, const std::vector<std::string>& passes, PassContext& ctx) {
   ctx.verify_each = true;
   run_passes(g, passes, ctx);
   std::string out = print_graph(g);
-  for (const std::string& n : ctx.notes) out += "// note: " + n + "\n";
+  for (const std::string& n : ctx.notes) {  // every line of a note marked, as hb-opt prints them
+    std::istringstream lines(n);
+    for (std::string l; std::getline(lines, l);) out += "// note: " + l + "\n";
+  }
   return out;
 }
 
@@ -43,6 +48,89 @@ inline void check_lines(const std::string& text, const std::vector<std::string>&
     if (line.find(expected[k]) != std::string::npos) ++k;
   EXPECT_EQ(k, expected.size()) << "CHECK not found (in order): '" << (k < expected.size() ? expected[k] : "")
                                 << "'\n--- in ---\n" << text;
+}
+
+// FileCheck-style IR-text tests (XLA's and MLIR's): one text holding
+//   // RUN: pass-a,pass-b            the passes to run, in order (verified after each)
+//   graph g { ... }                   the input IR, as the dumps print it
+//   // CHECK: text                    a later output line contains text
+//   // CHECK-NEXT: text               the very next output line contains text
+//   // CHECK-NOT: text                no output line between the neighbouring matches contains text
+// The output is the IR after the passes, then their notes as `// note: ...` lines. A failure prints the
+// whole output, so it reads like a dump. `ctx` may carry settings (memory options, a target).
+inline void file_check(const std::string& test, PassContext ctx = {}) {
+  std::istringstream in(test);
+  std::string line, input;
+  std::vector<std::string> passes;
+  struct Check {
+    enum Kind { Plain, Next, Not } kind;
+    std::string text;
+  };
+  std::vector<Check> checks;
+  auto after = [](const std::string& l, const std::string& tag) -> std::optional<std::string> {
+    const size_t at = l.find(tag);
+    if (at == std::string::npos || l.find_first_not_of(' ') != at) return std::nullopt;
+    size_t start = at + tag.size();
+    while (start < l.size() && l[start] == ' ') ++start;
+    return l.substr(start);
+  };
+  while (std::getline(in, line)) {
+    if (auto r = after(line, "// RUN:")) {
+      std::string cur;
+      for (char c : *r + ",")
+        if (c == ',') {
+          if (!cur.empty()) passes.push_back(cur);
+          cur.clear();
+        } else if (c != ' ') {
+          cur += c;
+        }
+    } else if (auto c = after(line, "// CHECK-NEXT:")) {
+      checks.push_back({Check::Next, *c});
+    } else if (auto c2 = after(line, "// CHECK-NOT:")) {
+      checks.push_back({Check::Not, *c2});
+    } else if (auto c3 = after(line, "// CHECK:")) {
+      checks.push_back({Check::Plain, *c3});
+    } else {
+      input += line + "\n";
+    }
+  }
+  auto g = parse_graph(input);
+  const std::string out = run_and_print(*g, passes, ctx);
+  std::vector<std::string> lines;
+  std::istringstream os(out);
+  for (std::string l; std::getline(os, l);) lines.push_back(l);
+  size_t pos = 0;                  // the next line a CHECK may match
+  std::vector<std::string> nots;   // CHECK-NOTs waiting for the next match to bound them
+  size_t not_from = 0;
+  auto fail = [&](const std::string& why) { ADD_FAILURE() << why << "\n--- output ---\n" << out; };
+  auto settle_nots = [&](size_t until) {
+    for (const std::string& n : nots)
+      for (size_t i = not_from; i < until && i < lines.size(); ++i)
+        if (lines[i].find(n) != std::string::npos) fail("CHECK-NOT: '" + n + "' found: " + lines[i]);
+    nots.clear();
+  };
+  for (const Check& c : checks) {
+    if (c.kind == Check::Not) {
+      if (nots.empty()) not_from = pos;
+      nots.push_back(c.text);
+      continue;
+    }
+    size_t found = lines.size();
+    if (c.kind == Check::Next) {
+      if (pos < lines.size() && lines[pos].find(c.text) != std::string::npos) found = pos;
+    } else {
+      for (size_t i = pos; i < lines.size() && found == lines.size(); ++i)
+        if (lines[i].find(c.text) != std::string::npos) found = i;
+    }
+    if (found == lines.size()) {
+      fail(std::string(c.kind == Check::Next ? "CHECK-NEXT" : "CHECK") + ": '" + c.text + "' not found" +
+           (pos > 0 && pos <= lines.size() ? " after: " + lines[pos - 1] : ""));
+      return;
+    }
+    settle_nots(found);
+    pos = found + 1;
+  }
+  settle_nots(lines.size());
 }
 
 // The common part of the random-graph generators of the property tests: a seeded RNG and the graph

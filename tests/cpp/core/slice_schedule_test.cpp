@@ -64,7 +64,7 @@ TEST(slice_schedule, dfs_attention_becomes_one_loop) {
       "%sum_1: f32[2, 8, 4] = aten::sum.dim_IntList(%_unsafe_view_2, [1])",
       "return (%_unsafe_view_2, %sum_1)",
       "graph slice_body_0 {",
-      "%k: f32[1, 2, 8, 4] = placeholder",
+      "%k: f32[1, 2, 8, 4][128, 32, 4, 1] = placeholder",  // a view of slice i: the full tensor's strides
       "%view: f32[2, 8, 4] = aten::view.default(%expand, [2, 8, 4]) !view",
       "%bmm: f32[2, 8, 8] = aten::bmm.default(%view, %_unsafe_view)",
       "%_softmax: f32[1, 2, 8, 8] = aten::_softmax.default(%convert_element_type, -1, false)",
