@@ -2,6 +2,7 @@
 
 #include "backend/ir/Error.h"
 #include "backend/ir/SliceLoop.h"
+#include "codegen/FlexLowering.h"
 #include "codegen/PointwiseProgram.h"
 
 #include <set>
@@ -61,11 +62,20 @@ KernelChoice choose_fused(const Graph& g, const Node& n) {
   }
 }
 
+// What the reference runs, as the kernels dump says it: the mask as a band on the diagonal (what a cuDNN
+// or block-sparse kernel would skip) or why it is none, and what the score_mod computes.
+void describe_flex(const Graph& g, int node, KernelChoice& c) {
+  const FlexAnalysis a = analyze_flex(g, node);
+  c.why += "; mask_mod: " + (a.band_ok ? to_string(a.band) : "not a band (" + a.mask_why + ")") +
+           "; score_mod: " + (a.score_identity ? std::string("identity") : a.score_why.substr(a.score_why.find(' ') + 1));
+}
+
 }  // namespace
 
 KernelChoice select_kernel(const Graph& g, int node) {
   KernelChoice c = choose(g.nodes[node]);
   if (c.kind == KernelKind::FusedPointwise) c = choose_fused(g, g.nodes[node]);
+  if (c.kind == KernelKind::FlexForward || c.kind == KernelKind::FlexBackward) describe_flex(g, node, c);
   return c;
 }
 

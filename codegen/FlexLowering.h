@@ -1,0 +1,50 @@
+// What a FlexAttention node asks of a kernel, read from its subgraphs (plain C++): the mask_mod as a band
+// on the diagonal (what cuDNN's SDPA expresses natively: no mask, causal, a sliding window), and whether
+// the score_mod is the identity or what it computes. Kernel selection (KernelSelect.cpp) writes it into
+// the kernels dump for the reference today; kernels that skip masked blocks or lower to cuDNN choose from
+// it.
+//
+// The mask: mask_mod(b, h, q_idx, kv_idx) is evaluated symbolically. Index arithmetic stays affine in
+// q_idx and kv_idx; a comparison of two such values that depends only on d = q_idx - kv_idx bounds d;
+// `&` intersects bounds; a constant true (torch's noop_mask, `b.new_ones(())`) is no bound. So
+// `q_idx >= kv_idx` is the band d in [0, +inf) (causal), `(q_idx >= kv_idx) & (q_idx - kv_idx < 1024)` the
+// band [0, 1023] (sliding window). Anything else (a buffer read, b or h, `|`, a non-unit coefficient)
+// is not a band, with the reason.
+//
+// The BlockMask's block lists are not read: they are derived from the same mask_mod (create_block_mask),
+// and the reference kernel, whose results every other kernel must match, applies mask_mod alone.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "backend/ir/Graph.h"
+
+namespace hb {
+
+// The band lo <= q_idx - kv_idx <= hi (kNoBound: unbounded on that side).
+struct FlexBand {
+  static constexpr int64_t kNoBound = std::numeric_limits<int64_t>::max();
+  int64_t lo = -kNoBound;
+  int64_t hi = kNoBound;
+  bool unbounded() const { return lo == -kNoBound && hi == kNoBound; }
+  bool causal() const { return lo == 0; }  // kv_idx <= q_idx (with hi: a sliding window)
+};
+std::string to_string(const FlexBand& b);  // "no mask", "causal", "causal window 1024", "band [-3, 5]"
+
+struct FlexAnalysis {
+  bool band_ok = false;
+  FlexBand band;
+  std::string mask_why;        // why the mask is not a band (when !band_ok)
+  bool score_identity = false;  // score_mod returns its score unchanged
+  std::string score_why;       // what it computes otherwise
+  bool uses_max_scores = false;  // the forward's third result is read (cuDNN does not give it)
+};
+
+// The mask band of a mask_mod subgraph (args b, h, q_idx, kv_idx, *buffers), or why it is none.
+bool mask_band(const Graph& mask_mod, FlexBand* band, std::string* why);
+
+// A flex_attention or flex_attention_backward node of g.
+FlexAnalysis analyze_flex(const Graph& g, int node);
+
+}  // namespace hb
