@@ -8,6 +8,9 @@ MODE="${1:-all}"
 OUT="${OUT:-/tmp/hb-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=16
 PY=python3
+# The GPU machine's Python lacks the nvidia-cudnn-frontend wheel: carry its headers in .cfe/include
+# (an ignored folder: mkdir -p .cfe && unzip the wheel's include/ there; name .cfe in the run's carry).
+[ -f .cfe/include/cudnn_frontend.h ] && export HB_CUDNN_FRONTEND_INCLUDE=$PWD/.cfe/include
 # The image's default CMake compiler is /opt/gcc/bin/g++, whose libstdc++ differs from the system one
 # the process loads at run time: a module built with it segfaults in std::ostream (seen 2026-11-21).
 # Build with the system compiler, the one that matches /lib/x86_64-linux-gnu/libstdc++.so.6.
@@ -36,7 +39,7 @@ if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   $PY "$SRC/benchmarks/overhead.py" --device cpu --iters 2000 > "$OUT/overhead_cpu.log" 2>&1; tail -4 "$OUT/overhead_cpu.log"
 fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
-  for b in slicing memory fusion; do
+  for b in slicing memory fusion flex; do
     [ -f "$SRC/benchmarks/$b.py" ] || continue
     echo "== $b benchmark"
     timeout 300 $PY "$SRC/benchmarks/$b.py" > "$OUT/$b.log" 2>&1; tail -24 "$OUT/$b.log"

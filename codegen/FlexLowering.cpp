@@ -212,4 +212,36 @@ FlexAnalysis analyze_flex(const Graph& g, int node) {
   return r;
 }
 
+std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a) {
+  const Node& n = g.nodes[node];
+  const bool backward = n.target == "higher_order::flex_attention_backward";
+  if (n.args.size() != (backward ? 14u : 9u)) return "malformed flex node";
+  auto tensor = [&](const Arg& arg) -> const TensorType* {
+    if (arg.kind != Arg::Kind::Ref || g.nodes[arg.ref].type.kind != ValueType::Kind::Tensor) return nullptr;
+    return &g.nodes[arg.ref].type.tensor;
+  };
+  const TensorType *q = tensor(n.args[0]), *k = tensor(n.args[1]), *v = tensor(n.args[2]);
+  if (!q || !k || !v || q->shape.size() != 4 || k->shape.size() != 4 || v->shape.size() != 4)
+    return "q, k, v are not [B, H, S, D] tensors";
+  if (q->device.rfind("cuda", 0) != 0) return "on " + q->device + " (cuDNN runs on CUDA)";
+  if (q->dtype != k->dtype || q->dtype != v->dtype || (q->dtype != DType::Float16 && q->dtype != DType::BFloat16))
+    return std::string("q, k, v in ") + dtype_name(q->dtype) + " (cuDNN's SDPA takes float16 or bfloat16)";
+  for (const TensorType* t : {q, k, v})
+    for (const Dim& d : t->shape)
+      if (!d.is_static()) return "a symbolic shape";
+  const int64_t D = q->shape[3].value, Dv = v->shape[3].value, Hq = q->shape[1].value, Hkv = k->shape[1].value;
+  if (D != Dv || D % 8 != 0 || D > 256) return "head dim " + std::to_string(D) + " (cuDNN: D = Dv, a multiple of 8 up to 256)";
+  if (Hkv == 0 || Hq % Hkv != 0 || v->shape[1].value != Hkv) return "the heads of q are not a multiple of k's";
+  if (q->stride.size() == 4 && q->stride[3].value != 1) return "q's head dim is not contiguous";
+  if (!a.band_ok) return "mask_mod " + a.mask_why;
+  if (!a.band.unbounded() && a.band.lo != 0) return "mask_mod is the band " + to_string(a.band) + ", not causal";
+  if (!a.score_identity) return a.score_why;
+  const Arg& score_bufs = n.args[backward ? 12 : 7];
+  const Arg& mask_bufs = n.args[backward ? 13 : 8];
+  if (!score_bufs.items.empty() || !mask_bufs.items.empty()) return "captured buffers";
+  if (a.uses_max_scores) return "max_scores is read (cuDNN does not return it)";
+  if (backward && n.args[6].kind != Arg::Kind::None) return "the backward takes a logsumexp gradient";
+  return "";
+}
+
 }  // namespace hb

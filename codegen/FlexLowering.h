@@ -47,4 +47,10 @@ bool mask_band(const Graph& mask_mod, FlexBand* band, std::string* why);
 // A flex_attention or flex_attention_backward node of g.
 FlexAnalysis analyze_flex(const Graph& g, int node);
 
+// Why cuDNN's SDPA cannot run this flex node as flex defines it ("" = it can): q, k, v in fp16 or bf16
+// on a CUDA device, [B, H, S, D] with D = Dv a multiple of 8 up to 256 and Hq a multiple of Hkv (GQA);
+// a mask that is no band, causal or a causal sliding window; the identity score_mod; no captured
+// buffers; the forward's max_scores unused; the backward with no logsumexp gradient.
+std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a);
+
 }  // namespace hb

@@ -62,27 +62,48 @@ KernelChoice choose_fused(const Graph& g, const Node& n) {
   }
 }
 
-// What the reference runs, as the kernels dump says it: the mask as a band on the diagonal (what a cuDNN
-// or block-sparse kernel would skip) or why it is none, and what the score_mod computes.
-void describe_flex(const Graph& g, int node, KernelChoice& c) {
+// A flex node: cuDNN's SDPA when the target has it and it can run the node as flex defines it (and the
+// region's kernel= hint allows it), else the reference; the dump says which and why.
+void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c) {
+  const Node& n = g.nodes[node];
+  const bool backward = c.kind == KernelKind::FlexBackward;
   const FlexAnalysis a = analyze_flex(g, node);
-  c.why += "; mask_mod: " + (a.band_ok ? to_string(a.band) : "not a band (" + a.mask_why + ")") +
-           "; score_mod: " + (a.score_identity ? std::string("identity") : a.score_why.substr(a.score_why.find(' ') + 1));
+  const std::string what = "mask_mod: " + (a.band_ok ? to_string(a.band) : "not a band (" + a.mask_why + ")") +
+                           "; score_mod: " +
+                           (a.score_identity ? std::string("identity") : a.score_why.substr(a.score_why.find(' ') + 1));
+  const std::optional<KernelPref> pref = n.hints.kernel;
+  std::string why_not = cudnn_why_not(g, node, a);
+  if (why_not.empty() && !target.cudnn_attention) why_not = "this build has no cuDNN (cudnn-frontend headers)";
+  if (pref == KernelPref::Cudnn)
+    HB_USER_CHECK(why_not.empty()) << describe(g, node) << ": kernel=\"cudnn\" was asked for (hinted_context), but cuDNN "
+                                   << "cannot run this FlexAttention: " << why_not
+                                   << ". Drop kernel=\"cudnn\" to run it on the reference kernel.";
+  if (pref == KernelPref::Aten || pref == KernelPref::Custom) {
+    c.why += "; kernel=" + std::string(kernel_pref_name(*pref)) + " hint; " + what;
+  } else if (why_not.empty()) {
+    c.kind = backward ? KernelKind::FlexCudnnBackward : KernelKind::FlexCudnnForward;
+    c.why = "cudnn: " + (a.band.unbounded() ? std::string("no mask") : to_string(a.band) + " band") +
+            ", identity score_mod" + (backward && n.hints.deterministic.value_or(false) ? ", deterministic" : "");
+  } else {
+    c.why += " (not cuDNN: " + why_not + "); " + what;
+  }
 }
 
 }  // namespace
 
-KernelChoice select_kernel(const Graph& g, int node) {
+KernelKind op_kernel_kind(const Node& n) { return choose(n).kind; }
+
+KernelChoice select_kernel(const Graph& g, int node, const Target& target) {
   KernelChoice c = choose(g.nodes[node]);
   if (c.kind == KernelKind::FusedPointwise) c = choose_fused(g, g.nodes[node]);
-  if (c.kind == KernelKind::FlexForward || c.kind == KernelKind::FlexBackward) describe_flex(g, node, c);
+  if (c.kind == KernelKind::FlexForward || c.kind == KernelKind::FlexBackward) choose_flex(g, node, target, c);
   return c;
 }
 
-KernelPlan select_kernels(const Graph& g) {
+KernelPlan select_kernels(const Graph& g, const Target& target) {
   KernelPlan plan;
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
-    KernelChoice c = select_kernel(g, i);
+    KernelChoice c = select_kernel(g, i, target);
     if (c.kind == KernelKind::Unsupported) {
       plan.unsupported.push_back(i);
       plan.unsupported_descriptions.push_back(describe(g, i) + ": " + c.why);
@@ -91,7 +112,7 @@ KernelPlan select_kernels(const Graph& g) {
   }
   // Subgraphs run through the same executor: an unsupported op inside a score_mod is as fatal.
   for (const auto& kv : g.subgraphs) {
-    auto sub = std::make_shared<const KernelPlan>(select_kernels(*kv.second));
+    auto sub = std::make_shared<const KernelPlan>(select_kernels(*kv.second, target));
     for (const std::string& d : sub->unsupported_descriptions)
       plan.unsupported_descriptions.push_back("subgraph '" + kv.first + "': " + d);
     plan.subgraphs[kv.first] = std::move(sub);

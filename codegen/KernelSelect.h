@@ -9,13 +9,20 @@
 
 #include "backend/ir/Graph.h"
 #include "backend/ir/KernelPlan.h"
+#include "backend/ir/Target.h"
 
 namespace hb {
 
-// Selects kernels for g and, recursively, the subgraphs its nodes reference (KernelPlan::subgraphs).
-KernelPlan select_kernels(const Graph& g);
-// The choice for one node, as select_kernels makes it (the placement rule asks it per node).
-KernelChoice select_kernel(const Graph& g, int node);
+// Selects kernels for g and, recursively, the subgraphs its nodes reference (KernelPlan::subgraphs),
+// with what `target` offers (a default Target: no cuDNN, the reference for FlexAttention).
+// A hinted_context kernel= hint steers the choice; kernel="cudnn" that cannot be honoured is an
+// hb::UserError naming the node and why.
+KernelPlan select_kernels(const Graph& g, const Target& target = {});
+// The choice for one node, as select_kernels makes it.
+KernelChoice select_kernel(const Graph& g, int node, const Target& target = {});
+// The kind of implementation a node gets from its op alone (an ATen dispatch, a getitem, a flex op ...),
+// before the choices that read its subgraphs or the target: what the placement rule asks per node.
+KernelKind op_kernel_kind(const Node& n);
 std::string print_kernel_plan(const Graph& g, const KernelPlan& plan);
 
 // The Python operators and sym functions the runtime evaluates natively (SymOp).

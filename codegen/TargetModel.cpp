@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "backend/ir/Aliasing.h"
+#include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
 #include "codegen/PointwiseProgram.h"
 
@@ -38,8 +39,8 @@ std::string structural_unplaceable(const Graph& g, int node, bool* ask_op) {
   const Node& n = g.nodes[node];
   if (n.target == kFusedPointwiseTarget)  // its kernels write into any preallocated result
     return n.type.kind == ValueType::Kind::Tensor && contiguous_static(n.type.tensor) ? "" : "not static contiguous";
-  const KernelChoice c = select_kernel(g, node);
-  if (c.kind != KernelKind::Aten) return kernel_kind_name(c.kind);
+  const KernelKind kind = op_kernel_kind(n);
+  if (kind != KernelKind::Aten) return kernel_kind_name(kind);
   if (n.effects.is_view || n.effects.mutates || aliases_without_annotation(n)) return "alias";
   if (n.effects.nondeterministic_seeded) return "random";  // its out= overload may draw differently
   if (n.type.kind == ValueType::Kind::Tuple) return "multi-output op";
@@ -59,7 +60,7 @@ Target make_target(std::string name, OutKernelQuery query) {
     if (why.empty() && ask && query) why = query(g.nodes[node], normalize_device(g.nodes[node].type.tensor.device));
     return why;
   };
-  t.workspace = kernel_workspace_bytes;
+  t.workspace = [](const Graph& g, const Node& n) { return kernel_workspace_bytes(g, n); };
   return t;
 }
 
@@ -101,9 +102,11 @@ std::string placement_table(const Graph& g, const Target& t) {
   return out;
 }
 
-int64_t kernel_workspace_bytes(const Graph& g, const Node& n) {
+int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attention) {
   const bool fw = n.target == "higher_order::flex_attention";
   if ((!fw && n.target != "higher_order::flex_attention_backward") || n.args.size() < 2) return 0;
+  const int node = static_cast<int>(&n - g.nodes.data());
+  if (cudnn_attention && cudnn_why_not(g, node, analyze_flex(g, node)).empty()) return 0;
   auto shape = [&](const Arg& a) -> const std::vector<Dim>* {
     if (a.kind != Arg::Kind::Ref || g.nodes[a.ref].type.kind != ValueType::Kind::Tensor) return nullptr;
     return &g.nodes[a.ref].type.tensor.shape;

@@ -36,10 +36,12 @@ std::string placement_table(const Graph& g, const Target& t);
 // FlexAttention reference (backend/runtime/FlexAttention.h) materializes float32 [B, H, Sq, Skv]
 // scores and their derivatives. Per score, as measured on the H200 (benchmarks/slicing.py --region flex,
 // B4 H16 S4096: BFS forward 13312 MB, forward+backward 28868 MB, for 2^30 scores): kFlexForwardWorkspace
-// and kFlexBackwardWorkspace bytes. 0 for every other node (library workspaces are not modelled).
+// and kFlexBackwardWorkspace bytes. 0 for every other node, and for a flex node cuDNN runs when
+// `cudnn_attention` (its workspace is known once its graph is built, at run time; it is small, not S^2).
+// Library workspaces are not modelled.
 constexpr int64_t kFlexForwardWorkspace = 13;
 constexpr int64_t kFlexBackwardWorkspace = 28;
-int64_t kernel_workspace_bytes(const Graph& g, const Node& n);
+int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attention = false);
 
 // "cuda" -> "cuda:0"; other devices as they are (the arena's device names).
 std::string normalize_device(const std::string& device);

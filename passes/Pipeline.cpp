@@ -95,7 +95,7 @@ Program compile_program(std::shared_ptr<Graph> g, PassContext& ctx) {
   Program p;
   // Kernel selection reads the final graph; the memory plan was made for the same graph (its target
   // asks the same per-node choice, codegen/TargetModel.h).
-  p.kernels = std::make_shared<const KernelPlan>(select_kernels(*g));
+  p.kernels = std::make_shared<const KernelPlan>(select_kernels(*g, ctx.memory.target));
   p.memory = ctx.memory_plan;
   p.notes = ctx.notes;
   p.graph = std::move(g);

@@ -11,6 +11,8 @@ const char* kernel_kind_name(KernelKind k) {
     case KernelKind::SymOp: return "sym-op";
     case KernelKind::FlexForward: return "flex-attention-reference";
     case KernelKind::FlexBackward: return "flex-attention-backward-reference";
+    case KernelKind::FlexCudnnForward: return "flex-attention-cudnn";
+    case KernelKind::FlexCudnnBackward: return "flex-attention-backward-cudnn";
     case KernelKind::ZerosAndScatter: return "zeros-and-scatter";
     case KernelKind::SliceLoop: return "slice-loop";
     case KernelKind::FusedPointwise: return "fused-pointwise";

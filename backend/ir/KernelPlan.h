@@ -17,6 +17,8 @@ enum class KernelKind {
   SymOp,            // arithmetic on SymInt/SymFloat/SymBool values (operator::mul, torch::sym_max ...)
   FlexForward,      // higher_order::flex_attention, C++ reference (backend/runtime/FlexAttention.cpp)
   FlexBackward,     // higher_order::flex_attention_backward, C++ reference
+  FlexCudnnForward,   // higher_order::flex_attention on cuDNN's SDPA (backend/runtime/CudnnFlexCall.cpp)
+  FlexCudnnBackward,  // higher_order::flex_attention_backward on cuDNN's SDPA backward
   ZerosAndScatter,  // flex_lib::zeros_and_scatter: FlexAttention's captured-buffer gradient scatter
   SliceLoop,        // hintbackend::slice_loop: a DFS region run slice by slice (backend/ir/SliceLoop.h)
   FusedPointwise,   // hintbackend::fused_pointwise: one pointwise program (codegen/PointwiseProgram.h)

@@ -19,6 +19,9 @@ struct Target {
   std::function<std::string(const Graph& g, int node)> unplaceable;
   // Bytes node allocates and frees while it runs, beyond its results. Null: none.
   std::function<int64_t(const Graph& g, const Node& n)> workspace;
+  // The runtime can run FlexAttention on cuDNN's SDPA (a CUDA build with cudnn-frontend): kernel
+  // selection may pick it for nodes on CUDA devices.
+  bool cudnn_attention = false;
 
   std::string why_unplaceable(const Graph& g, int node) const { return unplaceable ? unplaceable(g, node) : ""; }
   int64_t workspace_bytes(const Graph& g, const Node& n) const { return workspace ? workspace(g, n) : 0; }

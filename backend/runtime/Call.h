@@ -54,6 +54,7 @@ std::shared_ptr<const Call> lower_flex_attention(const LowerContext& ctx);  // F
 std::shared_ptr<const Call> lower_slice_loop(const LowerContext& ctx);      // SliceLoopCall.cpp
 std::shared_ptr<const Call> lower_fused_pointwise(const LowerContext& ctx); // FusedPointwiseCall.cpp
 std::shared_ptr<const Call> lower_zeros_and_scatter(const LowerContext& ctx);  // FlexAttentionCall.cpp
+std::shared_ptr<const Call> lower_cudnn_flex_attention(const LowerContext& ctx);  // CudnnFlexCall.cpp (fw and bw)
 
 // The table (Calls.cpp): the lowering for kernel kind k, or null when the executor runs k itself
 // (inputs, constants, ATen ops, getitem, sym ops, the output).

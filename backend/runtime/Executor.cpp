@@ -179,6 +179,7 @@ Executor::Executor(Program program, std::shared_ptr<const std::vector<at::Tensor
     s.fresh_result = (s.kind == KernelKind::Aten && !n.effects.is_view && !n.effects.mutates &&
                       !aliases_without_annotation(n)) ||
                      s.kind == KernelKind::FlexForward || s.kind == KernelKind::FlexBackward ||
+                     s.kind == KernelKind::FlexCudnnForward || s.kind == KernelKind::FlexCudnnBackward ||
                      s.kind == KernelKind::ZerosAndScatter;
     step_of[i] = static_cast<int>(steps_.size());
     steps_.push_back(std::move(s));

@@ -138,12 +138,19 @@ void keep_out_of_arena(c10::IValue& v, const c10::StorageImpl* arena) {
   }
 }
 
-Target runtime_target() { return make_target("runtime", op_unplaceable); }
+Target runtime_target() {
+  Target t = make_target("runtime", op_unplaceable);
+#ifdef HB_WITH_CUDNN
+  t.cudnn_attention = true;
+  t.workspace = [](const Graph& g, const Node& n) { return kernel_workspace_bytes(g, n, true); };
+#endif
+  return t;
+}
 
 Program program_of(std::shared_ptr<Graph> g, MemoryPlanOptions opt) {
   opt.target = runtime_target();
   Program p;
-  p.kernels = std::make_shared<const KernelPlan>(select_kernels(*g));
+  p.kernels = std::make_shared<const KernelPlan>(select_kernels(*g, opt.target));
   p.memory = std::make_shared<const MemoryPlan>(memory_plan(*g, opt));
   p.graph = std::move(g);
   return p;

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "backend/importer/JsonImport.h"
+#include "backend/ir/Error.h"
+#include "backend/ir/Parser.h"
 #include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
 #include "tests/cpp/core/IrTestUtil.h"
@@ -120,6 +122,90 @@ TEST(flex_lowering, analyze_flex_on_a_traced_graph) {
   EXPECT_EQ(c.kind, KernelKind::FlexForward);
   EXPECT_NE(c.why.find("mask_mod: causal; score_mod: computes aten::index.Tensor, aten::add.Tensor"), std::string::npos)
       << c.why;
+}
+
+}  // namespace
+}  // namespace hb
+
+namespace hb {
+namespace {
+
+// A causal flex_attention with the identity score_mod, as the IR text prints it; `dtype`, `device` and
+// the region's hints vary.
+std::shared_ptr<Graph> flex_graph(const std::string& dtype, const std::string& device, const std::string& hints = "") {
+  const std::string t = dtype + "[2, 4, 128, 64]" + device;
+  const std::string h = hints.empty() ? "" : "  {region=0 path=0 " + hints + "}";
+  return parse_graph(
+      "graph forward {\n"
+      "  %q: " + t + " = placeholder\n"
+      "  %k: " + t + " = placeholder\n"
+      "  %v: " + t + " = placeholder\n"
+      "  %kv_num_blocks: i32[1, 1, 1]" + device + " = placeholder\n"
+      "  %kv_indices: i32[1, 1, 1, 1]" + device + " = placeholder\n"
+      "  %flex_attention: (" + t + ", f32[2, 4, 128]" + device + ", f32[2, 4, 128]" + device +
+      ") = higher_order::flex_attention(%q, %k, %v, @score0, (128, 128, %kv_num_blocks, %kv_indices, none, none, "
+      "none, none, none, none, 128, 128, @mask0), 0.125, {}, (), ())" + h + "\n"
+      "  %out: " + t + " = operator::getitem(%flex_attention, 0)" + h + "\n"
+      "  return (%out,)\n"
+      "}\n"
+      "graph mask0 {\n"
+      "  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n  %q_idx: i32[] = placeholder\n"
+      "  %kv_idx: i32[] = placeholder\n"
+      "  %ge: b8[] = aten::ge.Tensor(%q_idx, %kv_idx)\n"
+      "  return (%ge,)\n"
+      "}\n"
+      "graph score0 {\n"
+      "  %score: " + dtype + "[] = placeholder\n  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n"
+      "  %q_idx: i32[] = placeholder\n  %kv_idx: i32[] = placeholder\n"
+      "  return (%score,)\n"
+      "}\n");
+}
+
+Target with_cudnn() {
+  Target t;
+  t.cudnn_attention = true;
+  return t;
+}
+
+TEST(flex_lowering, selection_picks_cudnn_where_it_computes_flex_exactly) {
+  auto g = flex_graph("bf16", "@cuda:0");
+  const int flex = g->find("flex_attention");
+  KernelChoice c = select_kernel(*g, flex, with_cudnn());
+  EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
+  EXPECT_EQ(c.why, "cudnn: causal band, identity score_mod");
+  // Without cuDNN in the build, the reference, saying why.
+  c = select_kernel(*g, flex, Target{});
+  EXPECT_EQ(c.kind, KernelKind::FlexForward);
+  EXPECT_NE(c.why.find("not cuDNN: this build has no cuDNN"), std::string::npos) << c.why;
+  // float32 q/k/v: cuDNN's SDPA takes half types only.
+  auto f32 = flex_graph("f32", "@cuda:0");
+  c = select_kernel(*f32, flex, with_cudnn());
+  EXPECT_EQ(c.kind, KernelKind::FlexForward);
+  EXPECT_NE(c.why.find("float32 (cuDNN's SDPA takes float16 or bfloat16)"), std::string::npos) << c.why;
+  // On the CPU: the reference.
+  c = select_kernel(*flex_graph("bf16", ""), flex, with_cudnn());
+  EXPECT_NE(c.why.find("on cpu (cuDNN runs on CUDA)"), std::string::npos) << c.why;
+}
+
+TEST(flex_lowering, kernel_hint_forces_or_refuses_cudnn) {
+  // kernel="aten" keeps the reference even where cuDNN could run it.
+  auto g = flex_graph("bf16", "@cuda:0", "kernel=aten");
+  const int flex = g->find("flex_attention");
+  EXPECT_EQ(select_kernel(*g, flex, with_cudnn()).kind, KernelKind::FlexForward);
+  // kernel="cudnn" where it cannot run (the CPU) is an error naming the node and why.
+  auto cpu = flex_graph("bf16", "", "kernel=cudnn");
+  try {
+    select_kernels(*cpu, with_cudnn());
+    FAIL() << "kernel=cudnn on the CPU must be refused";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("%flex_attention (higher_order::flex_attention)"), std::string::npos) << m;
+    EXPECT_NE(m.find("kernel=\"cudnn\" was asked for"), std::string::npos) << m;
+    EXPECT_NE(m.find("on cpu"), std::string::npos) << m;
+  }
+  // deterministic=True reaches the backward's choice (here: the forward's note has no such flag).
+  auto ok = flex_graph("f16", "@cuda:0", "kernel=cudnn deterministic=true");
+  EXPECT_EQ(select_kernel(*ok, flex, with_cudnn()).kind, KernelKind::FlexCudnnForward);
 }
 
 }  // namespace

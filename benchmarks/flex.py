@@ -1,0 +1,109 @@
+"""FlexAttention forward+backward: hintbackend against Inductor's flex and SDPA on cuDNN, side by side in one
+process (the issue-13 table). bf16, B4 H16 S4096, D64 and D128; TFLOP/s counted as in shared FACTS
+(3.5 x 4*B*H*S^2*D for forward+backward, halved for causal), median of CUDA-event-timed steps; peak MiB
+above the inputs.
+
+    python benchmarks/flex.py [--s 4096] [--steps 20] [--rows none,causal,softcap,rel_bias]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+
+def causal(b, h, q, kv):
+    return q >= kv
+
+
+def softcap(score, b, h, q, kv):
+    return 30 * torch.tanh(score / 30)
+
+
+def timed(fn, steps):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    times = []
+    for _ in range(steps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--b", type=int, default=4)
+    p.add_argument("--h", type=int, default=16)
+    p.add_argument("--s", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--dims", default="64,128")
+    p.add_argument("--rows", default="none,causal,softcap")
+    args = p.parse_args()
+    B, H, S = args.b, args.h, args.s
+    rows = []
+    for D in (int(d) for d in args.dims.split(",")):
+        for row in args.rows.split(","):
+            torch.manual_seed(0)
+            q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+            bm = create_block_mask(causal, None, None, S, S, device="cuda") if row == "causal" else None
+            score_mod = softcap if row == "softcap" else None
+            flops = 3.5 * 4 * B * H * S * S * D / (2 if row == "causal" else 1)
+
+            def attn(q, k, v):
+                return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+
+            res = {}
+            for peer in ("inductor", "sdpa-cudnn", "hintbackend"):
+                if peer == "sdpa-cudnn" and row == "softcap":
+                    res[peer] = None
+                    continue
+                torch._dynamo.reset()
+                try:
+                    if peer == "sdpa-cudnn":
+                        def fn():
+                            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                                F.scaled_dot_product_attention(q, k, v, is_causal=row == "causal").backward(dout)
+                    else:
+                        f = torch.compile(attn, backend="inductor" if peer == "inductor" else "hintbackend")
+
+                        def fn(f=f):
+                            f(q, k, v).backward(dout)
+                    ms, peak = timed(fn, args.steps)
+                    res[peer] = (flops / ms / 1e9, peak, ms)
+                except Exception as e:  # a peer that cannot run this row: say so in its cell
+                    res[peer] = f"fails: {type(e).__name__}"
+                for t in (q, k, v):
+                    t.grad = None
+            rows.append((row, D, res))
+            print(row, D, res, flush=True)
+    print(f"\nFlexAttention fwd+bw, bf16, B{B} H{H} S{S}, on {torch.cuda.get_device_name()}, torch {torch.__version__}: "
+          "TFLOP/s (peak MiB)")
+    print(f"{'row':<10}{'D':>5}{'inductor':>22}{'sdpa-cudnn':>22}{'hintbackend':>22}{'hb/inductor':>13}{'hb/sdpa':>9}")
+
+    def cell(x):
+        if x is None:
+            return "-"
+        return x if isinstance(x, str) else f"{x[0]:.0f} ({x[1]:.0f})"
+
+    for row, D, res in rows:
+        hb, ind, cu = res["hintbackend"], res["inductor"], res["sdpa-cudnn"]
+        r1 = f"{hb[0] / ind[0]:.2f}" if isinstance(hb, tuple) and isinstance(ind, tuple) else "-"
+        r2 = f"{hb[0] / cu[0]:.2f}" if isinstance(hb, tuple) and isinstance(cu, tuple) else "-"
+        print(f"{row:<10}{D:>5}{cell(ind):>22}{cell(cu):>22}{cell(hb):>22}{r1:>13}{r2:>9}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""FlexAttention on cuDNN (kernel selection picks it on CUDA for fp16/bf16 with no mask, causal or a causal
+sliding window and the identity score_mod): outputs, logsumexp and q/k/v gradients against a float64
+reference on fresh random inputs, no worse than twice eager bf16/fp16 flex's own error against the same
+reference; the kernels dump says cuDNN ran; deterministic=True gives bitwise-equal gradients run to run;
+a backward that gets a logsumexp gradient stays on the reference, and says why.
+CUDA only (HINTBACKEND_TEST_DEVICE=cuda); CI checks the selection from IR text
+(tests/cpp/core/flex_lowering_test.cpp)."""
+
+import os
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from conftest import device
+from hintbackend import hinted_context
+
+pytestmark = pytest.mark.skipif(device() != "cuda", reason="cuDNN runs on CUDA (HINTBACKEND_TEST_DEVICE=cuda)")
+
+
+def causal(b, h, q, kv):
+    return q >= kv
+
+
+def window(b, h, q, kv):
+    return (q >= kv) & (q - kv < 64)
+
+
+MASKS = {"none": None, "causal": causal, "window": window}
+
+
+def rel(x, ref):
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+def run(fn, q, k, v, dout):
+    """(out, logsumexp, dq, dk, dv): the gradients of a training step (the logsumexp unused, as in a
+    model), the logsumexp from a no-grad call (a returned logsumexp that requires grad gives the backward
+    a logsumexp gradient, which cuDNN does not take: that backward runs on the reference)."""
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out = fn(q, k, v, False)
+    out.backward(dout)
+    with torch.no_grad():
+        lse = fn(q, k, v, True)[1]
+    return out, lse, q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("shape", [(2, 4, 4, 256, 64), (1, 8, 2, 200, 128)])  # (B, Hq, Hkv, S, D): GQA, S % 128 != 0
+def test_cudnn_flex_matches_float64(tmp_path, dtype, mask, shape):
+    B, Hq, Hkv, S, D = shape
+    torch.manual_seed(hash((str(dtype), mask, shape)) % 2**31)
+    q = torch.randn(B, Hq, S, D, device="cuda", dtype=dtype)
+    k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype) for _ in range(2))
+    dout = torch.randn(B, Hq, S, D, device="cuda", dtype=dtype)
+    bm = create_block_mask(MASKS[mask], None, None, S, S, device="cuda") if MASKS[mask] else None
+    gqa = Hq != Hkv
+
+    def attn(q, k, v, lse):
+        return flex_attention(q, k, v, block_mask=bm, enable_gqa=gqa, return_lse=lse)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attn, backend="hintbackend", options={"dump_dir": str(tmp_path)})
+    got = run(compiled, q, k, v, dout)
+    eager = run(attn, q, k, v, dout)  # flex's own math path in this dtype
+    ref = run(lambda *a: attn(*a), q.double(), k.double(), v.double(), dout.double())
+    for name, g, e, r in zip(("out", "lse", "dq", "dk", "dv"), got, eager, ref):
+        err, eager_err = rel(g, r), rel(e, r)
+        assert err <= 2 * eager_err + 1e-5, f"{name}: {err:.3g} vs eager {eager_err:.3g}"
+    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in os.listdir(tmp_path))
+    assert "flex-attention-cudnn" in kernels and "flex-attention-backward-cudnn" in kernels, kernels
+
+
+def test_deterministic_backward_is_bitwise_repeatable(tmp_path):
+    torch.manual_seed(0)
+    q, k, v, dout = (torch.randn(2, 4, 512, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+
+    def attn(q, k, v, lse):
+        with hinted_context(deterministic=True):
+            return flex_attention(q, k, v, return_lse=lse)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attn, backend="hintbackend", options={"dump_dir": str(tmp_path)})
+    first = run(compiled, q, k, v, dout)
+    second = run(compiled, q, k, v, dout)
+    for a, b in zip(first[2:], second[2:]):
+        assert torch.equal(a, b)
+    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in os.listdir(tmp_path))
+    assert "cudnn: no mask, identity score_mod, deterministic" in kernels, kernels
+
+
+def test_a_logsumexp_gradient_keeps_the_reference_backward(tmp_path):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+
+    def attn(q, k, v):
+        out, lse = flex_attention(q, k, v, return_lse=True)
+        return out.float().sum() + lse.sum()
+
+    torch._dynamo.reset()
+    torch.compile(attn, backend="hintbackend", options={"dump_dir": str(tmp_path)})(q, k, v).backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    ref = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    attn(*ref).backward()
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g.double(), r.grad, rtol=2e-2, atol=2e-2)
+    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in os.listdir(tmp_path))
+    assert "flex-attention-cudnn" in kernels, kernels
+    assert "not cuDNN: the backward takes a logsumexp gradient" in kernels, kernels
