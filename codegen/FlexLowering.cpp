@@ -232,7 +232,8 @@ std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a) {
   const int64_t D = q->shape[3].value, Dv = v->shape[3].value, Hq = q->shape[1].value, Hkv = k->shape[1].value;
   if (D != Dv || D % 8 != 0 || D > 256) return "head dim " + std::to_string(D) + " (cuDNN: D = Dv, a multiple of 8 up to 256)";
   if (Hkv == 0 || Hq % Hkv != 0 || v->shape[1].value != Hkv) return "the heads of q are not a multiple of k's";
-  if (q->stride.size() == 4 && q->stride[3].value != 1) return "q's head dim is not contiguous";
+  for (const TensorType* t : {q, k, v})
+    if (t->stride.size() == 4 && t->stride[3].value != 1) return "the head dim of q, k or v is not contiguous";
   if (!a.band_ok) return "mask_mod " + a.mask_why;
   if (!a.band.unbounded() && a.band.lo != 0) return "mask_mod is the band " + to_string(a.band) + ", not causal";
   if (!a.score_identity) return a.score_why;
