@@ -17,7 +17,7 @@
 //                  allocating per op (passes/HeapSimulator.h).
 //   7. outputs     which returned values can be written straight into a caller's destination.
 //
-// The runtime (backend/runtime/Arena.h) allocates one arena per busy period of a call (most graphs
+// The runtime (backend/runtime/Executor.h) allocates one arena per busy period of a call (most graphs
 // have one), at the period's first placed value, and drops it after the period's last use, so memory
 // no value needs is never held while unplaced ops (and their workspaces) run between periods. A
 // slice_loop body runs every period of every slice in one arena of arena_bytes. The plan is a pure

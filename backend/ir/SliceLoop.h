@@ -1,6 +1,6 @@
 // The slice loop: the op that slice-schedule writes and the runtime executes (a DFS region run one
 // slice, or group of slices, at a time). Its contract lives here, in the IR, because both sides read it:
-// passes/SliceSchedule.cpp builds loops, backend/runtime/SliceLoop.cpp runs them, the memory planner
+// passes/SliceSchedule.cpp builds loops, backend/runtime/SliceLoopCall.cpp runs them, the memory planner
 // plans their bodies.
 //
 // ============================== THE LOOP NODE CONTRACT (runtime) ==================================

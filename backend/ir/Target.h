@@ -2,7 +2,7 @@
 // runtime can write into a planned arena, and how much memory a node takes while it runs beyond its
 // results (a kernel's workspace). A value handed to the pipeline (PassContext::memory.target), never
 // a global: the bindings pass the runtime's (backend/runtime/Placement.h), hb-opt builds one from
-// --placement, tests pass theirs explicitly (codegen/Placement.h has the plain-C++ ones). The same graph
+// --placement, tests pass theirs explicitly (codegen/TargetModel.h has the plain-C++ ones). The same graph
 // and the same target give the same plan, slice counts and dumps everywhere.
 #pragma once
 #include <cstdint>
