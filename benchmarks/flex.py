@@ -29,6 +29,19 @@ def softcap(score, b, h, q, kv):
     return 30 * torch.tanh(score / 30)
 
 
+def profile(what: str, fn) -> None:
+    from torch.profiler import ProfilerActivity
+    with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in events)
+    print(f"  {what}: {total / 1e3:.3f} ms of CUDA kernels, {sum(e.count for e in events)} launches")
+    for e in events[:6]:
+        print(f"    {e.device_time_total / 1e3:8.3f} ms x{e.count:<3} {e.key[:100]}")
+
+
 def check(args) -> None:
     """Relative error ||x - ref|| / ||ref|| of out, dq, dk, dv against a float64 reference, for hintbackend
     (cuDNN where selected) and eager flex (its math path in bf16), on fresh random inputs."""
@@ -67,6 +80,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--dims", default="64,128")
     p.add_argument("--rows", default="none,causal,softcap")
+    p.add_argument("--profile", action="store_true",
+                   help="print the CUDA kernels of one step of each peer (torch.profiler), heaviest first")
     p.add_argument("--check", action="store_true",
                    help="first print hintbackend's and eager flex's error against float64 (B2 H4 S1024)")
     args = p.parse_args()
@@ -104,6 +119,8 @@ def main() -> None:
                             f(q, k, v).backward(dout)
                     peak, ms = measure(fn, "cuda", args.steps)
                     res[peer] = (flops / ms / 1e9, peak, ms)
+                    if args.profile:
+                        profile(f"{peer} {row} D{D}", fn)
                 except Exception as e:  # a peer that cannot run this row: say so in its cell
                     res[peer] = f"fails: {type(e).__name__}"
                 for t in (q, k, v):
