@@ -14,7 +14,6 @@
 #include "backend/runtime/Placement.h"
 #include "codegen/KernelSelect.h"
 #include "codegen/TargetModel.h"
-#include "passes/HeapSimulator.h"
 #include "passes/Pipeline.h"
 
 namespace py = pybind11;
@@ -165,14 +164,6 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("ir", &hb::CompiledGraph::ir);
   m.def("import_graph", [](const std::string& doc) { return hb::print_graph(*hb::import_json(doc)); },
         "Parses and verifies a graph document; returns its IR text");
-  m.def("simulated_peak", [](const std::string& doc, const hb::CompileSettings& settings) {
-    auto g = hb::import_json(doc);
-    hb::PassContext ctx = settings.pass_context();
-    hb::run_passes(*g, {"dead-code-elimination"}, ctx);
-    return hb::simulate_peak(*g, ctx.memory);
-  }, py::arg("document"), py::arg("settings"),
-     "The heap simulator's peak (bytes) of a graph document as it is (no slicing), after dead-code "
-     "elimination, under the runtime's target");
   m.def("slice_decisions", [](const std::string& doc, const hb::CompileSettings& settings) {
     auto g = hb::import_json(doc);
     hb::PassContext ctx = settings.pass_context();
