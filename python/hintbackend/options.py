@@ -61,9 +61,12 @@ _WANT = {"strict": "a bool", "dump_dir": "a path string or None", "disable_passe
          "partition": 'one of "default", "min-cut"'}
 STRATEGIES = ("", "greedy-by-size", "best-fit")
 PARTITIONS = ("default", "min-cut")
-# Boolean settings the environment may give: variable -> option.
+# Options whose value is one of a few strings.
+_CHOICES = {"memory_plan_strategy": STRATEGIES, "partition": PARTITIONS}
+# Settings the environment may give: variable -> option (booleans as 0/1, choices by name).
 _ENV_BOOLS = {"HINTBACKEND_ARENA": "arena", "HINTBACKEND_MEMORY_PLAN_IN_PLACE": "memory_plan_in_place",
               "HINTBACKEND_VERIFY_EACH_PASS": "verify_each_pass"}
+_ENV_CHOICES = {"HINTBACKEND_MEMORY_PLAN_STRATEGY": "memory_plan_strategy", "HINTBACKEND_PARTITION": "partition"}
 
 
 def _env_bool(name: str) -> Optional[bool]:
@@ -86,8 +89,7 @@ def parse_options(options: Optional[Mapping[str, Any]]) -> Options:
     for key, value in options.items():
         if key not in _TYPES:
             raise ValueError(f"hintbackend: unknown option {key!r}; valid options are {', '.join(valid)}")
-        if not isinstance(value, _TYPES[key]) or (key == "memory_plan_strategy" and value not in STRATEGIES) or \
-                (key == "partition" and value not in PARTITIONS):
+        if not isinstance(value, _TYPES[key]) or (key in _CHOICES and value not in _CHOICES[key]):
             raise ValueError(f"hintbackend: option {key!r} must be {_WANT[key]}, got {value!r}")
         values[key] = value
     env_dump = os.environ.get("HINTBACKEND_DUMP_DIR")
@@ -109,16 +111,11 @@ def parse_options(options: Optional[Mapping[str, Any]]) -> Options:
         env = _env_bool(name)
         if env is not None and (key not in values or (key == "verify_each_pass" and env)):
             values[key] = env
-    strategy = os.environ.get("HINTBACKEND_MEMORY_PLAN_STRATEGY", "")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"hintbackend: environment variable HINTBACKEND_MEMORY_PLAN_STRATEGY={strategy!r} must be "
-                         f"one of {', '.join(repr(x) for x in STRATEGIES[1:])} (or unset)")
-    if strategy and "memory_plan_strategy" not in values:
-        values["memory_plan_strategy"] = strategy
-    part = os.environ.get("HINTBACKEND_PARTITION", "")
-    if part and part not in PARTITIONS:
-        raise ValueError(f"hintbackend: environment variable HINTBACKEND_PARTITION={part!r} must be one of "
-                         f"{', '.join(repr(x) for x in PARTITIONS)} (or unset)")
-    if part and "partition" not in values:
-        values["partition"] = part
+    for name, key in _ENV_CHOICES.items():
+        value = os.environ.get(name, "")
+        if value and value not in _CHOICES[key]:
+            raise ValueError(f"hintbackend: environment variable {name}={value!r} must be one of "
+                             f"{', '.join(repr(x) for x in _CHOICES[key] if x)} (or unset)")
+        if value and key not in values:
+            values[key] = value
     return Options(**values)
