@@ -196,6 +196,32 @@ FlexAnalysis analyze_flex(const Graph& g, int node) {
     const Arg* ret = out >= 0 && !score->nodes[out].args.empty() ? &score->nodes[out].args[0] : nullptr;
     if (ret && !ret->items.empty()) ret = &ret->items[0];
     r.score_identity = ret && ret->kind == Arg::Kind::Ref && !ph.empty() && ret->ref == ph[0];
+    if (!r.score_identity && ret && ret->kind == Arg::Kind::Ref && ph.size() >= 5) {
+      // score + t, t reading neither the score nor kv_idx: a row shift.
+      const Node& add = score->nodes[ret->ref];
+      const Arg* alpha = add.kwarg("alpha");
+      if (add.target == "aten::add.Tensor" && add.args.size() == 2 && (!alpha || (alpha->kind == Arg::Kind::Int && alpha->i == 1))) {
+        for (int side = 0; side < 2 && !r.score_row_shift; ++side) {
+          const Arg& s0 = add.args[side];
+          const Arg& t = add.args[1 - side];
+          if (s0.kind != Arg::Kind::Ref || s0.ref != ph[0]) continue;
+          // t's inputs, transitively: none may be the score or kv_idx.
+          std::vector<int> stack;
+          if (t.kind == Arg::Kind::Ref) stack.push_back(t.ref);
+          bool clean = true;
+          std::vector<bool> seen(score->nodes.size(), false);
+          while (!stack.empty() && clean) {
+            const int i = stack.back();
+            stack.pop_back();
+            if (seen[i]) continue;
+            seen[i] = true;
+            if (i == ph[0] || i == ph[4]) clean = false;
+            score->nodes[i].for_each_input([&](const Arg& a) { stack.push_back(a.ref); });
+          }
+          r.score_row_shift = clean;
+        }
+      }
+    }
     if (!r.score_identity) {
       std::string ops;
       for (const Node& s : score->nodes)
@@ -236,10 +262,10 @@ std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a) {
     if (t->stride.size() == 4 && t->stride[3].value != 1) return "the head dim of q, k or v is not contiguous";
   if (!a.band_ok) return "mask_mod " + a.mask_why;
   if (!a.band.unbounded() && a.band.lo != 0) return "mask_mod is the band " + to_string(a.band) + ", not causal";
-  if (!a.score_identity) return a.score_why;
+  if (!a.score_identity && !a.score_row_shift) return a.score_why;
   const Arg& score_bufs = n.args[backward ? 12 : 7];
   const Arg& mask_bufs = n.args[backward ? 13 : 8];
-  if (!score_bufs.items.empty() || !mask_bufs.items.empty()) return "captured buffers";
+  if ((a.score_identity && !score_bufs.items.empty()) || !mask_bufs.items.empty()) return "captured buffers";
   if (a.uses_max_scores) return "max_scores is read (cuDNN does not return it)";
   if (backward && n.args[6].kind != Arg::Kind::None) return "the backward takes a logsumexp gradient";
   return "";

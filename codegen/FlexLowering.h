@@ -37,6 +37,11 @@ struct FlexAnalysis {
   FlexBand band;
   std::string mask_why;        // why the mask is not a band (when !band_ok)
   bool score_identity = false;  // score_mod returns its score unchanged
+  // score_mod is `score + t` with t independent of the score and of kv_idx (a learned per-query, per-head
+  // or per-batch bias): it shifts each softmax row by t, so the output and the q/k/v gradients are those
+  // of the identity; only the logsumexp moves by t, and t's gradient is the logsumexp gradient (zero
+  // when there is none).
+  bool score_row_shift = false;
   std::string score_why;       // what it computes otherwise
   bool uses_max_scores = false;  // the forward's third result is read (cuDNN does not give it)
 };
@@ -49,8 +54,9 @@ FlexAnalysis analyze_flex(const Graph& g, int node);
 
 // Why cuDNN's SDPA cannot run this flex node as flex defines it ("" = it can): q, k, v in fp16 or bf16
 // on a CUDA device, [B, H, S, D] with D = Dv a multiple of 8 up to 256 and Hq a multiple of Hkv (GQA);
-// a mask that is no band, causal or a causal sliding window; the identity score_mod; no captured
-// buffers; the forward's max_scores unused; the backward with no logsumexp gradient.
+// a mask that is no band, causal or a causal sliding window; the identity score_mod, or a row shift
+// (whose buffers are then the only captured ones); the forward's max_scores unused; the backward with no
+// logsumexp gradient.
 std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a);
 
 }  // namespace hb

@@ -83,7 +83,9 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
   } else if (why_not.empty()) {
     c.kind = backward ? KernelKind::FlexCudnnBackward : KernelKind::FlexCudnnForward;
     c.why = "cudnn: " + (a.band.unbounded() ? std::string("no mask") : to_string(a.band) + " band") +
-            ", identity score_mod" + (backward && n.hints.deterministic.value_or(false) ? ", deterministic" : "");
+            (a.score_identity ? ", identity score_mod"
+                              : ", score_mod shifts each row by a kv-independent term (only the logsumexp moves)") +
+            (backward && n.hints.deterministic.value_or(false) ? ", deterministic" : "");
   } else {
     c.why += " (not cuDNN: " + why_not + "); " + what;
   }

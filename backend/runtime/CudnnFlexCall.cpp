@@ -2,7 +2,8 @@
 // header-only cudnn-frontend graph API. Kernel selection (codegen/KernelSelect.cpp, cudnn_why_not in
 // codegen/FlexLowering.h) sends here only what cuDNN computes exactly as flex defines it: fp16/bf16
 // q, k, v, no mask / causal / causal sliding window (a band on q_idx - kv_idx, top-left aligned, as the
-// mask_mod compares absolute indices), the identity score_mod, no captured buffers.
+// mask_mod compares absolute indices), the identity score_mod or a row shift (score + t(b, h, q_idx):
+// the identity's output and q/k/v gradients, the logsumexp moved by t, zero gradients for t's buffers).
 //
 // Semantics kept: flex's logsumexp is base 2 (natural / ln 2); cuDNN's Stats are natural, so the forward
 // scales them by log2(e) and the backward by ln 2 (B x H x S floats: negligible). The forward's third
@@ -28,6 +29,7 @@
 
 #include "backend/ir/Error.h"
 #include "backend/runtime/Args.h"
+#include "backend/runtime/Executor.h"
 #include "codegen/FlexLowering.h"
 
 // cudnn-frontend's dynamic loading (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING): the library it calls into.
@@ -69,6 +71,25 @@ class CudnnFlexCall : public Call {
   double scale = 1.0;
   std::string where;
   std::vector<ArgSpec> tensors;  // fw: q k v; bw: q k v out lse grad_out
+  // A row-shifting score_mod (score + t(b, h, q_idx)): cuDNN runs the identity and t moves the logsumexp.
+  std::shared_ptr<Executor> shift;  // the score_mod, evaluated with score = 0 and kv_idx = 0
+  ArgSpec score_buffers;
+  std::vector<bool> buffer_grads;   // bw: which captured buffers get a gradient (zero: see FlexLowering.h)
+
+  // t as [B, H, S, 1] float32, in the scores' (natural) units.
+  at::Tensor row_shift(const std::vector<c10::IValue>& slots, const at::Tensor& q) const {
+    const int64_t B = q.size(0), H = q.size(1), S = q.size(2);
+    const auto i32 = q.options().dtype(at::kInt);
+    std::vector<c10::IValue> in{at::zeros({}, q.options().dtype(at::kFloat)), at::arange(B, i32).view({B, 1, 1, 1}),
+                                at::arange(H, i32).view({1, H, 1, 1}), at::arange(S, i32).view({1, 1, S, 1}),
+                                at::zeros({1, 1, 1, 1}, i32)};
+    const c10::IValue bufs = build_arg(score_buffers, slots);
+    if (!bufs.isNone())
+      for (const c10::IValue& b : bufs.toTupleRef().elements()) in.push_back(b);
+    std::vector<c10::IValue> out = shift->run(std::move(in));
+    HB_INTERNAL_CHECK(!out.empty() && out[0].isTensor()) << where << ": score_mod returned no tensor";
+    return out[0].toTensor().to(at::kFloat).expand({B, H, S, 1});
+  }
 
   c10::IValue run(const std::vector<c10::IValue>& slots, const at::Tensor&, CallStats&) const override {
     std::vector<at::Tensor> t;
@@ -90,11 +111,13 @@ class CudnnFlexCall : public Call {
       pack[kO] = out.data_ptr();
       pack[kStats] = stats.data_ptr();
       execute(handle, {q, k, v, out}, pack);
+      if (shift) stats.add_(row_shift(slots, q));
       at::Tensor lse = stats.squeeze(-1).mul_(1.0 / std::log(2.0));  // flex's logsumexp is base 2
       return c10::ivalue::Tuple::create({out, lse, at::Tensor()});
     }
     const at::Tensor &out = t[3], &grad_out = t[5];
     at::Tensor stats = t[4].mul(std::log(2.0)).unsqueeze(-1).contiguous();  // base 2 -> natural
+    if (shift) stats.sub_(row_shift(slots, q));  // the identity attention's statistics
     at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
     pack[kO] = out.data_ptr();
     pack[kStats] = stats.data_ptr();
@@ -103,7 +126,15 @@ class CudnnFlexCall : public Call {
     pack[kDK] = dk.data_ptr();
     pack[kDV] = dv.data_ptr();
     execute(handle, {q, k, v, out, grad_out, dq, dk, dv}, pack);
-    return c10::ivalue::Tuple::create({dq, dk, dv, c10::ivalue::Tuple::create({})});
+    // A row shift's buffers: sum_j dS_ij = 0 on every row, so their gradient is exactly zero.
+    std::vector<c10::IValue> grads;
+    if (!buffer_grads.empty()) {
+      const c10::IValue bufs = build_arg(score_buffers, slots);
+      const auto& b = bufs.toTupleRef().elements();
+      for (size_t i = 0; i < buffer_grads.size(); ++i)
+        grads.push_back(buffer_grads[i] ? c10::IValue(at::zeros_like(b[i].toTensor())) : c10::IValue());
+    }
+    return c10::ivalue::Tuple::create({dq, dk, dv, c10::ivalue::Tuple::create(std::move(grads))});
   }
 
  private:
@@ -200,6 +231,21 @@ std::shared_ptr<const Call> lower_cudnn_flex_attention(const LowerContext& ctx) 
   call->deterministic = n.hints.deterministic.value_or(false);
   call->scale = float_arg(n.args[call->backward ? 10 : 5], ctx.where);
   for (int k = 0; k < (call->backward ? 6 : 3); ++k) call->tensors.push_back(convert_untyped(n.args[k], ctx.where));
+  if (a.score_row_shift) {
+    call->shift = ctx.subgraph(n.args[call->backward ? 7 : 3]);  // the backward's fw_graph is the score_mod
+    call->score_buffers = convert_untyped(n.args[call->backward ? 12 : 7], ctx.where);
+    if (call->backward) {
+      // The joint graph returns (grad_score, None x4, *buffer grads): which buffers get one.
+      const Arg& joint = n.args[8];
+      const Graph& jg = *ctx.graph().subgraphs.at(joint.s);
+      const Node& ret = jg.nodes[jg.output_node()];
+      const Arg& items = ret.args.at(0);
+      for (size_t k = 5; k < items.items.size(); ++k) call->buffer_grads.push_back(items.items[k].kind == Arg::Kind::Ref);
+      HB_INTERNAL_CHECK(call->buffer_grads.size() == n.args[12].items.size())
+          << ctx.where << ": the joint graph returns " << call->buffer_grads.size() << " buffer gradients for "
+          << n.args[12].items.size() << " buffers";
+    }
+  }
   return call;
 }
 

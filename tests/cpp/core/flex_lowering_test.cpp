@@ -132,7 +132,10 @@ namespace {
 
 // A causal flex_attention with the identity score_mod, as the IR text prints it; `dtype`, `device` and
 // the region's hints vary.
-std::shared_ptr<Graph> flex_graph(const std::string& dtype, const std::string& device, const std::string& hints = "") {
+// `score_body`: the score_mod's nodes after its placeholders (b, h, q_idx, kv_idx, and one captured f32[128]
+// buffer %buf when `buffer`), returning %out; empty: the identity.
+std::shared_ptr<Graph> flex_graph(const std::string& dtype, const std::string& device, const std::string& hints = "",
+                                  const std::string& score_body = "", bool buffer = false) {
   const std::string t = dtype + "[2, 4, 128, 64]" + device;
   const std::string h = hints.empty() ? "" : "  {region=0 path=0 " + hints + "}";
   return parse_graph(
@@ -142,9 +145,10 @@ std::shared_ptr<Graph> flex_graph(const std::string& dtype, const std::string& d
       "  %v: " + t + " = placeholder\n"
       "  %kv_num_blocks: i32[1, 1, 1]" + device + " = placeholder\n"
       "  %kv_indices: i32[1, 1, 1, 1]" + device + " = placeholder\n"
+      + std::string(buffer ? "  %buf: f32[128]" + device + " = placeholder\n" : "") +
       "  %flex_attention: (" + t + ", f32[2, 4, 128]" + device + ", f32[2, 4, 128]" + device +
       ") = higher_order::flex_attention(%q, %k, %v, @score0, (128, 128, %kv_num_blocks, %kv_indices, none, none, "
-      "none, none, none, none, 128, 128, @mask0), 0.125, {}, (), ())" + h + "\n"
+      "none, none, none, none, 128, 128, @mask0), 0.125, {}, " + (buffer ? "(%buf,)" : "()") + ", ())" + h + "\n"
       "  %out: " + t + " = operator::getitem(%flex_attention, 0)" + h + "\n"
       "  return (%out,)\n"
       "}\n"
@@ -156,8 +160,9 @@ std::shared_ptr<Graph> flex_graph(const std::string& dtype, const std::string& d
       "}\n"
       "graph score0 {\n"
       "  %score: " + dtype + "[] = placeholder\n  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n"
-      "  %q_idx: i32[] = placeholder\n  %kv_idx: i32[] = placeholder\n"
-      "  return (%score,)\n"
+      "  %q_idx: i32[] = placeholder\n  %kv_idx: i32[] = placeholder\n" +
+      (buffer ? "  %buf: f32[128] = placeholder\n" : "") + score_body +
+      "  return (" + (score_body.empty() ? "%score" : "%out") + ",)\n"
       "}\n");
 }
 
@@ -185,6 +190,30 @@ TEST(flex_lowering, selection_picks_cudnn_where_it_computes_flex_exactly) {
   // On the CPU: the reference.
   c = select_kernel(*flex_graph("bf16", ""), flex, with_cudnn());
   EXPECT_NE(c.why.find("on cpu (cuDNN runs on CUDA)"), std::string::npos) << c.why;
+}
+
+TEST(flex_lowering, a_kv_independent_bias_is_a_row_shift_cudnn_runs) {
+  // score + buf[q_idx]: the softmax is shift-invariant per row, so cuDNN runs the identity.
+  auto g = flex_graph("bf16", "@cuda:0", "",
+                      "  %i: f32[] = aten::index.Tensor(%buf, [%q_idx])\n  %out: f32[] = aten::add.Tensor(%score, %i)\n",
+                      true);
+  const int flex = g->find("flex_attention");
+  const FlexAnalysis a = analyze_flex(*g, flex);
+  EXPECT_TRUE(a.score_row_shift);
+  KernelChoice c = select_kernel(*g, flex, with_cudnn());
+  EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
+  EXPECT_NE(c.why.find("shifts each row by a kv-independent term"), std::string::npos) << c.why;
+  // score + buf[kv_idx] depends on the column: not a shift, the reference runs it.
+  auto kv = flex_graph("bf16", "@cuda:0", "",
+                       "  %i: f32[] = aten::index.Tensor(%buf, [%kv_idx])\n  %out: f32[] = aten::add.Tensor(%score, %i)\n",
+                       true);
+  EXPECT_FALSE(analyze_flex(*kv, flex).score_row_shift);
+  EXPECT_EQ(select_kernel(*kv, flex, with_cudnn()).kind, KernelKind::FlexForward);
+  // score * buf[q_idx] scales the row: not a shift either.
+  auto mul = flex_graph("bf16", "@cuda:0", "",
+                        "  %i: f32[] = aten::index.Tensor(%buf, [%q_idx])\n  %out: f32[] = aten::mul.Tensor(%score, %i)\n",
+                        true);
+  EXPECT_EQ(select_kernel(*mul, flex, with_cudnn()).kind, KernelKind::FlexForward);
 }
 
 TEST(flex_lowering, kernel_hint_forces_or_refuses_cudnn) {
