@@ -148,8 +148,9 @@ graph g {
 }
 
 TEST(ir_text, memory_schedule_runs_a_consumer_before_a_big_allocation) {
-  // Two independent chains: the original order keeps the first big value alive while the second is
-  // made; memory-schedule may reorder only to lower the simulated peak, and says which order it kept.
+  // Two independent chains of 4 MiB values: in the original order %a and %b are alive together (x, a, b:
+  // 12 MiB); running %a's reader first frees it before %b exists (8 MiB), a gain far above the pass's
+  // 1/64 threshold, so the pass must take it and say so.
   file_check(R"(
 // RUN: memory-schedule
 graph g {
@@ -160,6 +161,10 @@ graph g {
   %sb: f32[] = aten::sum.default(%b)
   return (%sa, %sb)
 }
+// CHECK: %a: f32[1024, 1024] = aten::exp.default(%x)
+// CHECK-NEXT: %sa: f32[] = aten::sum.default(%a)
+// CHECK-NEXT: %b: f32[1024, 1024] = aten::sin.default(%x)
+// CHECK-NEXT: %sb: f32[] = aten::sum.default(%b)
 // CHECK: // note: memory-schedule graph g:
 )");
 }
