@@ -4,8 +4,10 @@
 //
 // The text holds what passes need (types with non-default strides and devices, effects, hints,
 // subgraphs with their nesting, constants by index); it does not hold FX source locations, the verbatim
-// custom metadata or requires_grad, which parse to their defaults. Errors are hb::UserError naming the
-// line and column and what was expected. The result is verified (Verifier.h).
+// custom metadata or requires_grad, which parse to their defaults. A reference names a node on an
+// earlier line of its graph (FX order is topological). Errors are hb::UserError naming the line and
+// column and what was expected, with the line and a caret under the column. The result is verified
+// (Verifier.h), as the importer's is.
 #pragma once
 #include <memory>
 #include <string>

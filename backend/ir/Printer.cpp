@@ -19,10 +19,9 @@ void print_float(std::ostream& os, double v) {
   if (str.find_first_of(".e") == std::string::npos) str += ".0";
   os << str;
 }
-}  // namespace
 
 bool has_default_strides(const TensorType& t) {
-  if (t.stride.empty()) return true;  // none recorded: the parser gives contiguous ones
+  if (t.stride.empty()) return true;  // none recorded: the parser gives contiguous ones (none when symbolic)
   if (t.stride.size() != t.shape.size()) return false;
   int64_t expect = 1;
   for (size_t k = t.shape.size(); k-- > 0;) {
@@ -31,6 +30,7 @@ bool has_default_strides(const TensorType& t) {
   }
   return true;
 }
+}  // namespace
 
 std::string to_string(const TensorType& t) {
   std::ostringstream os;

@@ -94,6 +94,7 @@ inline void file_check(const std::string& test, PassContext ctx = {}) {
       input += line + "\n";
     }
   }
+  ASSERT_FALSE(checks.empty()) << "an IR-text test without CHECK lines checks nothing";
   auto g = parse_graph(input);
   const std::string out = run_and_print(*g, passes, ctx);
   std::vector<std::string> lines;

@@ -1,7 +1,10 @@
 // Pass tests written as IR text in, CHECK lines out (test::file_check, IrTestUtil.h). Each expectation
 // follows from the pass's documented contract (its header), so a failing test reads like a dump of what
 // the pass did instead of what it promises.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "tests/cpp/core/IrTestUtil.h"
 
@@ -28,6 +31,27 @@ graph g {
 // CHECK-NEXT: %drop: f32[4, 8] = aten::bernoulli.p(%x, 0.5) !random
 // CHECK-NEXT: %fill: f32[4, 8] = aten::fill_.Scalar(%x, 1.0) !mutates
 // CHECK-NEXT: %y: f32[4, 8] = aten::exp.default(%x)
+// CHECK-NEXT: return (%y,)
+)");
+}
+
+TEST(ir_text, dead_code_elimination_removes_a_dead_chain_whole) {
+  // Once %b goes, %a and the constant it reads have no users either: the whole chain goes in one run.
+  // An unread placeholder stays (it is the calling convention).
+  file_check(R"(
+// RUN: dead-code-elimination
+graph g {
+  %x: f32[8] = placeholder
+  %unread: f32[8] = placeholder
+  %c: f32[8] = get_attr _tensor_constant0 constant#0
+  %a: f32[8] = aten::add.Tensor(%x, %c)
+  %b: f32[8] = aten::relu.default(%a)
+  %y: f32[8] = aten::exp.default(%x)
+  return (%y,)
+}
+// CHECK: %x: f32[8] = placeholder
+// CHECK-NEXT: %unread: f32[8] = placeholder
+// CHECK-NEXT: %y: f32[8] = aten::exp.default(%x)
 // CHECK-NEXT: return (%y,)
 )");
 }
@@ -92,6 +116,126 @@ graph g {
 )");
 }
 
+TEST(ir_text, pointwise_fusion_leaves_a_value_read_outside_the_chain) {
+  // %e is returned as well as read by %m: a producer joins only when all its users are in the group,
+  // so the group is %m -> %r with %e as its input, and %e is computed once, outside.
+  file_check(R"(
+// RUN: pointwise-fusion
+graph g {
+  %a: f32[8, 16] = placeholder
+  %e: f32[8, 16] = aten::exp.default(%a)
+  %m: f32[8, 16] = aten::mul.Tensor(%e, 2.0)
+  %r: f32[8, 16] = aten::relu.default(%m)
+  return (%r, %e)
+}
+// CHECK: %e: f32[8, 16] = aten::exp.default(%a)
+// CHECK-NEXT: %r: f32[8, 16] = hintbackend::fused_pointwise(@fused_r, [%e])
+// CHECK-NEXT: return (%r, %e)
+// CHECK: graph fused_r {
+// CHECK-NEXT: %e: f32[8, 16] = placeholder
+// CHECK-NEXT: %m: f32[8, 16] = aten::mul.Tensor(%e, 2.0)
+// CHECK-NEXT: %r: f32[8, 16] = aten::relu.default(%m)
+// CHECK-NEXT: return %r
+)");
+}
+
+TEST(ir_text, row_softmax_fusion_makes_the_attention_chain_one_row_kernel) {
+  // x * c -> .to(float32) -> _softmax(-1) -> .to(bf16): one row_softmax(x, c, bf16) named after the
+  // downcast, so its readers see the same value; the chain's four ops are gone.
+  file_check(R"(
+// RUN: row-softmax-fusion
+graph g {
+  %s: bf16[2, 4, 16, 16] = placeholder
+  %mul: bf16[2, 4, 16, 16] = aten::mul.Tensor(%s, 0.25)
+  %up: f32[2, 4, 16, 16] = aten::_to_copy.default(%mul, dtype=dtype.float32)
+  %p: f32[2, 4, 16, 16] = aten::_softmax.default(%up, -1, false)
+  %down: bf16[2, 4, 16, 16] = aten::_to_copy.default(%p, dtype=dtype.bfloat16)
+  return (%down,)
+}
+// CHECK: %s: bf16[2, 4, 16, 16] = placeholder
+// CHECK-NEXT: %down: bf16[2, 4, 16, 16] = hintbackend::row_softmax.default(%s, 0.25, dtype.bfloat16)
+// CHECK-NEXT: return (%down,)
+// CHECK: // note: row-softmax-fusion graph g: %down = row_softmax(%s) from %mul %up %p %down
+)");
+}
+
+TEST(ir_text, row_softmax_fusion_keeps_what_others_read) {
+  // A mul read elsewhere does not join (the kernel reads its result); a float32 softmax read elsewhere
+  // makes the kernel row_softmax2, which returns it too, read back by getitems with the old names.
+  file_check(R"(
+// RUN: row-softmax-fusion
+graph g {
+  %s: bf16[2, 4, 16, 16] = placeholder
+  %mul: bf16[2, 4, 16, 16] = aten::mul.Tensor(%s, 0.25)
+  %up: f32[2, 4, 16, 16] = aten::_to_copy.default(%mul, dtype=dtype.float32)
+  %p: f32[2, 4, 16, 16] = aten::_softmax.default(%up, -1, false)
+  %down: bf16[2, 4, 16, 16] = aten::_to_copy.default(%p, dtype=dtype.bfloat16)
+  return (%down, %mul)
+}
+// CHECK: %mul: bf16[2, 4, 16, 16] = aten::mul.Tensor(%s, 0.25)
+// CHECK-NEXT: %down: bf16[2, 4, 16, 16] = hintbackend::row_softmax.default(%mul,
+// CHECK-NOT: aten::_softmax
+// CHECK: // note: row-softmax-fusion graph g: %down = row_softmax(%mul) from %up %p %down
+)");
+  file_check(R"(
+// RUN: row-softmax-fusion
+graph g {
+  %s: bf16[2, 4, 16, 16] = placeholder
+  %mul: bf16[2, 4, 16, 16] = aten::mul.Tensor(%s, 0.25)
+  %up: f32[2, 4, 16, 16] = aten::_to_copy.default(%mul, dtype=dtype.float32)
+  %p: f32[2, 4, 16, 16] = aten::_softmax.default(%up, -1, false)
+  %down: bf16[2, 4, 16, 16] = aten::_to_copy.default(%p, dtype=dtype.bfloat16)
+  return (%down, %p)
+}
+// CHECK: = hintbackend::row_softmax2.default(%s, 0.25)
+// CHECK-NEXT: %p: f32[2, 4, 16, 16] = operator::getitem(
+// CHECK-NEXT: %down: bf16[2, 4, 16, 16] = operator::getitem(
+// CHECK-NEXT: return (%down, %p)
+)");
+}
+
+TEST(ir_text, slice_legality_ends_at_a_reduction_over_a_sliced_dim) {
+  // Sliced along batch x heads (extent 2 * 4 = 8): the sum over the heads ends the sliceable subgraph,
+  // so only %e is sliceable and its value leaves it. Every divisor of 8 gives a box of [2, 4]. The pass
+  // is an analysis: the IR stays as it is.
+  file_check(R"(
+// RUN: slice-legality
+graph g {
+  %x: f32[2, 4, 8, 16] = placeholder
+  %e: f32[2, 4, 8, 16] = aten::exp.default(%x)  {region=0 path=0 schedule=dfs}
+  %s: f32[2, 8, 16] = aten::sum.dim_IntList(%e, [1])  {region=0 path=0 schedule=dfs}
+  %r: f32[2, 8, 16] = aten::relu.default(%s)  {region=0 path=0 schedule=dfs}
+  return (%r,)
+}
+// CHECK: %e: f32[2, 4, 8, 16] = aten::exp.default(%x)  {region=0 path=0 schedule=dfs}
+// CHECK-NEXT: %s: f32[2, 8, 16] = aten::sum.dim_IntList(%e, [1])  {region=0 path=0 schedule=dfs}
+// CHECK: // note: slice-legality region 0 (schedule=dfs): 1 of 3 nodes sliceable
+// CHECK-NEXT: // note:   inputs: %x dims[0:2]
+// CHECK-NEXT: // note:   outputs: %e
+// CHECK-NEXT: // note:   ends at %s (aten::sum.dim_IntList)
+// CHECK-NEXT: // note:   slice counts: 1,2,4,8
+)");
+}
+
+TEST(ir_text, slice_legality_ends_where_a_node_outside_the_region_reads_a_sliced_value) {
+  // %t is outside the region and reads %e: the loop replacing the subgraph must run in one place, so
+  // the subgraph stops at %t although %a after it has a rule; %e and %m leave it.
+  file_check(R"(
+// RUN: slice-legality
+graph g {
+  %x: f32[2, 4, 8, 16] = placeholder
+  %e: f32[2, 4, 8, 16] = aten::exp.default(%x)  {region=0 path=0 schedule=dfs}
+  %m: f32[2, 4, 8, 16] = aten::mul.Tensor(%e, 2.0)  {region=0 path=0 schedule=dfs}
+  %t: f32[2, 4, 8, 16] = aten::tanh.default(%e)
+  %a: f32[2, 4, 8, 16] = aten::add.Tensor(%m, %t)  {region=0 path=0 schedule=dfs}
+  return (%a,)
+}
+// CHECK: // note: slice-legality region 0 (schedule=dfs): 2 of 3 nodes sliceable
+// CHECK: // note:   outputs: %e, %m
+// CHECK-NEXT: // note:   ends at %t (aten::tanh.default)
+)");
+}
+
 TEST(ir_text, slice_schedule_turns_a_dfs_region_into_one_loop) {
   // A dfs region over [B=2, H=4, ...] with slices=4: one slice_loop over batch x heads (extent 8), the
   // body on per-slice shapes, the result read back through a getitem that keeps its name.
@@ -109,6 +253,53 @@ graph g {
 // CHECK: %e: f32[1, 2, 8, 16] = aten::exp.default(%x)
 // CHECK: // note: slice-schedule region 0: dfs with slices=4 of extent 8 (slices hint)
 )");
+}
+
+TEST(ir_text, slice_schedule_loops_over_the_sliceable_part_and_leaves_the_rest) {
+  // Plain dfs without a count: one slice per batch x head (slices = extent = 8). The loop holds %e
+  // only; the sum over the heads and what follows stay after it, reading %e through the getitem.
+  file_check(R"(
+// RUN: slice-legality,slice-schedule
+graph g {
+  %x: f32[2, 4, 8, 16] = placeholder
+  %e: f32[2, 4, 8, 16] = aten::exp.default(%x)  {region=0 path=0 schedule=dfs}
+  %s: f32[2, 8, 16] = aten::sum.dim_IntList(%e, [1])  {region=0 path=0 schedule=dfs}
+  %r: f32[2, 8, 16] = aten::relu.default(%s)  {region=0 path=0 schedule=dfs}
+  return (%r,)
+}
+// CHECK: %slice_loop_0: (f32[2, 4, 8, 16]) = hintbackend::slice_loop(@slice_body_0, [%x], in_dims=[0], in_ndims=[2], slices=8, extent=8,
+// CHECK-NEXT: %e: f32[2, 4, 8, 16] = operator::getitem(%slice_loop_0, 0)
+// CHECK-NEXT: %s: f32[2, 8, 16] = aten::sum.dim_IntList(%e, [1])
+// CHECK-NEXT: %r: f32[2, 8, 16] = aten::relu.default(%s)
+// CHECK: graph slice_body_0 {
+// CHECK-NEXT: %x: f32[1, 1, 8, 16][512, 128, 16, 1] = placeholder
+// CHECK-NEXT: %e: f32[1, 1, 8, 16] = aten::exp.default(%x)
+// CHECK-NEXT: return (%e,)
+// CHECK-NEXT: }
+// CHECK: // note: slice-schedule region 0: dfs with slices=8 of extent 8
+)");
+}
+
+TEST(ir_text, slice_schedule_leaves_bfs_and_single_slice_regions_alone) {
+  // bfs is op-major over whole tensors, and 1 slice is BFS: neither writes a loop.
+  for (const char* hints : {"schedule=bfs", "schedule=dfs slices=1"}) {
+    SCOPED_TRACE(hints);
+    std::string test = R"(
+// RUN: slice-legality,slice-schedule
+graph g {
+  %x: f32[2, 4, 8, 16] = placeholder
+  %e: f32[2, 4, 8, 16] = aten::exp.default(%x)  {region=0 path=0 HINTS}
+  %m: f32[2, 4, 8, 16] = aten::mul.Tensor(%e, 2.0)  {region=0 path=0 HINTS}
+  return (%m,)
+}
+// CHECK: %e: f32[2, 4, 8, 16] = aten::exp.default(%x)
+// CHECK-NEXT: %m: f32[2, 4, 8, 16] = aten::mul.Tensor(%e, 2.0)
+// CHECK-NOT: slice_loop
+// CHECK: left as is
+)";
+    for (size_t at; (at = test.find("HINTS")) != std::string::npos;) test.replace(at, 5, hints);
+    file_check(test);
+  }
 }
 
 TEST(ir_text, memory_plan_reuses_a_dying_input_in_place) {
@@ -167,6 +358,37 @@ graph g {
 // CHECK-NEXT: %sb: f32[] = aten::sum.default(%b)
 // CHECK: // note: memory-schedule graph g:
 )");
+}
+
+// The helper itself: each kind of CHECK line fails when its text is where it must not be, or is not
+// where it must be.
+TEST(file_check, fails_on_a_missing_a_misplaced_or_a_forbidden_line) {
+  EXPECT_NONFATAL_FAILURE(file_check(R"(
+graph g {
+  %x: f32[4] = placeholder
+  return (%x,)
+}
+// CHECK: aten::relu
+)"), "CHECK: 'aten::relu' not found");
+  EXPECT_NONFATAL_FAILURE(file_check(R"(
+graph g {
+  %x: f32[4] = placeholder
+  %y: f32[4] = aten::relu.default(%x)
+  return (%y,)
+}
+// CHECK: graph g {
+// CHECK-NEXT: %y
+)"), "CHECK-NEXT: '%y' not found after: graph g {");
+  EXPECT_NONFATAL_FAILURE(file_check(R"(
+graph g {
+  %x: f32[4] = placeholder
+  %y: f32[4] = aten::relu.default(%x)
+  return (%y,)
+}
+// CHECK: %x
+// CHECK-NOT: relu
+// CHECK: return
+)"), "CHECK-NOT: 'relu' found");
 }
 
 }  // namespace

@@ -24,10 +24,14 @@ std::vector<std::string> fixtures() {
   return names;
 }
 
+// The IR after the whole pipeline, then the notes the passes left (their decisions: slice counts,
+// the memory plan).
 std::string compiled_text(Graph& g) {
   PassContext ctx;
   run_pipeline(g, ctx);
-  return print_graph(g);
+  std::string out = print_graph(g);
+  for (const std::string& n : ctx.notes) out += "// note: " + n + "\n";
+  return out;
 }
 
 TEST(parser, every_fixture_round_trips_imported_and_compiled) {
@@ -38,10 +42,10 @@ TEST(parser, every_fixture_round_trips_imported_and_compiled) {
     auto g = test::load_fixture(name);
     const std::string imported = print_graph(*g);
     EXPECT_EQ(print_graph(*parse_graph(imported)), imported);
-    // The pipeline on the parsed graph gives what it gives on the imported one.
+    // The pipeline on the parsed graph decides what it decides on the imported one.
     auto parsed = parse_graph(imported);
-    const std::string compiled = compiled_text(*g);
-    EXPECT_EQ(compiled_text(*parsed), compiled);
+    EXPECT_EQ(compiled_text(*parsed), compiled_text(*g));
+    const std::string compiled = print_graph(*g);
     EXPECT_EQ(print_graph(*parse_graph(compiled)), compiled);
   }
 }
@@ -78,6 +82,23 @@ TEST(parser, reads_every_argument_kind_and_annotation) {
   EXPECT_EQ(g->nodes[g->find("f")].args[0].ref, g->find("x"));
 }
 
+TEST(parser, reads_symbolic_sizes_as_written) {
+  // Sizes are expressions (commas and parentheses inside them are theirs); a symbolic shape printed
+  // without strides has none recorded, and parses to none.
+  const std::string text =
+      "graph g {\n"
+      "  %x: f32[s0, 4] = placeholder\n"
+      "  %n: symint(Max(1, (s0//2))) = aten::sym_size.int(%x, 0)\n"
+      "  %y: f32[Max(1, s0), 4][4, 1] = aten::relu.default(%x)\n"
+      "  return (%y, %n)\n"
+      "}\n";
+  auto g = parse_graph(text);
+  EXPECT_EQ(print_graph(*g), text);
+  EXPECT_EQ(g->nodes[g->find("n")].type.symbol, "Max(1, (s0//2))");
+  EXPECT_EQ(g->nodes[g->find("y")].type.tensor.shape[0].symbol, "Max(1, s0)");
+  EXPECT_TRUE(g->nodes[g->find("x")].type.tensor.stride.empty());
+}
+
 TEST(parser, errors_name_the_line_and_column) {
   auto error_of = [](const std::string& text) {
     try {
@@ -87,14 +108,35 @@ TEST(parser, errors_name_the_line_and_column) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(error_of("graph g {\n  %x: f32[4] = placeholder\n  %y: q32[4] = aten::relu.default(%x)\n}\n")
-                .find("line 3, column 7: expected a type"),
-            std::string::npos);
-  EXPECT_NE(error_of("graph g {\n  %y: f32[4] = aten::relu.default(%ghost)\n  return (%y,)\n}\n").find("%ghost"),
-            std::string::npos);
-  EXPECT_NE(error_of("graph g {\n  %x: f32[4] = placeholder\n").find("no closing '}'"), std::string::npos);
-  EXPECT_NE(error_of("graph g {\n  %x: f32[4] = placeholder extra\n}\n").find("the end of the line"),
-            std::string::npos);
+  auto expect_error = [&](const std::string& text, const std::string& message) {
+    const std::string e = error_of(text);
+    EXPECT_NE(e.find(message), std::string::npos) << "expected '" << message << "' in:\n" << e;
+  };
+  expect_error("graph g {\n  %x: f32[4] = placeholder\n  %y: q32[4] = aten::relu.default(%x)\n}\n",
+               "line 3, column 7: expected a type");
+  // A reference to a node not defined above, and a later one (FX order is topological).
+  expect_error("graph g {\n  %y: f32[4] = aten::relu.default(%ghost)\n  return (%y,)\n}\n",
+               "line 2, column 35: expected a value defined on an earlier line of this graph, got '%ghost)");
+  expect_error("graph g {\n  %y: f32[4] = aten::relu.default(%z)\n  %z: f32[4] = placeholder\n}\n",
+               "line 2, column 35: expected a value defined on an earlier line");
+  expect_error("graph g {\n  %x: f32[4] = placeholder\n  %x: f32[4] = placeholder\n}\n",
+               "line 3, column 3: expected a new name (%x is defined above)");
+  expect_error("graph g {\n  %x: f32[4, 2][1] = placeholder\n}\n", "line 2, column 16: expected as many strides");
+  expect_error("graph g {\n  %x: f32[4] = placeholder\n  %y: f32[4] = aten::relu.default(%x)  {region=0 path=0 "
+               "schedule=dfz}\n}\n",
+               "line 3, column 66: expected bfs, dfs or auto for hint 'schedule', got 'dfz}'");
+  expect_error("graph g {\n  %x: f32[4] = placeholder\n  %y: f32[4] = aten::relu.default(%x)  {region=0 path=0 "
+               "slice_dims=[0,b]}\n}\n",
+               "line 3, column 68: expected [dim,dim,...] for hint 'slice_dims'");
+  expect_error("graph g {\n  %x: f32[4] = placeholder\n  %y: f32[4] = aten::relu.default(%x)  {region=0 colour=red}\n}\n",
+               "line 3, column 50: expected a hint (region, path");
+  expect_error("graph g {\n  %x: f32[4] = placeholder\n  %y: f32[4] = aten::to.dtype(%x, dtype.float33)\n}\n",
+               "line 3, column 41: expected a dtype name");
+  expect_error("graph g {\n  %x: f32[4] = placeholder extra\n}\n", "line 2, column 28: expected the end of the line");
+  expect_error("  // only a comment\n%x: f32[4] = placeholder\n", "line 2, column 1: expected 'graph'");
+  expect_error("graph g {\n  %x: f32[4] = placeholder\n", "line 1: graph g has no closing '}'");
+  expect_error("graph g {\n  return ()\n}\ngraph a/b {\n  return ()\n}\n",
+               "line 4: graph a/b belongs to graph a, which is not printed");
 }
 
 }  // namespace
