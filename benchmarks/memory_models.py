@@ -118,7 +118,7 @@ class LiveBytes(TorchDispatchMode):
             if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_meta:
                 try:
                     self._track(t)
-                except (RuntimeError, NotImplementedError):
+                except (RuntimeError, NotImplementedError):  # no storage to count (sparse, wrapper subclasses)
                     pass
         return out
 

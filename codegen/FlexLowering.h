@@ -28,7 +28,6 @@ struct FlexBand {
   int64_t lo = -kNoBound;
   int64_t hi = kNoBound;
   bool unbounded() const { return lo == -kNoBound && hi == kNoBound; }
-  bool causal() const { return lo == 0; }  // kv_idx <= q_idx (with hi: a sliding window)
 };
 std::string to_string(const FlexBand& b);  // "no mask", "causal", "causal window 1024", "band [-3, 5]"
 

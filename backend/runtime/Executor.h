@@ -59,7 +59,6 @@ class Executor {
 
   int num_inputs() const { return static_cast<int>(placeholders_.size()); }
   const Graph& graph() const { return *program_.graph; }
-  const Program& program() const { return program_; }
   // The plan run() executes (empty when the program has none) and its bytes.
   const MemoryPlan& plan() const { return *plan_; }
   int64_t arena_bytes() const { return plan_->arena_bytes; }
