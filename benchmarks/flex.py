@@ -3,7 +3,13 @@ process (the issue-13 table). bf16, B4 H16 S4096, D64 and D128; TFLOP/s counted 
 (3.5 x 4*B*H*S^2*D for forward+backward, halved for causal), median of CUDA-event-timed steps; peak MiB
 above the inputs.
 
-    python benchmarks/flex.py [--s 4096] [--steps 20] [--rows none,causal,softcap,qbias,hbias] [--check] [--profile]
+    python benchmarks/flex.py [--s 4096] [--steps 20] [--rows none,causal,...] [--check] [--profile]
+
+Rows: none, causal (mask); softcap; qbias, hbias (learned per-query / per-head bias, grad); relbias, relbias16
+(learned relative bias lb[q - kv + S - 1, h], fp32 / bf16 buffer, grad); dense (learned [1, H, S, S] fp32 bias,
+grad); alibi (slope buffer, no grad); relpos ((q - kv) * 0.01). The sdpa-cudnn column of a bias row is SDPA on
+cuDNN with the same bias as a [1, H, S, S] bf16 attn_mask that needs no gradient (torch 2.11's cuDNN SDPA
+refuses a learnable one): a ceiling, not the same work.
 """
 
 from __future__ import annotations
@@ -39,6 +45,27 @@ def qbias(score, b, h, q, kv):
 
 def hbias(score, b, h, q, kv):
     return score + BIASES["h"][h]
+
+
+# Learned biases that depend on kv_idx (cuDNN takes them materialized, dBias scattered back).
+def relbias(score, b, h, q, kv):
+    return score + BIASES["rel"][q - kv + BIASES["S"] - 1, h]
+
+
+def dense(score, b, h, q, kv):
+    return score + BIASES["dense"][0, h, q, kv]
+
+
+def alibi(score, b, h, q, kv):
+    return score + BIASES["slope"][h] * (kv - q)
+
+
+def relpos(score, b, h, q, kv):
+    return score + (q - kv) * 0.01
+
+
+SCORE_MODS = {"softcap": softcap, "qbias": qbias, "hbias": hbias, "relbias": relbias, "relbias16": relbias,
+              "dense": dense, "alibi": alibi, "relpos": relpos}
 
 
 def profile(what: str, fn) -> None:
@@ -91,7 +118,7 @@ def main() -> None:
     p.add_argument("--s", type=int, default=4096)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--dims", default="64,128")
-    p.add_argument("--rows", default="none,causal,softcap,qbias,hbias")
+    p.add_argument("--rows", default="none,causal,softcap,qbias,hbias,relbias,relbias16,dense,alibi,relpos")
     p.add_argument("--profile", action="store_true",
                    help="print the CUDA kernels of one step of each peer (torch.profiler), heaviest first")
     p.add_argument("--check", action="store_true",
@@ -109,7 +136,22 @@ def main() -> None:
             bm = create_block_mask(causal, None, None, S, S, device="cuda") if row == "causal" else None
             BIASES["q"] = torch.randn(S, device="cuda", requires_grad=True)
             BIASES["h"] = torch.randn(H, device="cuda", requires_grad=True)
-            score_mod = {"softcap": softcap, "qbias": qbias, "hbias": hbias}.get(row)
+            BIASES["S"] = S
+            BIASES["rel"] = torch.randn(2 * S - 1, H, device="cuda",
+                                        dtype=torch.bfloat16 if row == "relbias16" else torch.float32,
+                                        requires_grad=True) if row.startswith("relbias") else None
+            BIASES["dense"] = torch.randn(1, H, S, S, device="cuda", requires_grad=True) if row == "dense" else None
+            BIASES["slope"] = torch.exp2(-torch.arange(1, H + 1, device="cuda", dtype=torch.float32) * 8 / H)
+            score_mod = SCORE_MODS.get(row)
+            # The bias of a kv-dependent row as a [1, H, S, S] tensor, for SDPA-cuDNN's ceiling.
+            sdpa_mask = None
+            if row in ("relbias", "relbias16", "dense", "alibi", "relpos"):
+                with torch.no_grad():
+                    qi = torch.arange(S, device="cuda").view(1, 1, S, 1)
+                    ki = torch.arange(S, device="cuda").view(1, 1, 1, S)
+                    hi = torch.arange(H, device="cuda").view(1, H, 1, 1)
+                    sdpa_mask = score_mod(torch.zeros((), device="cuda"), 0, hi, qi, ki).expand(1, H, S, S)
+                    sdpa_mask = sdpa_mask.to(torch.bfloat16).contiguous()
             flops = 3.5 * 4 * B * H * S * S * D / (2 if row == "causal" else 1)
 
             def attn(q, k, v):
@@ -117,7 +159,7 @@ def main() -> None:
 
             res = {}
             for peer in ("inductor", "sdpa-cudnn", "hintbackend"):
-                if peer == "sdpa-cudnn" and score_mod is not None:
+                if peer == "sdpa-cudnn" and score_mod is not None and sdpa_mask is None:
                     res[peer] = None
                     continue
                 if peer == "inductor" and row == "hbias":  # ~1 TFLOP/s (shared FACTS): minutes per step
@@ -128,7 +170,8 @@ def main() -> None:
                     if peer == "sdpa-cudnn":
                         def fn():
                             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                                F.scaled_dot_product_attention(q, k, v, is_causal=row == "causal").backward(dout)
+                                F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask,
+                                                               is_causal=row == "causal").backward(dout)
                     else:
                         f = torch.compile(attn, backend="inductor" if peer == "inductor" else "hintbackend")
 
@@ -140,8 +183,9 @@ def main() -> None:
                         profile(f"{peer} {row} D{D}", fn)
                 except Exception as e:  # a peer that cannot run this row: say so in its cell
                     res[peer] = f"fails: {type(e).__name__}"
-                for t in (q, k, v):
-                    t.grad = None
+                for t in (q, k, v, BIASES["rel"], BIASES["dense"]):
+                    if t is not None:
+                        t.grad = None
             rows.append((row, D, res))
             print(row, D, res, flush=True)
     print(f"\nFlexAttention fwd+bw, bf16, B{B} H{H} S{S}, on {torch.cuda.get_device_name()}, torch {torch.__version__}: "

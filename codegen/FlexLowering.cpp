@@ -168,6 +168,148 @@ bool mask_band(const Graph& m, FlexBand* band, std::string* why) {
   return false;
 }
 
+std::string to_string(const FlexBiasLayout& l) {
+  const std::string buf = "buf" + std::to_string(l.buffer);
+  switch (l.kind) {
+    case FlexBiasLayout::Kind::Grid: return "evaluated on the index grid";
+    case FlexBiasLayout::Kind::Dense:
+      return "dense " + buf + (l.has_batch ? "[b, h, q_idx, kv_idx]" : l.unit_batch ? "[0, h, q_idx, kv_idx]" : "[h, q_idx, kv_idx]");
+    case FlexBiasLayout::Kind::Toeplitz: {
+      std::string d = std::string(l.sign > 0 ? "q_idx - kv_idx" : "kv_idx - q_idx") +
+                      (l.offset >= 0 ? " + " : " - ") + std::to_string(l.offset >= 0 ? l.offset : -l.offset);
+      std::vector<std::string> idx(l.h_dim < 0 ? 1 : 2);
+      idx[l.d_dim] = d;
+      if (l.h_dim >= 0) idx[l.h_dim] = "h";
+      return "toeplitz " + buf + "[" + idx[0] + (idx.size() > 1 ? ", " + idx[1] : "") + "]";
+    }
+  }
+  return "";
+}
+
+namespace {
+
+// The node an Arg refers to through value-preserving casts (t.to(float32), a clone).
+int through_casts(const Graph& g, int i) {
+  while (i >= 0) {
+    const Node& n = g.nodes[i];
+    const std::string op = n.op == OpKind::CallFunction ? op_of(n.target) : "";
+    if ((op == "_to_copy" || op == "to" || op == "clone" || op == "alias" || op == "lift_fresh_copy" || op == "detach") &&
+        !n.args.empty() && n.args[0].kind == Arg::Kind::Ref)
+      i = n.args[0].ref;
+    else
+      break;
+  }
+  return i;
+}
+
+// x as a * q_idx + c * kv_idx + k over the integer ops index arithmetic uses, or false.
+bool affine_index(const Graph& g, const std::vector<int>& ph, const Arg& x, int64_t* a, int64_t* c, int64_t* k) {
+  if (constant_int(x, k)) {
+    *a = *c = 0;
+    return true;
+  }
+  if (x.kind != Arg::Kind::Ref) return false;
+  const int i = through_casts(g, x.ref);
+  if (i == ph[3]) { *a = 1; *c = 0; *k = 0; return true; }
+  if (i == ph[4]) { *a = 0; *c = 1; *k = 0; return true; }
+  const Node& n = g.nodes[i];
+  if (n.op != OpKind::CallFunction) return false;
+  const std::string op = op_of(n.target);
+  int64_t a0, c0, k0, a1, c1, k1;
+  if ((op == "add" || op == "sub") && n.args.size() == 2 && affine_index(g, ph, n.args[0], &a0, &c0, &k0) &&
+      affine_index(g, ph, n.args[1], &a1, &c1, &k1)) {
+    int64_t alpha = 1;
+    if (const Arg* al = n.kwarg("alpha"); al && !constant_int(*al, &alpha)) return false;
+    const int64_t s = (op == "sub" ? -1 : 1) * alpha;
+    *a = a0 + s * a1; *c = c0 + s * c1; *k = k0 + s * k1;
+    return true;
+  }
+  if (op == "neg" && n.args.size() == 1 && affine_index(g, ph, n.args[0], &a0, &c0, &k0)) {
+    *a = -a0; *c = -c0; *k = -k0;
+    return true;
+  }
+  if (op == "mul" && n.args.size() == 2 && affine_index(g, ph, n.args[0], &a0, &c0, &k0) &&
+      affine_index(g, ph, n.args[1], &a1, &c1, &k1)) {
+    if (a0 == 0 && c0 == 0) { *a = a1 * k0; *c = c1 * k0; *k = k1 * k0; return true; }
+    if (a1 == 0 && c1 == 0) { *a = a0 * k1; *c = c0 * k1; *k = k0 * k1; return true; }
+  }
+  return false;
+}
+
+// The layout of t (the score_mod's additive term, node `t`), as FlexBiasLayout describes.
+FlexBiasLayout bias_layout(const Graph& g, int t) {
+  FlexBiasLayout l;
+  const std::vector<int> ph = g.placeholders();
+  const int i = through_casts(g, t);
+  const Node& n = g.nodes[i];
+  if (n.op != OpKind::CallFunction || n.target != "aten::index.Tensor" || n.args.size() != 2 ||
+      n.args[0].kind != Arg::Kind::Ref)
+    return l;
+  int buf = through_casts(g, n.args[0].ref);
+  // bias[0, h, q_idx, kv_idx] of a [1, H, Sq, Skv] bias traces as select(bias, 0, 0) indexed by the rest.
+  bool selected = false;
+  if (const Node& sel = g.nodes[buf]; sel.op == OpKind::CallFunction && sel.target == "aten::select.int" &&
+                                      sel.args.size() == 3 && sel.args[0].kind == Arg::Kind::Ref &&
+                                      sel.args[1].kind == Arg::Kind::Int && sel.args[1].i == 0 &&
+                                      sel.args[2].kind == Arg::Kind::Int && sel.args[2].i == 0) {
+    const int base = through_casts(g, sel.args[0].ref);
+    const ValueType& bty = g.nodes[base].type;
+    if (bty.kind == ValueType::Kind::Tensor && !bty.tensor.shape.empty() && bty.tensor.shape[0].is_static() &&
+        bty.tensor.shape[0].value == 1) {
+      buf = base;
+      selected = true;
+    }
+  }
+  const auto at = std::find(ph.begin() + 5, ph.end(), buf);
+  if (ph.size() < 5 || at == ph.end()) return l;
+  const std::vector<Arg>& idx = n.args[1].items;
+  const TensorType* bt = g.nodes[buf].type.kind == ValueType::Kind::Tensor ? &g.nodes[buf].type.tensor : nullptr;
+  // every dim indexed: t is one element per grid point
+  if (!bt || bt->shape.size() != idx.size() + (selected ? 1 : 0)) return l;
+  if (selected && idx.size() != 3) return l;
+  auto is_ph = [&](const Arg& a, int p) { return a.kind == Arg::Kind::Ref && through_casts(g, a.ref) == ph[p]; };
+  const int buffer = static_cast<int>(at - ph.begin()) - 5;
+  // bias[0, h, q_idx, kv_idx] may also trace as an index by a constant tensor: of a dim of size 1, the
+  // only element it can read.
+  const bool unit_dim0 = !bt->shape.empty() && bt->shape[0].is_static() && bt->shape[0].value == 1;
+  if (!selected && unit_dim0 && idx.size() == 4 && idx[0].kind == Arg::Kind::Ref &&
+      g.nodes[through_casts(g, idx[0].ref)].op == OpKind::GetAttr && is_ph(idx[1], 2) && is_ph(idx[2], 3) &&
+      is_ph(idx[3], 4)) {
+    l.kind = FlexBiasLayout::Kind::Dense;
+    l.buffer = static_cast<int>(at - ph.begin()) - 5;
+    l.unit_batch = true;
+    return l;
+  }
+  if ((idx.size() == 4 && is_ph(idx[0], 1) && is_ph(idx[1], 2) && is_ph(idx[2], 3) && is_ph(idx[3], 4)) ||
+      (idx.size() == 3 && is_ph(idx[0], 2) && is_ph(idx[1], 3) && is_ph(idx[2], 4))) {
+    l.kind = FlexBiasLayout::Kind::Dense;
+    l.buffer = buffer;
+    l.has_batch = idx.size() == 4;
+    l.unit_batch = selected;
+    return l;
+  }
+  if (idx.size() > 2) return l;
+  for (int d = 0; d < static_cast<int>(idx.size()); ++d) {
+    int64_t a = 0, c = 0, k = 0;
+    if (is_ph(idx[d], 2)) {
+      if (l.h_dim >= 0) return FlexBiasLayout{};
+      l.h_dim = d;
+    } else if (affine_index(g, ph, idx[d], &a, &c, &k) && a == -c && (a == 1 || a == -1) && l.d_dim < 0) {
+      l.d_dim = d;
+      l.sign = static_cast<int>(a);
+      l.offset = k;
+    } else {
+      return FlexBiasLayout{};
+    }
+  }
+  if (l.d_dim < 0) return FlexBiasLayout{};
+  l.kind = FlexBiasLayout::Kind::Toeplitz;
+  l.buffer = buffer;
+  return l;
+}
+
+}  // namespace
+
 FlexAnalysis analyze_flex(const Graph& g, int node) {
   FlexAnalysis r;
   const Node& n = g.nodes[node];
@@ -197,28 +339,36 @@ FlexAnalysis analyze_flex(const Graph& g, int node) {
     if (ret && !ret->items.empty()) ret = &ret->items[0];
     r.score_identity = ret && ret->kind == Arg::Kind::Ref && !ph.empty() && ret->ref == ph[0];
     if (!r.score_identity && ret && ret->kind == Arg::Kind::Ref && ph.size() >= 5) {
-      // score + t, t reading neither the score nor kv_idx: a row shift.
+      // score + t with t not reading the score: a row shift when t does not read kv_idx either, else
+      // an additive bias.
       const Node& add = score->nodes[ret->ref];
       const Arg* alpha = add.kwarg("alpha");
       if (add.target == "aten::add.Tensor" && add.args.size() == 2 && (!alpha || (alpha->kind == Arg::Kind::Int && alpha->i == 1))) {
-        for (int side = 0; side < 2 && !r.score_row_shift; ++side) {
+        for (int side = 0; side < 2 && !r.score_row_shift && !r.score_bias; ++side) {
           const Arg& s0 = add.args[side];
           const Arg& t = add.args[1 - side];
           if (s0.kind != Arg::Kind::Ref || s0.ref != ph[0]) continue;
-          // t's inputs, transitively: none may be the score or kv_idx.
+          // t's inputs, transitively.
           std::vector<int> stack;
           if (t.kind == Arg::Kind::Ref) stack.push_back(t.ref);
-          bool clean = true;
           std::vector<bool> seen(score->nodes.size(), false);
-          while (!stack.empty() && clean) {
+          while (!stack.empty()) {
             const int i = stack.back();
             stack.pop_back();
             if (seen[i]) continue;
             seen[i] = true;
-            if (i == ph[0] || i == ph[4]) clean = false;
             score->nodes[i].for_each_input([&](const Arg& a) { stack.push_back(a.ref); });
           }
-          r.score_row_shift = clean;
+          if (seen[ph[0]]) continue;
+          r.bias_reads_b = seen[ph[1]];
+          r.bias_reads_h = seen[ph[2]];
+          r.bias_reads_q = seen[ph[3]];
+          if (seen[ph[4]]) {
+            r.score_bias = true;
+            if (t.kind == Arg::Kind::Ref) r.bias_layout = bias_layout(*score, t.ref);
+          } else {
+            r.score_row_shift = true;
+          }
         }
       }
     }
@@ -229,7 +379,12 @@ FlexAnalysis analyze_flex(const Graph& g, int node) {
       r.score_why = "score_mod computes " + (ops.empty() ? std::string("a value other than the score") : ops);
     }
   }
-  if (!backward) {
+  if (backward) {
+    if (const Graph* joint = sub(n.args[8]); joint && joint->output_node() >= 0 && !joint->nodes[joint->output_node()].args.empty()) {
+      const Arg& items = joint->nodes[joint->output_node()].args[0];
+      for (size_t k = 5; k < items.items.size(); ++k) r.buffer_grads += items.items[k].kind == Arg::Kind::Ref;
+    }
+  } else {
     const auto users = g.users();
     for (int u : users[node])
       if (g.nodes[u].target == "operator::getitem" && g.nodes[u].args.size() > 1 && g.nodes[u].args[1].i == 2)
@@ -262,7 +417,7 @@ std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a) {
     if (t->stride.size() == 4 && t->stride[3].value != 1) return "the head dim of q, k or v is not contiguous";
   if (!a.band_ok) return "mask_mod " + a.mask_why;
   if (!a.band.unbounded() && a.band.lo != 0) return "mask_mod is the band " + to_string(a.band) + ", not causal";
-  if (!a.score_identity && !a.score_row_shift) return a.score_why;
+  if (!a.score_identity && !a.score_row_shift && !a.score_bias) return a.score_why;
   const Arg& score_bufs = n.args[backward ? 12 : 7];
   const Arg& mask_bufs = n.args[backward ? 13 : 8];
   if ((a.score_identity && !score_bufs.items.empty()) || !mask_bufs.items.empty()) return "captured buffers";

@@ -31,6 +31,25 @@ struct FlexBand {
 };
 std::string to_string(const FlexBand& b);  // "no mask", "causal", "causal window 1024", "band [-3, 5]"
 
+// How an additive bias t reads its buffer, when it is one indexing of one captured buffer (kernels
+// then skip the generic materialization on the index grid and the joint graph's scatter):
+//   Dense     t = buf[b, h, q_idx, kv_idx] (or buf[h, q_idx, kv_idx], or buf[0, h, q_idx, kv_idx] of a
+//             [1, H, Sq, Skv] buf): buf is the bias itself, and its
+//             gradient is dBias (summed over a batch buf lacks).
+//   Toeplitz  t = buf[sign * (q_idx - kv_idx) + offset, h] (h optional, either order): a relative-
+//             position table; the bias is a gather along diagonals and the gradient a sum along them.
+//   Grid      anything else: evaluated on the index grid, the gradient through the joint graph.
+struct FlexBiasLayout {
+  enum class Kind { Grid, Dense, Toeplitz } kind = Kind::Grid;
+  int buffer = -1;        // which captured score buffer (Dense, Toeplitz)
+  bool has_batch = false;  // Dense: buf's first dim is b
+  bool unit_batch = false;  // Dense: buf is [1, H, Sq, Skv], read as buf[0, h, q_idx, kv_idx]
+  int sign = 1;            // Toeplitz
+  int64_t offset = 0;
+  int d_dim = -1, h_dim = -1;  // Toeplitz: buf's dim indexed by the diagonal, by h (-1: none)
+};
+std::string to_string(const FlexBiasLayout& l);  // "dense buf1[b, h, q_idx, kv_idx]", "toeplitz ..."
+
 struct FlexAnalysis {
   bool band_ok = false;
   FlexBand band;
@@ -41,8 +60,16 @@ struct FlexAnalysis {
   // of the identity; only the logsumexp moves by t, and t's gradient is the logsumexp gradient (zero
   // when there is none).
   bool score_row_shift = false;
+  // score_mod is `score + t` with t independent of the score but reading kv_idx (a relative-position or
+  // ALiBi bias, a learned relative bias lb[q_idx - kv_idx, h], a dense bias buf[b, h, q_idx, kv_idx]):
+  // cuDNN adds t as a bias tensor materialized over the indices t reads (bias_reads_*: a [1|B, 1|H,
+  // 1|Sq, Skv] grid), and the backward scatters cuDNN's dBias into t's buffers through the joint graph.
+  bool score_bias = false;
+  bool bias_reads_b = false, bias_reads_h = false, bias_reads_q = false;  // (score_row_shift or score_bias)
+  FlexBiasLayout bias_layout;  // score_bias: how t reads its buffer
   std::string score_why;       // what it computes otherwise
-  bool uses_max_scores = false;  // the forward's third result is read (cuDNN does not give it)
+  bool uses_max_scores = false;
+  int buffer_grads = 0;          // backward: how many captured buffers the joint graph returns a gradient for  // the forward's third result is read (cuDNN does not give it)
 };
 
 // The mask band of a mask_mod subgraph (args b, h, q_idx, kv_idx, *buffers), or why it is none.
@@ -53,9 +80,9 @@ FlexAnalysis analyze_flex(const Graph& g, int node);
 
 // Why cuDNN's SDPA cannot run this flex node as flex defines it ("" = it can): q, k, v in fp16 or bf16
 // on a CUDA device, [B, H, S, D] with D = Dv a multiple of 8 up to 256 and Hq a multiple of Hkv (GQA);
-// a mask that is no band, causal or a causal sliding window; the identity score_mod, or a row shift
-// (whose buffers are then the only captured ones); the forward's max_scores unused; the backward with no
-// logsumexp gradient.
+// a mask that is no band, causal or a causal sliding window; the identity score_mod, a row shift or an
+// additive bias (whose buffers are then the only captured ones); the forward's max_scores unused; the
+// backward with no logsumexp gradient.
 std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a);
 
 }  // namespace hb

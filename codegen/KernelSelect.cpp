@@ -83,8 +83,12 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
   } else if (why_not.empty()) {
     c.kind = backward ? KernelKind::FlexCudnnBackward : KernelKind::FlexCudnnForward;
     c.why = "cudnn: " + (a.band.unbounded() ? std::string("no mask") : to_string(a.band) + " band") +
-            (a.score_identity ? ", identity score_mod"
-                              : ", score_mod shifts each row by a kv-independent term (only the logsumexp moves)") +
+            (a.score_identity    ? ", identity score_mod"
+             : a.score_row_shift ? ", score_mod shifts each row by a kv-independent term (only the logsumexp moves)"
+                                 : ", score_mod adds a bias cuDNN takes materialized as [" +
+                                       std::string(a.bias_reads_b ? "B" : "1") + ", H, Sq, Skv] (" +
+                                       to_string(a.bias_layout) + ")" +
+                                       (a.buffer_grads ? "; dBias scattered into its buffers' gradients" : "")) +
             (backward && n.hints.deterministic.value_or(false) ? ", deterministic" : "");
   } else {
     c.why += " (not cuDNN: " + why_not + "); " + what;

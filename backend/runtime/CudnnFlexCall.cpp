@@ -2,14 +2,20 @@
 // header-only cudnn-frontend graph API. Kernel selection (codegen/KernelSelect.cpp, cudnn_why_not in
 // codegen/FlexLowering.h) sends here only what cuDNN computes exactly as flex defines it: fp16/bf16
 // q, k, v, no mask / causal / causal sliding window (a band on q_idx - kv_idx, top-left aligned, as the
-// mask_mod compares absolute indices), the identity score_mod or a row shift (score + t(b, h, q_idx):
-// the identity's output and q/k/v gradients, the logsumexp moved by t, zero gradients for t's buffers).
+// mask_mod compares absolute indices), and a score_mod that is the identity, a row shift
+// (score + t(b, h, q_idx): the identity's output and q/k/v gradients, the logsumexp moved by t, zero
+// gradients for t's buffers) or an additive bias (score + t(b, h, q_idx, kv_idx)).
+//
+// An additive bias is materialized: the score_mod runs once on the index grid with score = 0 (through
+// the executor, like the reference's subgraphs) into a [B|1, H, Sq, Skv] tensor in q's dtype that cuDNN
+// adds after the scale; the backward asks cuDNN for dBias (the score gradient) when a buffer of t wants a
+// gradient, and the joint graph's zeros_and_scatter sends it into the buffers.
 //
 // Semantics kept: flex's logsumexp is base 2 (natural / ln 2); cuDNN's Stats are natural, so the forward
 // scales them by log2(e) and the backward by ln 2 (B x H x S floats: negligible). The forward's third
 // result (max_scores) is not produced: selection requires that nothing reads it. One cuDNN graph per
-// (shapes, strides, dtype, band, scale, deterministic), built on first use and cached in the Call;
-// its workspace comes from the caching allocator per call.
+// operand shapes, strides and dtype, built on first use and cached in the Call; its workspace comes from
+// the caching allocator per call.
 #include "backend/runtime/Call.h"
 
 #ifdef HB_WITH_CUDNN
@@ -22,6 +28,8 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -30,7 +38,9 @@
 #include "backend/ir/Error.h"
 #include "backend/runtime/Args.h"
 #include "backend/runtime/Executor.h"
+#include "backend/runtime/FlexAttention.h"
 #include "codegen/FlexLowering.h"
+#include "codegen/cuda/ToeplitzBias.h"
 
 // cudnn-frontend's dynamic loading (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING): the library it calls into.
 // torch has loaded libcudnn.so.9 already; this process uses that one.
@@ -54,7 +64,7 @@ void load_cudnn(const std::string& where) {
                                     << "); run the region with hinted_context(kernel=\"aten\")";
 }
 
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kBias, kDBias };
 
 struct CudnnGraph {
   std::shared_ptr<fe::graph::Graph> graph;
@@ -62,6 +72,17 @@ struct CudnnGraph {
 };
 
 std::string check(fe::error_t e) { return e.is_good() ? std::string() : e.get_message(); }
+
+// The tensors one cuDNN SDPA call reads and writes (undefined: absent). Their shapes, strides and dtype
+// key the graph cache.
+struct Operands {
+  at::Tensor q, k, v, o, stats, bias;     // forward and backward
+  at::Tensor d_o, dq, dk, dv, dbias;      // backward
+  std::vector<std::pair<int64_t, const at::Tensor*>> by_uid() const {
+    return {{kQ, &q}, {kK, &k}, {kV, &v}, {kO, &o}, {kStats, &stats}, {kBias, &bias},
+            {kDO, &d_o}, {kDQ, &dq}, {kDK, &dk}, {kDV, &dv}, {kDBias, &dbias}};
+  }
+};
 
 class CudnnFlexCall : public Call {
  public:
@@ -71,113 +92,233 @@ class CudnnFlexCall : public Call {
   double scale = 1.0;
   std::string where;
   std::vector<ArgSpec> tensors;  // fw: q k v; bw: q k v out lse grad_out
-  // A row-shifting score_mod (score + t(b, h, q_idx)): cuDNN runs the identity and t moves the logsumexp.
-  std::shared_ptr<Executor> shift;  // the score_mod, evaluated with score = 0 and kv_idx = 0
+  // score_mod = score + t. A row shift (t reads no kv_idx): cuDNN runs the identity and t moves the
+  // logsumexp. A bias (t reads kv_idx): t is materialized over the indices it reads and added by cuDNN;
+  // the backward scatters cuDNN's dBias into t's buffers through the joint graph.
+  enum class Mod { Identity, RowShift, Bias } mod = Mod::Identity;
+  bool bias_per_batch = false;        // t reads b: a [B, H, Sq, Skv] bias, else [1, H, Sq, Skv]
+  FlexBiasLayout layout;              // Dense, Toeplitz: t is one read of one buffer (no grid, no scatter)
+  std::shared_ptr<Executor> score_mod;  // t's source: the score_mod, evaluated with score = 0
+  std::shared_ptr<Executor> joint;      // bw, Bias: the buffers' gradients from dBias
   ArgSpec score_buffers;
-  std::vector<bool> buffer_grads;   // bw: which captured buffers get a gradient (zero: see FlexLowering.h)
+  std::vector<bool> buffer_grads;       // bw: which captured buffers get a gradient
 
-  // t as [B, H, S, 1] float32, in the scores' (natural) units.
-  at::Tensor row_shift(const std::vector<c10::IValue>& slots, const at::Tensor& q) const {
+  // t on the index grid (score = 0), float32, in the scores' (natural) units: [B|1, H|1, S|1, Skv|1].
+  at::Tensor additive_term(const std::vector<c10::IValue>& slots, const at::Tensor& q, int64_t Skv) const {
     const int64_t B = q.size(0), H = q.size(1), S = q.size(2);
     const auto i32 = q.options().dtype(at::kInt);
-    std::vector<c10::IValue> in{at::zeros({}, q.options().dtype(at::kFloat)), at::arange(B, i32).view({B, 1, 1, 1}),
-                                at::arange(H, i32).view({1, H, 1, 1}), at::arange(S, i32).view({1, 1, S, 1}),
-                                at::zeros({1, 1, 1, 1}, i32)};
+    // A float32 score of rank 4 (not 0-d), so that t's type promotion is the one flex computes in.
+    std::vector<c10::IValue> in{at::zeros({1, 1, 1, 1}, q.options().dtype(at::kFloat)),
+                                at::arange(B, i32).view({B, 1, 1, 1}), at::arange(H, i32).view({1, H, 1, 1}),
+                                at::arange(S, i32).view({1, 1, S, 1}), at::arange(Skv, i32).view({1, 1, 1, Skv})};
     const c10::IValue bufs = build_arg(score_buffers, slots);
     if (!bufs.isNone())
       for (const c10::IValue& b : bufs.toTupleRef().elements()) in.push_back(b);
-    std::vector<c10::IValue> out = shift->run(std::move(in));
+    std::vector<c10::IValue> out = score_mod->run(std::move(in));
     HB_INTERNAL_CHECK(!out.empty() && out[0].isTensor()) << where << ": score_mod returned no tensor";
-    return out[0].toTensor().to(at::kFloat).expand({B, H, S, 1});
+    return out[0].toTensor().to(at::kFloat);
+  }
+
+  // The row shift t as [B, H, S, 1] (kv_idx = 0: t does not read it).
+  at::Tensor row_shift(const std::vector<c10::IValue>& slots, const at::Tensor& q) const {
+    return additive_term(slots, q, 1).expand({q.size(0), q.size(1), q.size(2), 1});
+  }
+
+  // The bias cuDNN adds: t as [B|1, H, Sq, Skv] contiguous (cuDNN reduces dBias over a broadcast batch,
+  // and needs every head), in float32 (run() casts it where this cuDNN takes q's dtype only).
+  at::Tensor bias(const std::vector<c10::IValue>& slots, const at::Tensor& q, int64_t Skv) const {
+    const int64_t B = bias_per_batch ? q.size(0) : 1, H = q.size(1), Sq = q.size(2);
+    if (layout.kind == FlexBiasLayout::Kind::Dense) {
+      const at::Tensor buf = buffers(slots).at(layout.buffer).toTensor();
+      if (buf.numel() == B * H * Sq * Skv && buf.size(-1) == Skv && buf.size(-2) == Sq)
+        return buf.to(at::kFloat).reshape({B, H, Sq, Skv}).contiguous();
+    }
+    if (ToeplitzIndex ix; toeplitz(slots, q, Skv, &ix)) {
+      at::Tensor t = at::empty({1, H, Sq, Skv}, q.options().dtype(at::kFloat));
+      cuda::toeplitz_bias(buffers(slots).at(layout.buffer).toTensor(), ix, t);
+      return t;
+    }
+    return additive_term(slots, q, Skv).expand({B, H, Sq, Skv}).contiguous();
+  }
+
+  using ToeplitzIndex = cuda::ToeplitzIndex;
+  // Whether t is a Toeplitz read of a table whose every row the Sq x Skv grid reads exists (else the
+  // grid evaluation runs it, with eager's index semantics: wrapped negatives, errors out of range).
+  bool toeplitz(const std::vector<c10::IValue>& slots, const at::Tensor& q, int64_t Skv, ToeplitzIndex* ix) const {
+    if (layout.kind != FlexBiasLayout::Kind::Toeplitz) return false;
+    const at::Tensor buf = buffers(slots).at(layout.buffer).toTensor();
+    if (!buf.is_cuda() || buf.dim() != (layout.h_dim < 0 ? 1 : 2)) return false;
+    if (layout.h_dim >= 0 && buf.size(layout.h_dim) != q.size(1)) return false;
+    const int64_t Sq = q.size(2);
+    const int64_t lo = layout.sign > 0 ? layout.offset - (Skv - 1) : layout.offset - (Sq - 1);
+    const int64_t hi = layout.sign > 0 ? layout.offset + (Sq - 1) : layout.offset + (Skv - 1);
+    if (lo < 0 || hi >= buf.size(layout.d_dim)) return false;
+    ix->sign = layout.sign;
+    ix->offset = layout.offset;
+    ix->stride_d = buf.stride(layout.d_dim);
+    ix->stride_h = layout.h_dim < 0 ? 0 : buf.stride(layout.h_dim);
+    return true;
+  }
+
+  std::vector<c10::IValue> buffers(const std::vector<c10::IValue>& slots) const {
+    const c10::IValue bufs = build_arg(score_buffers, slots);
+    if (bufs.isNone()) return {};
+    return bufs.toTupleRef().elements().vec();
   }
 
   c10::IValue run(const std::vector<c10::IValue>& slots, const at::Tensor&, CallStats&) const override {
     std::vector<at::Tensor> t;
     for (const ArgSpec& a : tensors) t.push_back(build_arg(a, slots).toTensor());
-    const at::Tensor &q = t[0], &k = t[1], &v = t[2];
+    Operands x;
+    x.q = t[0];
+    x.k = t[1];
+    x.v = t[2];
     load_cudnn(where);
-    const c10::cuda::CUDAGuard guard(q.device());
+    const c10::cuda::CUDAGuard guard(x.q.device());
     cudnnHandle_t handle = at::native::getCudnnHandle();
     HB_INTERNAL_CHECK(fe::detail::set_stream(handle, at::cuda::getCurrentCUDAStream()) == CUDNN_STATUS_SUCCESS)
         << where << ": cudnnSetStream failed";
-    const int64_t B = q.size(0), H = q.size(1), S = q.size(2);
-    std::unordered_map<int64_t, void*> pack;
-    pack[kQ] = q.data_ptr();
-    pack[kK] = k.data_ptr();
-    pack[kV] = v.data_ptr();
+    const int64_t B = x.q.size(0), H = x.q.size(1), S = x.q.size(2), Skv = x.k.size(2);
+    const bool any_grad = std::find(buffer_grads.begin(), buffer_grads.end(), true) != buffer_grads.end();
     if (!backward) {
-      at::Tensor out = at::empty_like(q);
-      at::Tensor stats = at::empty({B, H, S, 1}, q.options().dtype(at::kFloat));
-      pack[kO] = out.data_ptr();
-      pack[kStats] = stats.data_ptr();
-      execute(handle, {q, k, v, out}, pack);
-      if (shift) stats.add_(row_shift(slots, q));
-      at::Tensor lse = stats.squeeze(-1).mul_(1.0 / std::log(2.0));  // flex's logsumexp is base 2
-      return c10::ivalue::Tuple::create({out, lse, at::Tensor()});
+      x.o = at::empty_like(x.q);
+      x.stats = at::empty({B, H, S, 1}, x.q.options().dtype(at::kFloat));
+    } else {
+      x.o = t[3];
+      x.d_o = t[5];
+      x.stats = t[4].mul(std::log(2.0)).unsqueeze(-1).contiguous();  // base 2 -> natural
+      if (mod == Mod::RowShift) x.stats.sub_(row_shift(slots, x.q));  // the identity attention's statistics
+      x.dq = at::empty_like(x.q);
+      x.dk = at::empty_like(x.k);
+      x.dv = at::empty_like(x.v);
     }
-    const at::Tensor &out = t[3], &grad_out = t[5];
-    at::Tensor stats = t[4].mul(std::log(2.0)).unsqueeze(-1).contiguous();  // base 2 -> natural
-    if (shift) stats.sub_(row_shift(slots, q));  // the identity attention's statistics
-    at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
-    pack[kO] = out.data_ptr();
-    pack[kStats] = stats.data_ptr();
-    pack[kDO] = grad_out.data_ptr();
-    pack[kDQ] = dq.data_ptr();
-    pack[kDK] = dk.data_ptr();
-    pack[kDV] = dv.data_ptr();
-    execute(handle, {q, k, v, out, grad_out, dq, dk, dv}, pack);
-    // A row shift's buffers: sum_j dS_ij = 0 on every row, so their gradient is exactly zero.
+    if (mod == Mod::Bias) {
+      // The bias and dBias in float32 where this cuDNN takes them (t, the logsumexp and the buffers'
+      // gradients exact to float32, as flex computes them), else dBias, then both, in q's dtype.
+      const at::Tensor t32 = bias(slots, x.q, Skv);
+      for (;;) {
+        const int m = bias_mode_;
+        x.bias = m < 2 ? t32 : t32.to(x.q.scalar_type());
+        if (backward && any_grad) x.dbias = at::empty_like(x.bias, m == 0 ? at::kFloat : x.q.scalar_type());
+        if (m == 2 || graph_builds(handle, x)) break;
+        bias_mode_ = m + 1;
+        if (m + 1 == 2 || (m + 1 == 1 && backward && any_grad))
+          TORCH_WARN_ONCE("hintbackend: ", where, ": this cuDNN takes FlexAttention's additive bias ",
+                          m + 1 == 1 ? "gradient" : "", " in ", x.q.scalar_type(), " only, not float32: ",
+                          m + 1 == 1 ? "the buffers' gradients carry its rounding" : "the bias is rounded to it");
+      }
+    }
+    execute(handle, x);
+    if (!backward) {
+      if (mod == Mod::RowShift) x.stats.add_(row_shift(slots, x.q));
+      at::Tensor lse = x.stats.squeeze(-1).mul_(1.0 / std::log(2.0));  // flex's logsumexp is base 2
+      return c10::ivalue::Tuple::create({x.o, lse, at::Tensor()});
+    }
     std::vector<c10::IValue> grads;
     if (!buffer_grads.empty()) {
-      const c10::IValue bufs = build_arg(score_buffers, slots);
-      const auto& b = bufs.toTupleRef().elements();
-      for (size_t i = 0; i < buffer_grads.size(); ++i)
-        grads.push_back(buffer_grads[i] ? c10::IValue(at::zeros_like(b[i].toTensor())) : c10::IValue());
+      const std::vector<c10::IValue> bufs = buffers(slots);
+      std::vector<at::Tensor> flat;
+      for (const c10::IValue& b : bufs) flat.push_back(b.toTensor());
+      ToeplitzIndex ix;
+      if (x.dbias.defined() && layout.kind != FlexBiasLayout::Kind::Grid) {
+        // t reads one buffer once: its gradient is dBias itself (Dense) or dBias summed along the
+        // diagonals (Toeplitz); the other buffers get none (lowering checked).
+        const at::Tensor& buf = flat.at(layout.buffer);
+        at::Tensor g;
+        if (layout.kind == FlexBiasLayout::Kind::Dense && x.dbias.numel() == buf.numel()) {
+          g = x.dbias.to(buf.scalar_type()).reshape(buf.sizes());
+        } else if (toeplitz(slots, x.q, Skv, &ix)) {
+          at::Tensor acc = at::zeros(buf.sizes(), buf.options().dtype(at::kFloat));
+          ix.stride_d = acc.stride(layout.d_dim);
+          ix.stride_h = layout.h_dim < 0 ? 0 : acc.stride(layout.h_dim);
+          cuda::toeplitz_bias_backward(x.dbias, ix, acc);
+          g = acc.to(buf.scalar_type());
+        }
+        if (g.defined()) {
+          for (size_t i = 0; i < flat.size(); ++i) grads.push_back(i == static_cast<size_t>(layout.buffer) ? c10::IValue(g) : c10::IValue());
+        }
+      }
+      if (!grads.empty()) {
+        // done above
+      } else if (x.dbias.defined()) {
+        // dBias is the score gradient: the joint graph scatters it into t's buffers.
+        const at::Tensor zero = at::zeros({1, 1, 1, 1}, x.q.options().dtype(at::kFloat));
+        for (const at::Tensor& g : flex_buffer_grads(fn_of(joint), zero, x.dbias.to(at::kFloat), {B, H, S, Skv}, flat))
+          grads.push_back(g.defined() ? c10::IValue(g) : c10::IValue());
+      } else {
+        // A row shift's buffers: sum_j dS_ij = 0 on every row, so their gradient is exactly zero.
+        for (size_t i = 0; i < buffer_grads.size(); ++i)
+          grads.push_back(buffer_grads[i] ? c10::IValue(at::zeros_like(flat[i])) : c10::IValue());
+      }
     }
-    return c10::ivalue::Tuple::create({dq, dk, dv, c10::ivalue::Tuple::create(std::move(grads))});
+    return c10::ivalue::Tuple::create({x.dq, x.dk, x.dv, c10::ivalue::Tuple::create(std::move(grads))});
   }
 
  private:
   mutable std::mutex mu_;
   mutable std::map<std::string, std::shared_ptr<const CudnnGraph>> cache_;
+  mutable std::atomic<int> bias_mode_{0};  // 0: float32 bias and dBias; 1: float32 bias; 2: neither
 
-  void execute(cudnnHandle_t handle, const std::vector<at::Tensor>& shaped, std::unordered_map<int64_t, void*>& pack) const {
-    const std::shared_ptr<const CudnnGraph> g = graph_for(handle, shaped);
+  // Whether cuDNN builds a graph for these operands (a failed build is not cached).
+  bool graph_builds(cudnnHandle_t handle, const Operands& x) const {
+    try {
+      graph_for(handle, x);
+      return true;
+    } catch (const UserError&) {
+      return false;
+    }
+  }
+
+  static SubgraphFn fn_of(const std::shared_ptr<Executor>& e) {
+    return [e](std::vector<c10::IValue> in) { return e->run(std::move(in)); };
+  }
+
+  void execute(cudnnHandle_t handle, const Operands& x) const {
+    const std::shared_ptr<const CudnnGraph> g = graph_for(handle, x);
+    std::unordered_map<int64_t, void*> pack;
+    for (const auto& [uid, t] : x.by_uid())
+      if (t->defined()) pack[uid] = t->data_ptr();
     at::Tensor ws;
-    if (g->workspace > 0) ws = at::empty({g->workspace}, shaped[0].options().dtype(at::kByte));
+    if (g->workspace > 0) ws = at::empty({g->workspace}, x.q.options().dtype(at::kByte));
     const std::string err = check(g->graph->execute(handle, pack, ws.defined() ? ws.data_ptr() : nullptr));
     HB_USER_CHECK(err.empty()) << where << ": cuDNN's SDPA failed: " << err
                                << ". Run the region with hinted_context(kernel=\"aten\") to use the reference.";
   }
 
-  // The graph for these shapes and strides (q, k, v, out[, grad_out, dq, dk, dv]), built once.
-  std::shared_ptr<const CudnnGraph> graph_for(cudnnHandle_t handle, const std::vector<at::Tensor>& ts) const {
+  // The graph for these operands' shapes and strides, built once.
+  std::shared_ptr<const CudnnGraph> graph_for(cudnnHandle_t handle, const Operands& x) const {
     std::ostringstream key;
-    key << static_cast<int>(ts[0].scalar_type()) << " " << ts[0].device().index();
-    for (const at::Tensor& x : ts) key << " " << x.sizes() << x.strides();
+    key << static_cast<int>(x.q.scalar_type()) << " " << x.q.device().index();
+    for (const auto& [uid, t] : x.by_uid())
+      if (t->defined()) key << " " << uid << ":" << t->sizes() << t->strides();
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key.str());
     if (it != cache_.end()) return it->second;
-    auto built = std::make_shared<CudnnGraph>(build(handle, ts));
+    auto built = std::make_shared<CudnnGraph>(build(handle, x));
     cache_[key.str()] = built;
     return built;
   }
 
-  CudnnGraph build(cudnnHandle_t handle, const std::vector<at::Tensor>& ts) const {
+  CudnnGraph build(cudnnHandle_t handle, const Operands& x) const {
     namespace fg = fe::graph;
     CudnnGraph r;
     r.graph = std::make_shared<fg::Graph>();
     fg::Graph& g = *r.graph;
-    const bool half = ts[0].scalar_type() == at::kHalf;
+    const bool half = x.q.scalar_type() == at::kHalf;
     g.set_io_data_type(half ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto tensor = [&](const char* name, const at::Tensor& x, int64_t uid) {
-      return g.tensor(fg::Tensor_attributes().set_name(name).set_uid(uid).set_dim(x.sizes().vec()).set_stride(
-          x.strides().vec()));
+    auto tensor = [&](const char* name, const at::Tensor& t, int64_t uid) {
+      auto a = fg::Tensor_attributes().set_name(name).set_uid(uid).set_dim(t.sizes().vec()).set_stride(t.strides().vec());
+      if (t.scalar_type() == at::kFloat) a.set_data_type(fe::DataType_t::FLOAT);
+      return g.tensor(a);
     };
-    auto Q = tensor("Q", ts[0], kQ), K = tensor("K", ts[1], kK), V = tensor("V", ts[2], kV);
-    const int64_t B = ts[0].size(0), H = ts[0].size(1), S = ts[0].size(2);
+    auto output = [&](const std::shared_ptr<fg::Tensor_attributes>& o, const at::Tensor& t, int64_t uid) {
+      o->set_output(true).set_uid(uid).set_dim(t.sizes().vec()).set_stride(t.strides().vec());
+    };
+    auto Q = tensor("Q", x.q, kQ), K = tensor("K", x.k, kK), V = tensor("V", x.v, kV);
+    std::shared_ptr<fg::Tensor_attributes> Bias;
+    if (x.bias.defined()) Bias = tensor("Bias", x.bias, kBias);
     auto set_band = [&](auto& attrs) {
       if (band.unbounded()) return;
       attrs.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
@@ -187,30 +328,37 @@ class CudnnFlexCall : public Call {
       fg::SDPA_attributes a;
       a.set_name("flex_attention").set_generate_stats(true).set_attn_scale(static_cast<float>(scale));
       set_band(a);
+      if (Bias) a.set_bias(Bias);
       auto [O, Stats] = g.sdpa(Q, K, V, a);
-      O->set_output(true).set_uid(kO).set_dim(ts[3].sizes().vec()).set_stride(ts[3].strides().vec());
-      Stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim({B, H, S, 1}).set_stride(
-          {H * S, S, 1, 1});
+      output(O, x.o, kO);
+      output(Stats, x.stats, kStats);
+      Stats->set_data_type(fe::DataType_t::FLOAT);
     } else {
-      auto O = tensor("O", ts[3], kO), dO = tensor("dO", ts[4], kDO);
-      auto Stats = g.tensor(fg::Tensor_attributes().set_name("Stats").set_uid(kStats).set_data_type(
-          fe::DataType_t::FLOAT).set_dim({B, H, S, 1}).set_stride({H * S, S, 1, 1}));
+      auto O = tensor("O", x.o, kO), dO = tensor("dO", x.d_o, kDO);
+      auto Stats = tensor("Stats", x.stats, kStats);  // float32
       fg::SDPA_backward_attributes a;
       a.set_name("flex_attention_backward").set_attn_scale(static_cast<float>(scale));
       a.set_deterministic_algorithm(deterministic);
       set_band(a);
+      if (Bias) a.set_bias(Bias);
+      if (x.dbias.defined()) {
+        auto dBias = tensor("dBias", x.dbias, kDBias);  // in the bias's dtype
+        dBias->set_output(true);
+        a.set_dbias(dBias);
+      }
       auto [dQ, dK, dV] = g.sdpa_backward(Q, K, V, O, dO, Stats, a);
-      dQ->set_output(true).set_uid(kDQ).set_dim(ts[5].sizes().vec()).set_stride(ts[5].strides().vec());
-      dK->set_output(true).set_uid(kDK).set_dim(ts[6].sizes().vec()).set_stride(ts[6].strides().vec());
-      dV->set_output(true).set_uid(kDV).set_dim(ts[7].sizes().vec()).set_stride(ts[7].strides().vec());
+      output(dQ, x.dq, kDQ);
+      output(dK, x.dk, kDK);
+      output(dV, x.dv, kDV);
     }
     std::string err = check(g.validate());
     if (err.empty()) err = check(g.build_operation_graph(handle));
     if (err.empty()) err = check(g.create_execution_plans({fe::HeurMode_t::A}));
     if (err.empty()) err = check(g.check_support(handle));
     if (err.empty()) err = check(g.build_plans(handle));
-    HB_USER_CHECK(err.empty()) << where << ": cuDNN cannot build this SDPA graph (" << ts[0].sizes() << ", "
-                               << ts[0].scalar_type() << "): " << err
+    HB_USER_CHECK(err.empty()) << where << ": cuDNN cannot build this SDPA graph (" << x.q.sizes() << ", "
+                               << x.q.scalar_type() << (x.bias.defined() ? ", bias " : "")
+                               << (x.bias.defined() ? c10::str(x.bias.sizes()) : std::string()) << "): " << err
                                << ". Run the region with hinted_context(kernel=\"aten\") to use the reference.";
     HB_INTERNAL_CHECK(g.get_workspace_size(r.workspace).is_good()) << where << ": no workspace size";
     return r;
@@ -231,12 +379,16 @@ std::shared_ptr<const Call> lower_cudnn_flex_attention(const LowerContext& ctx) 
   call->deterministic = n.hints.deterministic.value_or(false);
   call->scale = float_arg(n.args[call->backward ? 10 : 5], ctx.where);
   for (int k = 0; k < (call->backward ? 6 : 3); ++k) call->tensors.push_back(convert_untyped(n.args[k], ctx.where));
-  if (a.score_row_shift) {
-    call->shift = ctx.subgraph(n.args[call->backward ? 7 : 3]);  // the backward's fw_graph is the score_mod
+  if (a.score_row_shift || a.score_bias) {
+    call->mod = a.score_bias ? CudnnFlexCall::Mod::Bias : CudnnFlexCall::Mod::RowShift;
+    call->bias_per_batch = a.bias_reads_b;
+    call->layout = a.bias_layout;
+    call->score_mod = ctx.subgraph(n.args[call->backward ? 7 : 3]);  // the backward's fw_graph is the score_mod
     call->score_buffers = convert_untyped(n.args[call->backward ? 12 : 7], ctx.where);
     if (call->backward) {
       // The joint graph returns (grad_score, None x4, *buffer grads): which buffers get one.
       const Arg& joint = n.args[8];
+      if (a.score_bias) call->joint = ctx.subgraph(joint);
       const Graph& jg = *ctx.graph().subgraphs.at(joint.s);
       const Node& ret = jg.nodes[jg.output_node()];
       const Arg& items = ret.args.at(0);
@@ -244,6 +396,9 @@ std::shared_ptr<const Call> lower_cudnn_flex_attention(const LowerContext& ctx) 
       HB_INTERNAL_CHECK(call->buffer_grads.size() == n.args[12].items.size())
           << ctx.where << ": the joint graph returns " << call->buffer_grads.size() << " buffer gradients for "
           << n.args[12].items.size() << " buffers";
+      // The direct layouts give only their own buffer a gradient: any other one goes through the joint graph.
+      for (size_t k = 0; k < call->buffer_grads.size(); ++k)
+        if (call->buffer_grads[k] && static_cast<int>(k) != call->layout.buffer) call->layout = FlexBiasLayout{};
     }
   }
   return call;

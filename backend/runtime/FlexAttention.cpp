@@ -231,6 +231,14 @@ FlexBackwardResult flex_attention_backward(const at::Tensor& q, const at::Tensor
   return {like_strides_of(d_query, q.strides()), d_key, d_val, collect_buffer_grads(joint_out, score_buffers)};
 }
 
+std::vector<at::Tensor> flex_buffer_grads(const SubgraphFn& joint_graph, const at::Tensor& scores,
+                                          const at::Tensor& grad_score, at::IntArrayRef bhqk,
+                                          const std::vector<at::Tensor>& score_buffers) {
+  TORCH_CHECK(bhqk.size() == 4, "flex_buffer_grads: [B, H, Sq, Skv] expected");
+  const IndexGrid g = make_index_grid(bhqk[0], bhqk[1], bhqk[2], bhqk[3], grad_score.device());
+  return collect_buffer_grads(eval_joint(joint_graph, scores, grad_score, g, score_buffers).second, score_buffers);
+}
+
 at::Tensor zeros_and_scatter(at::IntArrayRef shape, const std::vector<at::Tensor>& indices,
                              const at::Tensor& values) {
   // The indices come as broadcast grids ([1,H,1,1], [1,1,Sq,Skv], ...) while values are full; vmap's

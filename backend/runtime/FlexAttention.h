@@ -43,6 +43,14 @@ FlexBackwardResult flex_attention_backward(const at::Tensor& q, const at::Tensor
                                            const FlexMask& mask, double scale,
                                            const std::vector<at::Tensor>& score_buffers);
 
+// The captured buffers' gradients of a score_mod whose score gradient is `grad_score` (broadcastable to
+// [B, H, Sq, Skv]): the joint graph's trailing outputs evaluated on the index grid, with `scores` as its
+// score argument, each cast to its buffer's dtype and shape (undefined where the joint returns None).
+// Kernels that compute the score gradient themselves (cuDNN's dBias) scatter it into the buffers here.
+std::vector<at::Tensor> flex_buffer_grads(const SubgraphFn& joint_graph, const at::Tensor& scores,
+                                          const at::Tensor& grad_score, at::IntArrayRef bhqk,
+                                          const std::vector<at::Tensor>& score_buffers);
+
 // flex_lib::zeros_and_scatter(shape, indices, values) = zeros(shape).index_put_(indices, values,
 // accumulate=True), with indices and values first broadcast to one shape (they arrive as broadcast
 // index tensors from the joint graph). The gradient scatter into captured buffers.

@@ -28,9 +28,10 @@ from .flex import flex_attention_hop_call
 
 
 class Block(nn.Module):
-    def __init__(self, d: int, heads: int, seq: int, block_mask, on_cpu: bool) -> None:
+    def __init__(self, d: int, heads: int, seq: int, block_mask, on_cpu: bool, attn_dtype=None) -> None:
         super().__init__()
         self.heads, self.seq, self.block_mask, self.on_cpu = heads, seq, block_mask, on_cpu
+        self.attn_dtype = attn_dtype  # q, k, v cast to it for the attention (mixed precision), or None
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
@@ -42,6 +43,8 @@ class Block(nn.Module):
         B, S, D = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(B, S, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
         bias, seq = self.rel_bias, self.seq
+        if self.attn_dtype is not None:
+            q, k, v = (t.to(self.attn_dtype) for t in (q, k, v))
 
         def rel_bias(score, b, h, q_idx, kv_idx):
             return score + bias[q_idx - kv_idx + seq - 1, h]
@@ -50,18 +53,18 @@ class Block(nn.Module):
             a = flex_attention_hop_call(q, k, v, rel_bias, self.block_mask)
         else:
             a = flex_attention(q, k, v, score_mod=rel_bias, block_mask=self.block_mask)
-        x = x + self.proj(a.transpose(1, 2).reshape(B, S, D))
+        x = x + self.proj(a.to(x.dtype).transpose(1, 2).reshape(B, S, D))
         return x + self.mlp(self.ln2(x))
 
 
 class TinyGPT(nn.Module):
     def __init__(self, vocab: int = 256, d: int = 64, heads: int = 4, layers: int = 2, seq: int = 128,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", attn_dtype=None) -> None:
         super().__init__()
         block_mask = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, seq, seq, device=device)
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Parameter(0.02 * torch.randn(seq, d))
-        self.blocks = nn.ModuleList(Block(d, heads, seq, block_mask, device == "cpu") for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, seq, block_mask, device == "cpu", attn_dtype) for _ in range(layers))
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
 
@@ -80,12 +83,16 @@ def main(argv=None) -> int:
     p.add_argument("--dump-dir", default="hb-dumps")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--attn-dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="the attention's q, k, v dtype (the rest stays float32); on CUDA, bfloat16 and float16 "
+                        "run FlexAttention on cuDNN, whose rounding the tolerance then allows for")
     args = p.parse_args(argv)
 
     torch.manual_seed(0)
     dev = args.device
     on_cpu = dev == "cpu"
-    model = TinyGPT(seq=args.seq, device=dev).to(dev)
+    attn_dtype = None if args.attn_dtype == "float32" else getattr(torch, args.attn_dtype)
+    model = TinyGPT(seq=args.seq, device=dev, attn_dtype=attn_dtype).to(dev)
     ref_model = copy.deepcopy(model)
     if on_cpu:
         variant = ("CPU variant: flex_attention's higher-order op called directly (torch 2.11's public API "
@@ -96,7 +103,7 @@ def main(argv=None) -> int:
         ref = ref_model
     print(f"hintbackend demo: {variant}")
     print(f"model: TinyGPT, 2 blocks, d=64, 4 heads, seq={args.seq}, batch={args.batch}, causal block mask + "
-          "learned relative bias")
+          f"learned relative bias, attention in {args.attn_dtype}")
     compiled = torch.compile(model, backend="hintbackend", options={"dump_dir": args.dump_dir, "strict": True})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.1)
@@ -126,7 +133,10 @@ def main(argv=None) -> int:
     print(f"max |loss diff| = {worst:.3e}; max |parameter diff| after {args.steps} steps = {pdiff:.3e}")
     dumps = sorted(os.listdir(args.dump_dir)) if os.path.isdir(args.dump_dir) else []
     print(f"graph dump: {os.path.abspath(args.dump_dir)} ({', '.join(dumps)})")
-    ok = worst < 1e-3 and pdiff < 1e-3
+    # float32: both runs compute the same math; a half-precision attention rounds differently in each
+    # (cuDNN's fused kernel against eager's math path), by about its epsilon per step.
+    tol = 1e-3 if attn_dtype is None else 2e-2
+    ok = worst < tol and pdiff < tol
     print("OK: hintbackend matches the reference" if ok else "MISMATCH: hintbackend differs from the reference")
     return 0 if ok else 1
 

@@ -135,7 +135,8 @@ namespace {
 // `score_body`: the score_mod's nodes after its placeholders (b, h, q_idx, kv_idx, and one captured f32[128]
 // buffer %buf when `buffer`), returning %out; empty: the identity.
 std::shared_ptr<Graph> flex_graph(const std::string& dtype, const std::string& device, const std::string& hints = "",
-                                  const std::string& score_body = "", bool buffer = false) {
+                                  const std::string& score_body = "", bool buffer = false,
+                                  const std::string& buf_type = "f32[128]") {
   const std::string t = dtype + "[2, 4, 128, 64]" + device;
   const std::string h = hints.empty() ? "" : "  {region=0 path=0 " + hints + "}";
   return parse_graph(
@@ -145,7 +146,7 @@ std::shared_ptr<Graph> flex_graph(const std::string& dtype, const std::string& d
       "  %v: " + t + " = placeholder\n"
       "  %kv_num_blocks: i32[1, 1, 1]" + device + " = placeholder\n"
       "  %kv_indices: i32[1, 1, 1, 1]" + device + " = placeholder\n"
-      + std::string(buffer ? "  %buf: f32[128]" + device + " = placeholder\n" : "") +
+      + std::string(buffer ? "  %buf: " + buf_type + device + " = placeholder\n" : "") +
       "  %flex_attention: (" + t + ", f32[2, 4, 128]" + device + ", f32[2, 4, 128]" + device +
       ") = higher_order::flex_attention(%q, %k, %v, @score0, (128, 128, %kv_num_blocks, %kv_indices, none, none, "
       "none, none, none, none, 128, 128, @mask0), 0.125, {}, " + (buffer ? "(%buf,)" : "()") + ", ())" + h + "\n"
@@ -161,7 +162,7 @@ std::shared_ptr<Graph> flex_graph(const std::string& dtype, const std::string& d
       "graph score0 {\n"
       "  %score: " + dtype + "[] = placeholder\n  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n"
       "  %q_idx: i32[] = placeholder\n  %kv_idx: i32[] = placeholder\n" +
-      (buffer ? "  %buf: f32[128] = placeholder\n" : "") + score_body +
+      (buffer ? "  %buf: " + buf_type + " = placeholder\n" : "") + score_body +
       "  return (" + (score_body.empty() ? "%score" : "%out") + ",)\n"
       "}\n");
 }
@@ -203,17 +204,134 @@ TEST(flex_lowering, a_kv_independent_bias_is_a_row_shift_cudnn_runs) {
   KernelChoice c = select_kernel(*g, flex, with_cudnn());
   EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
   EXPECT_NE(c.why.find("shifts each row by a kv-independent term"), std::string::npos) << c.why;
-  // score + buf[kv_idx] depends on the column: not a shift, the reference runs it.
+  // score + buf[kv_idx] depends on the column: not a shift but an additive bias (next test).
   auto kv = flex_graph("bf16", "@cuda:0", "",
                        "  %i: f32[] = aten::index.Tensor(%buf, [%kv_idx])\n  %out: f32[] = aten::add.Tensor(%score, %i)\n",
                        true);
   EXPECT_FALSE(analyze_flex(*kv, flex).score_row_shift);
-  EXPECT_EQ(select_kernel(*kv, flex, with_cudnn()).kind, KernelKind::FlexForward);
-  // score * buf[q_idx] scales the row: not a shift either.
+  EXPECT_TRUE(analyze_flex(*kv, flex).score_bias);
+  // score * buf[q_idx] scales the row: neither a shift nor a bias; the reference runs it, saying what it computes.
   auto mul = flex_graph("bf16", "@cuda:0", "",
                         "  %i: f32[] = aten::index.Tensor(%buf, [%q_idx])\n  %out: f32[] = aten::mul.Tensor(%score, %i)\n",
                         true);
-  EXPECT_EQ(select_kernel(*mul, flex, with_cudnn()).kind, KernelKind::FlexForward);
+  const FlexAnalysis m = analyze_flex(*mul, flex);
+  EXPECT_FALSE(m.score_row_shift || m.score_bias);
+  const KernelChoice c_mul = select_kernel(*mul, flex, with_cudnn());
+  EXPECT_EQ(c_mul.kind, KernelKind::FlexForward);
+  EXPECT_NE(c_mul.why.find("not cuDNN: score_mod computes aten::index.Tensor, aten::mul.Tensor"), std::string::npos) << c_mul.why;
+}
+
+TEST(flex_lowering, a_kv_dependent_additive_term_is_a_materialized_cudnn_bias) {
+  // The learned relative bias the demo trains: score + buf[q_idx - kv_idx + 127] (a Toeplitz bias over
+  // the heads here, since the fixture's buffer is 1-d). It reads q_idx and kv_idx, not b or h.
+  auto rel = flex_graph("bf16", "@cuda:0", "",
+                        "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n"
+                        "  %d1: i32[] = aten::add.Tensor(%d, 127)\n"
+                        "  %i: f32[] = aten::index.Tensor(%buf, [%d1])\n"
+                        "  %out: f32[] = aten::add.Tensor(%i, %score)\n",  // t + score: either side
+                        true);
+  const int flex = rel->find("flex_attention");
+  const FlexAnalysis a = analyze_flex(*rel, flex);
+  EXPECT_TRUE(a.score_bias);
+  EXPECT_FALSE(a.score_row_shift);
+  EXPECT_FALSE(a.bias_reads_b);
+  EXPECT_FALSE(a.bias_reads_h);
+  EXPECT_TRUE(a.bias_reads_q);
+  KernelChoice c = select_kernel(*rel, flex, with_cudnn());
+  EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
+  EXPECT_EQ(c.why,
+            "cudnn: causal band, score_mod adds a bias cuDNN takes materialized as [1, H, Sq, Skv] "
+            "(toeplitz buf0[q_idx - kv_idx + 127])");
+  EXPECT_EQ(a.bias_layout.kind, FlexBiasLayout::Kind::Toeplitz);
+  EXPECT_EQ(a.bias_layout.sign, 1);
+  EXPECT_EQ(a.bias_layout.offset, 127);
+  EXPECT_EQ(a.bias_layout.d_dim, 0);
+  EXPECT_EQ(a.bias_layout.h_dim, -1);
+  // A dense per-batch bias buf[b, ...] is materialized per batch.
+  auto dense = flex_graph("bf16", "@cuda:0", "",
+                          "  %bb: i32[] = aten::mul.Tensor(%b, 64)\n"
+                          "  %j: i32[] = aten::add.Tensor(%bb, %kv_idx)\n"
+                          "  %i: f32[] = aten::index.Tensor(%buf, [%j])\n"
+                          "  %out: f32[] = aten::add.Tensor(%score, %i)\n",
+                          true);
+  EXPECT_TRUE(analyze_flex(*dense, flex).bias_reads_b);
+  c = select_kernel(*dense, flex, with_cudnn());
+  EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
+  EXPECT_NE(c.why.find("materialized as [B, H, Sq, Skv] (evaluated on the index grid)"), std::string::npos) << c.why;
+  // score + score * t reads the score in its term: not additive.
+  auto self = flex_graph("bf16", "@cuda:0", "",
+                         "  %i: f32[] = aten::index.Tensor(%buf, [%kv_idx])\n"
+                         "  %st: f32[] = aten::mul.Tensor(%score, %i)\n"
+                         "  %out: f32[] = aten::add.Tensor(%score, %st)\n",
+                         true);
+  EXPECT_FALSE(analyze_flex(*self, flex).score_bias);
+  EXPECT_EQ(select_kernel(*self, flex, with_cudnn()).kind, KernelKind::FlexForward);
+  // score - t (sub, or add with alpha) is not matched: the reference runs it rather than a wrong sign.
+  auto sub = flex_graph("bf16", "@cuda:0", "",
+                        "  %i: f32[] = aten::index.Tensor(%buf, [%kv_idx])\n"
+                        "  %out: f32[] = aten::sub.Tensor(%score, %i)\n",
+                        true);
+  EXPECT_EQ(select_kernel(*sub, flex, with_cudnn()).kind, KernelKind::FlexForward);
+}
+
+// Layouts of t from IR text: which indexings are a dense bias or a relative-position (Toeplitz) table.
+FlexBiasLayout layout_of(const std::string& buf_type, const std::string& body) {
+  auto g = flex_graph("bf16", "@cuda:0", "", body + "  %out: f32[] = aten::add.Tensor(%score, %t)\n", true, buf_type);
+  const FlexAnalysis a = analyze_flex(*g, g->find("flex_attention"));
+  EXPECT_TRUE(a.score_bias) << body;
+  return a.bias_layout;
+}
+
+TEST(flex_lowering, bias_layouts_dense_and_toeplitz) {
+  using K = FlexBiasLayout::Kind;
+  // buf[h, q_idx, kv_idx] and buf[b, h, q_idx, kv_idx]: dense, through a cast.
+  FlexBiasLayout l = layout_of("f32[4, 128, 128]", "  %t0: f32[] = aten::index.Tensor(%buf, [%h, %q_idx, %kv_idx])\n"
+                                                   "  %t: f32[] = aten::_to_copy.default(%t0)\n");
+  EXPECT_EQ(l.kind, K::Dense);
+  EXPECT_EQ(to_string(l), "dense buf0[h, q_idx, kv_idx]");
+  l = layout_of("f32[2, 4, 128, 128]", "  %t: f32[] = aten::index.Tensor(%buf, [%b, %h, %q_idx, %kv_idx])\n");
+  EXPECT_EQ(l.kind, K::Dense);
+  EXPECT_TRUE(l.has_batch);
+  // bias[0, h, q_idx, kv_idx] of a [1, H, S, S] bias: select, then index.
+  l = layout_of("f32[1, 4, 128, 128]", "  %s: f32[4, 128, 128] = aten::select.int(%buf, 0, 0)\n"
+                                       "  %t: f32[] = aten::index.Tensor(%s, [%h, %q_idx, %kv_idx])\n");
+  EXPECT_EQ(l.kind, K::Dense);
+  EXPECT_EQ(to_string(l), "dense buf0[0, h, q_idx, kv_idx]");
+  // The same as Dynamo traces it: an index by a lifted constant tensor.
+  l = layout_of("f32[1, 4, 128, 128]", "  %c: i64[] = get_attr _tensor_constant0 constant#0\n"
+                                       "  %lc: i64[] = aten::lift_fresh_copy.default(%c)\n"
+                                       "  %d: i64[] = aten::detach.default(%lc) !view\n"
+                                       "  %t: f32[] = aten::index.Tensor(%buf, [%d, %h, %q_idx, %kv_idx])\n");
+  EXPECT_EQ(l.kind, K::Dense);
+  EXPECT_EQ(to_string(l), "dense buf0[0, h, q_idx, kv_idx]");
+  // ... but not select of a dim that is not 1.
+  l = layout_of("f32[2, 4, 128, 128]", "  %s: f32[4, 128, 128] = aten::select.int(%buf, 0, 0)\n"
+                                       "  %t: f32[] = aten::index.Tensor(%s, [%h, %q_idx, %kv_idx])\n");
+  EXPECT_EQ(l.kind, K::Grid);
+  // Transposed indices are not the dense layout: evaluated on the grid.
+  l = layout_of("f32[4, 128, 128]", "  %t: f32[] = aten::index.Tensor(%buf, [%h, %kv_idx, %q_idx])\n");
+  EXPECT_EQ(l.kind, K::Grid);
+  // lb[h, kv_idx - q_idx + 127]: Toeplitz with the diagonal in dim 1, sign -1.
+  l = layout_of("f32[4, 255]", "  %d: i32[] = aten::sub.Tensor(%kv_idx, %q_idx)\n"
+                               "  %e: i32[] = aten::add.Tensor(%d, 127)\n"
+                               "  %t: f32[] = aten::index.Tensor(%buf, [%h, %e])\n");
+  EXPECT_EQ(l.kind, K::Toeplitz);
+  EXPECT_EQ(l.sign, -1);
+  EXPECT_EQ(l.offset, 127);
+  EXPECT_EQ(l.d_dim, 1);
+  EXPECT_EQ(l.h_dim, 0);
+  EXPECT_EQ(to_string(l), "toeplitz buf0[h, kv_idx - q_idx + 127]");
+  // 2 * (q_idx - kv_idx) is no diagonal; q_idx alone is no diagonal either (and a row shift besides).
+  l = layout_of("f32[512, 4]", "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n"
+                               "  %e: i32[] = aten::mul.Tensor(%d, 2)\n"
+                               "  %t: f32[] = aten::index.Tensor(%buf, [%e, %h])\n");
+  EXPECT_EQ(l.kind, K::Grid);
+  // Two indexings of the table (t = lb[d, h] * 2) are not one read of it: the grid.
+  l = layout_of("f32[255, 4]", "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n"
+                               "  %e: i32[] = aten::add.Tensor(%d, 127)\n"
+                               "  %i: f32[] = aten::index.Tensor(%buf, [%e, %h])\n"
+                               "  %t: f32[] = aten::mul.Tensor(%i, 2)\n");
+  EXPECT_EQ(l.kind, K::Grid);
 }
 
 TEST(flex_lowering, kernel_hint_forces_or_refuses_cudnn) {
