@@ -260,8 +260,9 @@ FlexBiasLayout bias_layout(const Graph& g, int t) {
       selected = true;
     }
   }
+  if (ph.size() < 5) return l;
   const auto at = std::find(ph.begin() + 5, ph.end(), buf);
-  if (ph.size() < 5 || at == ph.end()) return l;
+  if (at == ph.end()) return l;
   const std::vector<Arg>& idx = n.args[1].items;
   const TensorType* bt = g.nodes[buf].type.kind == ValueType::Kind::Tensor ? &g.nodes[buf].type.tensor : nullptr;
   // every dim indexed: t is one element per grid point
@@ -276,7 +277,7 @@ FlexBiasLayout bias_layout(const Graph& g, int t) {
       g.nodes[through_casts(g, idx[0].ref)].op == OpKind::GetAttr && is_ph(idx[1], 2) && is_ph(idx[2], 3) &&
       is_ph(idx[3], 4)) {
     l.kind = FlexBiasLayout::Kind::Dense;
-    l.buffer = static_cast<int>(at - ph.begin()) - 5;
+    l.buffer = buffer;
     l.unit_batch = true;
     return l;
   }

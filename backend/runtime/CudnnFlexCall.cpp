@@ -128,17 +128,25 @@ class CudnnFlexCall : public Call {
   // and needs every head), in float32 (run() casts it where this cuDNN takes q's dtype only).
   at::Tensor bias(const std::vector<c10::IValue>& slots, const at::Tensor& q, int64_t Skv) const {
     const int64_t B = bias_per_batch ? q.size(0) : 1, H = q.size(1), Sq = q.size(2);
-    if (layout.kind == FlexBiasLayout::Kind::Dense) {
-      const at::Tensor buf = buffers(slots).at(layout.buffer).toTensor();
-      if (buf.numel() == B * H * Sq * Skv && buf.size(-1) == Skv && buf.size(-2) == Sq)
-        return buf.to(at::kFloat).reshape({B, H, Sq, Skv}).contiguous();
-    }
+    if (const at::Tensor buf = dense(slots, q, Skv); buf.defined())
+      return buf.to(at::kFloat).reshape({B, H, Sq, Skv}).contiguous();
     if (ToeplitzIndex ix; toeplitz(slots, q, Skv, &ix)) {
       at::Tensor t = at::empty({1, H, Sq, Skv}, q.options().dtype(at::kFloat));
       cuda::toeplitz_bias(buffers(slots).at(layout.buffer).toTensor(), ix, t);
       return t;
     }
     return additive_term(slots, q, Skv).expand({B, H, Sq, Skv}).contiguous();
+  }
+
+  // The buffer of a Dense layout when it holds exactly the [B|1, H, Sq, Skv] bias, else undefined (the grid
+  // evaluation then runs t as written).
+  at::Tensor dense(const std::vector<c10::IValue>& slots, const at::Tensor& q, int64_t Skv) const {
+    if (layout.kind != FlexBiasLayout::Kind::Dense) return {};
+    const at::Tensor buf = buffers(slots).at(layout.buffer).toTensor();
+    const int64_t B = bias_per_batch ? q.size(0) : 1, H = q.size(1), Sq = q.size(2);
+    const bool fits = buf.dim() >= 3 && buf.numel() == B * H * Sq * Skv && buf.size(-1) == Skv &&
+                      buf.size(-2) == Sq && buf.size(-3) == H;
+    return fits ? buf : at::Tensor();
   }
 
   using ToeplitzIndex = cuda::ToeplitzIndex;
@@ -225,7 +233,7 @@ class CudnnFlexCall : public Call {
         // diagonals (Toeplitz); the other buffers get none (lowering checked).
         const at::Tensor& buf = flat.at(layout.buffer);
         at::Tensor g;
-        if (layout.kind == FlexBiasLayout::Kind::Dense && x.dbias.numel() == buf.numel()) {
+        if (dense(slots, x.q, Skv).defined()) {
           g = x.dbias.to(buf.scalar_type()).reshape(buf.sizes());
         } else if (toeplitz(slots, x.q, Skv, &ix)) {
           at::Tensor acc = at::zeros(buf.sizes(), buf.options().dtype(at::kFloat));
