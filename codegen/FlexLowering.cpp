@@ -311,6 +311,137 @@ FlexBiasLayout bias_layout(const Graph& g, int t) {
 
 }  // namespace
 
+bool score_pw_op(const std::string& target, ScorePw* op) {
+  static const std::map<std::string, ScorePw> kOps = {
+      {"aten::add.Tensor", ScorePw::Add},       {"aten::add.Scalar", ScorePw::Add},
+      {"aten::sub.Tensor", ScorePw::Sub},       {"aten::sub.Scalar", ScorePw::Sub},
+      {"aten::rsub.Scalar", ScorePw::Sub},      // handled as b - a by the runtime
+      {"aten::mul.Tensor", ScorePw::Mul},       {"aten::mul.Scalar", ScorePw::Mul},
+      {"aten::div.Tensor", ScorePw::Div},       {"aten::div.Scalar", ScorePw::Div},
+      {"aten::neg.default", ScorePw::Neg},      {"aten::abs.default", ScorePw::Abs},
+      {"aten::exp.default", ScorePw::Exp},      {"aten::log.default", ScorePw::Log},
+      {"aten::tanh.default", ScorePw::Tanh},    {"aten::tanh_backward.default", ScorePw::TanhBackward},
+      {"aten::sigmoid.default", ScorePw::Sigmoid},
+      {"aten::maximum.default", ScorePw::Max},  {"aten::minimum.default", ScorePw::Min},
+      {"aten::ge.Tensor", ScorePw::Ge},         {"aten::ge.Scalar", ScorePw::Ge},
+      {"aten::gt.Tensor", ScorePw::Gt},         {"aten::gt.Scalar", ScorePw::Gt},
+      {"aten::le.Tensor", ScorePw::Le},         {"aten::le.Scalar", ScorePw::Le},
+      {"aten::lt.Tensor", ScorePw::Lt},         {"aten::lt.Scalar", ScorePw::Lt},
+      {"aten::eq.Tensor", ScorePw::Eq},         {"aten::eq.Scalar", ScorePw::Eq},
+      {"aten::ne.Tensor", ScorePw::Ne},         {"aten::ne.Scalar", ScorePw::Ne},
+      {"aten::bitwise_and.Tensor", ScorePw::And}, {"aten::logical_and.default", ScorePw::And},
+      {"aten::bitwise_or.Tensor", ScorePw::Or}, {"aten::logical_or.default", ScorePw::Or},
+      {"aten::where.self", ScorePw::Where},
+      {"aten::_to_copy.default", ScorePw::Cast}, {"prims::convert_element_type.default", ScorePw::Cast},
+      {"aten::clone.default", ScorePw::Cast},   {"aten::alias.default", ScorePw::Cast},
+      {"aten::lift_fresh_copy.default", ScorePw::Cast}, {"aten::detach.default", ScorePw::Cast},
+      {"aten::index.Tensor", ScorePw::Index},
+  };
+  auto it = kOps.find(target);
+  if (it == kOps.end()) return false;
+  *op = it->second;
+  return true;
+}
+
+namespace {
+
+// One graph's check for score_pointwise: `bufs_from` is the placeholder position of the first buffer.
+bool pointwise_graph(const Graph& g, int bufs_from, const char* what, std::string* why) {
+  const std::vector<int> ph = g.placeholders();
+  if (static_cast<int>(ph.size()) < bufs_from) {
+    *why = std::string(what) + " has too few inputs";
+    return false;
+  }
+  const auto users = g.users();
+  auto ph_pos = [&](int node) {
+    const auto it = std::find(ph.begin(), ph.end(), node);
+    return it == ph.end() ? -1 : static_cast<int>(it - ph.begin());
+  };
+  for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.op == OpKind::Placeholder) {
+      const int p = ph_pos(i);
+      // b, h and the buffers may only be read through an index (a broadcast input cuDNN can take).
+      if (p == 1 || p == 2 || p >= bufs_from) {
+        for (int u : users[i]) {
+          const Node& un = g.nodes[u];
+          const bool index_arg = un.target == "aten::index.Tensor" && un.args.size() == 2 &&
+                                 un.args[1].items.size() == 1 && un.args[1].items[0].kind == Arg::Kind::Ref &&
+                                 un.args[1].items[0].ref == i;
+          const bool indexed = un.target == "aten::index.Tensor" && un.args.size() == 2 &&
+                               un.args[0].kind == Arg::Kind::Ref && un.args[0].ref == i;
+          if (p >= bufs_from ? !indexed : !index_arg) {
+            *why = std::string(what) + (p == 1 ? " reads the batch index" : p == 2 ? " reads the head index"
+                                                                             : " reads a captured buffer") +
+                   " other than as buf[index] (" + un.target + ")";
+            return false;
+          }
+        }
+      }
+      continue;
+    }
+    if (n.op == OpKind::Output) continue;
+    if (n.op == OpKind::GetAttr) {
+      *why = std::string(what) + " reads a constant tensor";
+      return false;
+    }
+    ScorePw op;
+    if (!score_pw_op(n.target, &op)) {
+      *why = std::string(what) + " computes " + n.target + ", which has no cuDNN pointwise node here";
+      return false;
+    }
+    if (op == ScorePw::Index) {
+      // buf[one index placeholder], a 1-d buffer
+      const Arg& b = n.args.size() == 2 ? n.args[0] : Arg{};
+      const std::vector<Arg>& idx = n.args.size() == 2 ? n.args[1].items : std::vector<Arg>{};
+      const int bp = b.kind == Arg::Kind::Ref ? ph_pos(b.ref) : -1;
+      const int ip = idx.size() == 1 && idx[0].kind == Arg::Kind::Ref ? ph_pos(idx[0].ref) : -1;
+      const ValueType& bt = bp >= 0 ? g.nodes[b.ref].type : ValueType{};
+      if (bp < bufs_from || ip < 1 || ip > 4 || bt.kind != ValueType::Kind::Tensor || bt.tensor.shape.size() != 1) {
+        *why = std::string(what) + " indexes other than a 1-d buffer by b, h, q_idx or kv_idx";
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool score_pointwise(const Graph& score_mod, const Graph* joint, std::string* why) {
+  if (!pointwise_graph(score_mod, 5, "score_mod", why)) return false;
+  if (!joint) return true;
+  // joint(score, b, h, q_idx, kv_idx, grad, *buffers) -> (grad_score, None x4, *buffer grads): the
+  // buffers must want no gradient (cuDNN's pointwise nodes cannot reduce into them).
+  const int out = joint->output_node();
+  if (out < 0 || joint->nodes[out].args.empty() || joint->nodes[out].args[0].items.empty()) {
+    *why = "the joint graph returns nothing";
+    return false;
+  }
+  const std::vector<Arg>& items = joint->nodes[out].args[0].items;
+  if (items[0].kind != Arg::Kind::Ref) {
+    *why = "the joint graph returns no score gradient";
+    return false;
+  }
+  // cuDNN 9.19's backward builds and computes correctly with a score_mod whose score gradient is the
+  // incoming gradient itself (score + t: ALiBi, relative position), measured on the H200; with a
+  // derivative of its own (softcap, a temperature) it found no engine or gave wrong dV. Those backwards
+  // stay on the reference until that is solved; their forwards run here.
+  const std::vector<int> jph = joint->placeholders();
+  if (jph.size() < 6 || through_casts(*joint, items[0].ref) != jph[5]) {
+    *why = "its gradient is not the incoming one (d score_mod / d score != 1), which cuDNN's score_mod "
+           "backward does not compute correctly here";
+    return false;
+  }
+  for (size_t k = 5; k < items.size(); ++k)
+    if (items[k].kind == Arg::Kind::Ref) {
+      *why = "a captured buffer wants a gradient";
+      return false;
+    }
+  // Only the score gradient's cone needs translating; the rest (None outputs) is dead.
+  return pointwise_graph(*joint, 6, "the joint graph", why);
+}
+
 FlexAnalysis analyze_flex(const Graph& g, int node) {
   FlexAnalysis r;
   const Node& n = g.nodes[node];
@@ -374,6 +505,10 @@ FlexAnalysis analyze_flex(const Graph& g, int node) {
       }
     }
     if (!r.score_identity) {
+      const Graph* joint = backward ? sub(n.args[8]) : nullptr;
+      r.score_pointwise = score_pointwise(*score, joint, &r.pointwise_why);
+    }
+    if (!r.score_identity) {
       std::string ops;
       for (const Node& s : score->nodes)
         if (s.op == OpKind::CallFunction) ops += (ops.empty() ? "" : ", ") + s.target;
@@ -418,7 +553,8 @@ std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a) {
     if (t->stride.size() == 4 && t->stride[3].value != 1) return "the head dim of q, k or v is not contiguous";
   if (!a.band_ok) return "mask_mod " + a.mask_why;
   if (!a.band.unbounded() && a.band.lo != 0) return "mask_mod is the band " + to_string(a.band) + ", not causal";
-  if (!a.score_identity && !a.score_row_shift && !a.score_bias) return a.score_why;
+  if (!a.score_identity && !a.score_row_shift && !a.score_bias && !a.score_pointwise)
+    return a.score_why + " (" + a.pointwise_why + ")";
   const Arg& score_bufs = n.args[backward ? 12 : 7];
   const Arg& mask_bufs = n.args[backward ? 13 : 8];
   if ((a.score_identity && !score_bufs.items.empty()) || !mask_bufs.items.empty()) return "captured buffers";

@@ -50,6 +50,22 @@ struct FlexBiasLayout {
 };
 std::string to_string(const FlexBiasLayout& l);  // "dense buf1[b, h, q_idx, kv_idx]", "toeplitz ..."
 
+// A score_mod (and its joint graph's score gradient) as cuDNN pointwise nodes over the score: the ops
+// it may use, each mapped to one cuDNN pointwise mode (or a short chain) by the runtime. Index inputs:
+// q_idx and kv_idx become cuDNN's generated row and column indices; a captured buffer read by one index
+// (buf[h], buf[q_idx], buf[kv_idx], buf[b]) becomes a broadcast tensor input; constants are scalars.
+enum class ScorePw {
+  Add, Sub, Mul, Div, Neg, Abs, Exp, Log, Tanh, TanhBackward, Sigmoid, Max, Min,
+  Ge, Gt, Le, Lt, Eq, Ne, And, Or, Where, Cast, Index
+};
+// The op of an ATen target (add.Tensor, tanh.default, ...), or false.
+bool score_pw_op(const std::string& target, ScorePw* op);
+
+// Whether score_mod (and, for a backward, the joint graph's first output) is pointwise cuDNN can run:
+// every op in ScorePw, buffers read whole by one index variable and wanting no gradient, b and h used
+// only to read such buffers. `why` says what stops it.
+bool score_pointwise(const Graph& score_mod, const Graph* joint, std::string* why);
+
 struct FlexAnalysis {
   bool band_ok = false;
   FlexBand band;
@@ -67,6 +83,10 @@ struct FlexAnalysis {
   bool score_bias = false;
   bool bias_reads_b = false, bias_reads_h = false, bias_reads_q = false;  // (score_row_shift or score_bias)
   FlexBiasLayout bias_layout;  // score_bias: how t reads its buffer
+  // score_mod (and the backward's joint graph) translate to cuDNN pointwise nodes (softcap, ALiBi,
+  // relative position): cuDNN evaluates it inside the kernel, with the mask band applied after it.
+  bool score_pointwise = false;
+  std::string pointwise_why;   // why not (when !score_pointwise)
   std::string score_why;       // what it computes otherwise
   bool uses_max_scores = false;
   int buffer_grads = 0;          // backward: how many captured buffers the joint graph returns a gradient for  // the forward's third result is read (cuDNN does not give it)

@@ -29,9 +29,11 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <map>
+#include <set>
 #include <mutex>
 #include <sstream>
 
@@ -78,11 +80,145 @@ std::string check(fe::error_t e) { return e.is_good() ? std::string() : e.get_me
 struct Operands {
   at::Tensor q, k, v, o, stats, bias;     // forward and backward
   at::Tensor d_o, dq, dk, dv, dbias;      // backward
+  std::map<int64_t, at::Tensor> score_inputs;  // a pointwise score_mod's buffers, by uid
   std::vector<std::pair<int64_t, const at::Tensor*>> by_uid() const {
-    return {{kQ, &q}, {kK, &k}, {kV, &v}, {kO, &o}, {kStats, &stats}, {kBias, &bias},
-            {kDO, &d_o}, {kDQ, &dq}, {kDK, &dk}, {kDV, &dv}, {kDBias, &dbias}};
+    std::vector<std::pair<int64_t, const at::Tensor*>> r = {
+        {kQ, &q}, {kK, &k}, {kV, &v}, {kO, &o}, {kStats, &stats}, {kBias, &bias},
+        {kDO, &d_o}, {kDQ, &dq}, {kDK, &dk}, {kDV, &dv}, {kDBias, &dbias}};
+    for (const auto& [uid, t] : score_inputs) r.emplace_back(uid, &t);
+    return r;
   }
 };
+
+using TA = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+// The uid of the broadcast input for buffer k read by index placeholder p (1 b, 2 h, 3 q_idx, 4 kv_idx).
+int64_t buffer_uid(int k, int p) { return 100 + 4 * k + (p - 1); }
+
+// Emits subgraph `sub` (a score_mod, or a joint graph's score gradient) as cuDNN pointwise nodes of `g`
+// over the score tensor `like` ([B, H, Sq, Skv]): placeholders bound by position in `in` (null: b, h or
+// a buffer, which only buf[index] reads: `bufs` has those inputs by (buffer, index placeholder)), q_idx
+// and kv_idx generated along `like`'s axes 2 and 3. Everything computes in float32, as flex's scores do;
+// comparisons give booleans. Selection (score_pointwise in codegen/FlexLowering.cpp) admitted only what
+// this maps. Returns the first output.
+// q_idx (axis 2) or kv_idx (axis 3) of `like`'s elements, as float32.
+TA generated_index(fe::graph::Graph& g, const TA& like, int axis) {
+  namespace fg = fe::graph;
+  using M = fe::PointwiseMode_t;
+  TA i = g.pointwise(like, fg::Pointwise_attributes().set_mode(M::GEN_INDEX).set_axis(axis).set_compute_data_type(
+                               fe::DataType_t::INT32));
+  i->set_data_type(fe::DataType_t::INT32);
+  TA f = g.pointwise(i, fg::Pointwise_attributes().set_mode(M::IDENTITY).set_compute_data_type(fe::DataType_t::FLOAT));
+  f->set_data_type(fe::DataType_t::FLOAT);
+  return f;
+}
+
+TA emit_pointwise(fe::graph::Graph& g, const Graph& sub, std::vector<TA> in, int bufs_from,
+                  const std::map<std::pair<int, int>, TA>& bufs, const TA& like, const std::string& where) {
+  namespace fg = fe::graph;
+  using M = fe::PointwiseMode_t;
+  const std::vector<int> ph = sub.placeholders();
+  std::vector<TA> val(sub.nodes.size());
+  for (size_t k = 0; k < ph.size() && k < in.size(); ++k) val[ph[k]] = in[k];
+  if (ph.size() > 4) {
+    if (!val[ph[3]]) val[ph[3]] = generated_index(g, like, 2);
+    if (!val[ph[4]]) val[ph[4]] = generated_index(g, like, 3);
+  }
+  auto ph_pos = [&](int node) { return static_cast<int>(std::find(ph.begin(), ph.end(), node) - ph.begin()); };
+  auto arg = [&](const Arg& a) -> TA {
+    switch (a.kind) {
+      case Arg::Kind::Ref: return val[a.ref];
+      case Arg::Kind::Int: return g.tensor(static_cast<float>(a.i));
+      case Arg::Kind::Float: return g.tensor(static_cast<float>(a.f));
+      case Arg::Kind::Bool: return g.tensor(a.b ? 1.f : 0.f);
+      default: return nullptr;
+    }
+  };
+  auto pw = [&](M mode, const TA& x, const TA& y = nullptr, const TA& z = nullptr) {
+    auto attrs = fg::Pointwise_attributes().set_mode(mode).set_compute_data_type(fe::DataType_t::FLOAT);
+    TA r = z ? g.pointwise(x, y, z, attrs) : y ? g.pointwise(x, y, attrs) : g.pointwise(x, attrs);
+    const bool boolean = mode == M::CMP_GE || mode == M::CMP_GT || mode == M::CMP_LE || mode == M::CMP_LT ||
+                         mode == M::CMP_EQ || mode == M::CMP_NEQ || mode == M::LOGICAL_AND || mode == M::LOGICAL_OR;
+    r->set_data_type(boolean ? fe::DataType_t::BOOLEAN : fe::DataType_t::FLOAT);
+    return r;
+  };
+  for (size_t i = 0; i < sub.nodes.size(); ++i) {
+    const Node& n = sub.nodes[i];
+    if (n.op == OpKind::Output) {
+      const Arg& out = n.args.at(0).items.empty() ? n.args.at(0) : n.args.at(0).items.at(0);
+      HB_INTERNAL_CHECK(out.kind == Arg::Kind::Ref && val[out.ref]) << where << ": a pointwise score_mod returns no tensor";
+      return val[out.ref];
+    }
+    if (n.op != OpKind::CallFunction) continue;
+    ScorePw op;
+    HB_INTERNAL_CHECK(score_pw_op(n.target, &op)) << where << ": " << n.target << " has no cuDNN pointwise node";
+    std::vector<TA> x;
+    if (op != ScorePw::Index)
+      for (const Arg& a : n.args) x.push_back(arg(a));
+    auto need = [&](size_t k) {
+      HB_INTERNAL_CHECK(x.size() >= k) << where << ": " << n.target << " with " << x.size() << " operands";
+      for (size_t j = 0; j < k; ++j) HB_INTERNAL_CHECK(x[j]) << where << ": operand " << j << " of " << n.target;
+    };
+    TA r;
+    switch (op) {
+      case ScorePw::Add:
+      case ScorePw::Sub: {
+        need(2);
+        TA y = x[1];
+        if (const Arg* al = n.kwarg("alpha"); al && !(al->kind == Arg::Kind::Int && al->i == 1))
+          y = pw(M::MUL, y, arg(*al));
+        const bool rsub = n.target == "aten::rsub.Scalar";
+        r = op == ScorePw::Add ? pw(M::ADD, x[0], y) : rsub ? pw(M::SUB, y, x[0]) : pw(M::SUB, x[0], y);
+        break;
+      }
+      case ScorePw::Mul: need(2); r = pw(M::MUL, x[0], x[1]); break;
+      case ScorePw::Div: need(2); r = pw(M::DIV, x[0], x[1]); break;
+      case ScorePw::Neg: need(1); r = pw(M::NEG, x[0]); break;
+      case ScorePw::Abs: need(1); r = pw(M::ABS, x[0]); break;
+      case ScorePw::Exp: need(1); r = pw(M::EXP, x[0]); break;
+      case ScorePw::Log: need(1); r = pw(M::LOG, x[0]); break;
+      case ScorePw::Tanh: need(1); r = pw(M::TANH_FWD, x[0]); break;
+      case ScorePw::Sigmoid: need(1); r = pw(M::SIGMOID_FWD, x[0]); break;
+      case ScorePw::TanhBackward: {  // (grad, y) -> grad * (1 - y * y)
+        need(2);
+        r = pw(M::MUL, x[0], pw(M::SUB, g.tensor(1.f), pw(M::MUL, x[1], x[1])));
+        break;
+      }
+      case ScorePw::Max: need(2); r = pw(M::MAX, x[0], x[1]); break;
+      case ScorePw::Min: need(2); r = pw(M::MIN, x[0], x[1]); break;
+      case ScorePw::Ge: need(2); r = pw(M::CMP_GE, x[0], x[1]); break;
+      case ScorePw::Gt: need(2); r = pw(M::CMP_GT, x[0], x[1]); break;
+      case ScorePw::Le: need(2); r = pw(M::CMP_LE, x[0], x[1]); break;
+      case ScorePw::Lt: need(2); r = pw(M::CMP_LT, x[0], x[1]); break;
+      case ScorePw::Eq: need(2); r = pw(M::CMP_EQ, x[0], x[1]); break;
+      case ScorePw::Ne: need(2); r = pw(M::CMP_NEQ, x[0], x[1]); break;
+      case ScorePw::And: need(2); r = pw(M::LOGICAL_AND, x[0], x[1]); break;
+      case ScorePw::Or: need(2); r = pw(M::LOGICAL_OR, x[0], x[1]); break;
+      case ScorePw::Where: need(3); r = pw(M::BINARY_SELECT, x[1], x[2], x[0]); break;  // cond ? x1 : x2
+      case ScorePw::Cast: need(1); r = x[0]; break;  // everything is float32 already
+      case ScorePw::Index: {
+        const int k = ph_pos(n.args.at(0).ref) - bufs_from, p = ph_pos(n.args.at(1).items.at(0).ref);
+        auto it = bufs.find({k, p});
+        HB_INTERNAL_CHECK(it != bufs.end()) << where << ": no input for buffer " << k << " read by index " << p;
+        r = it->second;
+        break;
+      }
+    }
+    val[i] = r;
+  }
+  HB_INTERNAL_CHECK(false) << where << ": a pointwise score_mod without an output";
+  return nullptr;
+}
+
+// The (buffer, index placeholder) pairs a pointwise subgraph reads, as buf[index].
+void buffer_reads(const Graph& sub, int bufs_from, std::set<std::pair<int, int>>* reads) {
+  const std::vector<int> ph = sub.placeholders();
+  auto ph_pos = [&](int node) { return static_cast<int>(std::find(ph.begin(), ph.end(), node) - ph.begin()); };
+  for (const Node& n : sub.nodes)
+    if (n.target == "aten::index.Tensor" && n.args.size() == 2 && n.args[0].kind == Arg::Kind::Ref &&
+        n.args[1].items.size() == 1 && n.args[1].items[0].kind == Arg::Kind::Ref)
+      reads->insert({ph_pos(n.args[0].ref) - bufs_from, ph_pos(n.args[1].items[0].ref)});
+}
 
 class CudnnFlexCall : public Call {
  public:
@@ -95,7 +231,11 @@ class CudnnFlexCall : public Call {
   // score_mod = score + t. A row shift (t reads no kv_idx): cuDNN runs the identity and t moves the
   // logsumexp. A bias (t reads kv_idx): t is materialized over the indices it reads and added by cuDNN;
   // the backward scatters cuDNN's dBias into t's buffers through the joint graph.
-  enum class Mod { Identity, RowShift, Bias } mod = Mod::Identity;
+  // Pointwise: the score_mod (and the joint graph's score gradient) as cuDNN pointwise nodes, the mask
+  // band applied after it inside the same subgraph (cuDNN takes no built-in mask with a score_mod).
+  enum class Mod { Identity, RowShift, Bias, Pointwise } mod = Mod::Identity;
+  std::shared_ptr<const Graph> score_graph, joint_graph;  // Pointwise
+  std::set<std::pair<int, int>> reads;                    // Pointwise: (buffer, index placeholder) inputs
   bool bias_per_batch = false;        // t reads b: a [B, H, Sq, Skv] bias, else [1, H, Sq, Skv]
   FlexBiasLayout layout;              // Dense, Toeplitz: t is one read of one buffer (no grid, no scatter)
   std::shared_ptr<Executor> score_mod;  // t's source: the score_mod, evaluated with score = 0
@@ -199,6 +339,18 @@ class CudnnFlexCall : public Call {
       x.dq = at::empty_like(x.q);
       x.dk = at::empty_like(x.k);
       x.dv = at::empty_like(x.v);
+    }
+    if (mod == Mod::Pointwise && !reads.empty()) {
+      // buf[index] as a broadcast float32 input: [1, 1, Sq, 1] for buf[q_idx], etc.
+      const std::vector<c10::IValue> bufs = buffers(slots);
+      const int64_t extent[5] = {0, B, H, S, Skv};
+      for (const auto& [k, p] : reads) {
+        const at::Tensor buf = bufs.at(k).toTensor();
+        HB_USER_CHECK(buf.dim() == 1 && buf.size(0) >= extent[p])
+            << where << ": the score_mod reads captured buffer " << k << " " << buf.sizes() << " by "
+            << (p == 1 ? "b" : p == 2 ? "h" : p == 3 ? "q_idx" : "kv_idx") << ", which reaches " << extent[p] - 1;
+        x.score_inputs[buffer_uid(k, p)] = buf.narrow(0, 0, extent[p]).to(at::kFloat).contiguous();
+      }
     }
     if (mod == Mod::Bias) {
       // The bias and dBias in float32 where this cuDNN takes them (t, the logsumexp and the buffers'
@@ -327,7 +479,43 @@ class CudnnFlexCall : public Call {
     auto Q = tensor("Q", x.q, kQ), K = tensor("K", x.k, kK), V = tensor("V", x.v, kV);
     std::shared_ptr<fg::Tensor_attributes> Bias;
     if (x.bias.defined()) Bias = tensor("Bias", x.bias, kBias);
+    // A pointwise score_mod: buffer inputs on the main graph, the score_mod (then the band) in cuDNN's
+    // score-modifier subgraph; the backward's bprop runs the joint graph's score gradient on the score
+    // the forward modifier saw (cuDNN runs the modifier first in the same graph).
+    std::map<std::pair<int, int>, TA> bufs;
+    for (const auto& [k, p] : reads) {
+      const at::Tensor& t = x.score_inputs.at(buffer_uid(k, p));
+      std::vector<int64_t> dim{1, 1, 1, 1}, stride{1, 1, 1, 1};
+      dim[p - 1] = t.size(0);
+      for (int d = 2; d >= 0; --d) stride[d] = stride[d + 1] * dim[d + 1];
+      bufs[{k, p}] = g.tensor(fg::Tensor_attributes().set_name("score_buffer").set_uid(buffer_uid(k, p)).set_dim(dim)
+                                  .set_stride(stride).set_data_type(fe::DataType_t::FLOAT));
+    }
+    // What the bprop reads of the forward (score, q_idx, kv_idx) is made inside the forward modifier's
+    // subgraph, as cuDNN's own softcap saves its tanh input there.
+    auto saved = std::make_shared<std::array<TA, 3>>();
+    auto score_mod_fn = [this, bufs, saved](std::shared_ptr<fg::Graph> sg, TA input) -> TA {
+      TA score = sg->pointwise(input, fg::Pointwise_attributes().set_mode(fe::PointwiseMode_t::IDENTITY)
+                                          .set_compute_data_type(fe::DataType_t::FLOAT));
+      score->set_data_type(fe::DataType_t::FLOAT);
+      *saved = {score, generated_index(*sg, score, 2), generated_index(*sg, score, 3)};
+      TA out = emit_pointwise(*sg, *score_graph, {score, nullptr, nullptr, (*saved)[1], (*saved)[2]}, 5, bufs, score,
+                              where);
+      if (band.unbounded()) return out;
+      if (band.hi == FlexBand::kNoBound) return fg::attn::score_modifiers::causal_mask(sg, out);
+      return fg::attn::score_modifiers::sliding_window_mask(sg, out, fe::DiagonalAlignment_t::TOP_LEFT, band.hi + 1, 0,
+                                                            0, 0, nullptr, nullptr, nullptr, nullptr);
+    };
+    auto bprop_fn = [this, bufs, saved](std::shared_ptr<fg::Graph> sg, TA d_score) -> TA {
+      // joint(score, b, h, q_idx, kv_idx, grad_score, *buffers)
+      const auto& [score, q_idx, kv_idx] = *saved;
+      return emit_pointwise(*sg, *joint_graph, {score, nullptr, nullptr, q_idx, kv_idx, d_score}, 6, bufs, score, where);
+    };
     auto set_band = [&](auto& attrs) {
+      if (mod == Mod::Pointwise) {
+        attrs.set_score_mod(score_mod_fn);
+        return;
+      }
       if (band.unbounded()) return;
       attrs.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
       if (band.hi != FlexBand::kNoBound) attrs.set_diagonal_band_left_bound(static_cast<int>(band.hi + 1));
@@ -348,6 +536,7 @@ class CudnnFlexCall : public Call {
       a.set_name("flex_attention_backward").set_attn_scale(static_cast<float>(scale));
       a.set_deterministic_algorithm(deterministic);
       set_band(a);
+      if (mod == Mod::Pointwise) a.set_score_mod_bprop(bprop_fn);
       if (Bias) a.set_bias(Bias);
       if (x.dbias.defined()) {
         auto dBias = tensor("dBias", x.dbias, kDBias);  // in the bias's dtype
@@ -387,7 +576,17 @@ std::shared_ptr<const Call> lower_cudnn_flex_attention(const LowerContext& ctx) 
   call->deterministic = n.hints.deterministic.value_or(false);
   call->scale = float_arg(n.args[call->backward ? 10 : 5], ctx.where);
   for (int k = 0; k < (call->backward ? 6 : 3); ++k) call->tensors.push_back(convert_untyped(n.args[k], ctx.where));
-  if (a.score_row_shift || a.score_bias) {
+  if (!a.score_identity && !a.score_row_shift && a.score_pointwise) {
+    call->mod = CudnnFlexCall::Mod::Pointwise;
+    call->score_graph = ctx.graph().subgraphs.at(n.args[call->backward ? 7 : 3].s);
+    buffer_reads(*call->score_graph, 5, &call->reads);
+    call->score_buffers = convert_untyped(n.args[call->backward ? 12 : 7], ctx.where);
+    if (call->backward) {
+      call->joint_graph = ctx.graph().subgraphs.at(n.args[8].s);
+      buffer_reads(*call->joint_graph, 6, &call->reads);
+      call->buffer_grads.assign(n.args[12].items.size(), false);  // score_pointwise: none wants one
+    }
+  } else if (a.score_row_shift || a.score_bias) {
     call->mod = a.score_bias ? CudnnFlexCall::Mod::Bias : CudnnFlexCall::Mod::RowShift;
     call->bias_per_batch = a.bias_reads_b;
     call->layout = a.bias_layout;

@@ -212,9 +212,68 @@ def test_kv_dependent_bias_matches_float64(tmp_path, bias, shape):
         factor = 4 if name == "dbuf" else 2
         assert err <= factor * eager_err + 1e-5, f"{name}: {err:.3g} vs eager {eager_err:.3g}"
     kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in os.listdir(tmp_path))
-    assert "flex-attention-backward-cudnn" in kernels and "adds a bias cuDNN takes materialized" in kernels, kernels
+    assert "flex-attention-backward-cudnn" in kernels, kernels
+    if bias in ("alibi", "relpos"):  # no learned buffer: cuDNN evaluates the term itself, nothing materialized
+        assert "score_mod as cuDNN pointwise nodes" in kernels and "materialized" not in kernels, kernels
+        return
+    assert "adds a bias cuDNN takes materialized" in kernels, kernels
     assert ("dBias scattered" in kernels) == wants_grad, kernels
     # Tables read along diagonals and dense biases skip the grid evaluation and the scatter.
     layout = {"relative": "toeplitz", "relative_bf16": "toeplitz", "relative_t": "toeplitz",
               "dense": "dense buf0[b, h, q_idx, kv_idx]"}.get(bias, "evaluated on the index grid")
     assert layout in kernels, kernels
+
+
+# score_mods cuDNN evaluates as pointwise nodes inside its kernel (no learned buffer). The backward runs
+# there too where the score_mod's derivative is 1 (score + t); softcap, a temperature or a where() keep the
+# reference backward on cuDNN 9.19 (codegen/FlexLowering.cpp, score_pointwise, says why).
+POINTWISE = {
+    "relpos": (None, lambda buf: lambda s, b, h, q, kv: s + (q - kv) * 0.01),
+    "alibi": (lambda H, S: (H,), lambda buf: lambda s, b, h, q, kv: s - buf[h] * (q - kv).abs()),
+    "softcap": (None, lambda buf: lambda s, b, h, q, kv: 30 * torch.tanh(s / 30)),
+    "softcap_small": (None, lambda buf: lambda s, b, h, q, kv: 2 * torch.tanh(s / 2)),
+    # a per-query temperature from a captured buffer (no gradient)
+    "temperature": (lambda H, S: (S,), lambda buf: lambda s, b, h, q, kv: s * buf[q]),
+    # ALiBi written with torch.where: the slope only below the diagonal
+    "where": (lambda H, S: (H,), lambda buf: lambda s, b, h, q, kv: torch.where(q >= kv, s - buf[h] * (q - kv), s)),
+}
+
+
+@pytest.mark.parametrize("mod", list(POINTWISE))
+@pytest.mark.parametrize("mask", ["none", "causal", "window"])
+@pytest.mark.parametrize("shape", [(2, 4, 4, 256, 64), (1, 8, 2, 200, 128)])  # (B, Hq, Hkv, S, D)
+def test_pointwise_score_mod_matches_float64(tmp_path, mod, mask, shape):
+    B, Hq, Hkv, S, D = shape
+    buf_shape, make_mod = POINTWISE[mod]
+    torch.manual_seed(hash((mod, mask, shape)) % 2**31)
+    q = torch.randn(B, Hq, S, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn(B, Hq, S, D, device="cuda", dtype=torch.bfloat16)
+    table = torch.rand(buf_shape(Hq, S), device="cuda") + 0.5 if buf_shape else None
+    bm = create_block_mask(MASKS[mask], None, None, S, S, device="cuda") if MASKS[mask] else None
+
+    def step(compile_dir, dtype):
+        buf = table.to(torch.float64 if dtype == torch.float64 else torch.float32) if table is not None else None
+
+        def attn(q, k, v, lse):
+            return flex_attention(q, k, v, score_mod=make_mod(buf), block_mask=bm, enable_gqa=Hq != Hkv,
+                                  return_lse=lse)
+
+        fn = attn
+        if compile_dir:
+            torch._dynamo.reset()
+            fn = torch.compile(attn, backend="hintbackend", options={"dump_dir": compile_dir})
+        return run(fn, q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype))
+
+    got = step(str(tmp_path), torch.bfloat16)
+    eager = step(None, torch.bfloat16)
+    ref = step(None, torch.float64)
+    for name, g, e, r in zip(("out", "lse", "dq", "dk", "dv"), got, eager, ref):
+        err, eager_err = rel(g, r), rel(e, r)
+        assert err <= 2 * eager_err + 1e-5, f"{name}: {err:.3g} vs eager {eager_err:.3g}"
+    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in os.listdir(tmp_path))
+    assert "flex-attention-cudnn" in kernels and "score_mod as cuDNN pointwise nodes" in kernels, kernels
+    if mod in ("relpos", "alibi"):
+        assert "flex-attention-backward-cudnn" in kernels and "its gradient from the joint graph" in kernels, kernels
+    else:
+        assert "flex-attention-backward-reference" in kernels and "d score_mod / d score != 1" in kernels, kernels

@@ -216,9 +216,11 @@ TEST(flex_lowering, a_kv_independent_bias_is_a_row_shift_cudnn_runs) {
                         true);
   const FlexAnalysis m = analyze_flex(*mul, flex);
   EXPECT_FALSE(m.score_row_shift || m.score_bias);
+  // ... but it is pointwise (a per-query temperature): cuDNN runs it as such.
+  EXPECT_TRUE(m.score_pointwise) << m.pointwise_why;
   const KernelChoice c_mul = select_kernel(*mul, flex, with_cudnn());
-  EXPECT_EQ(c_mul.kind, KernelKind::FlexForward);
-  EXPECT_NE(c_mul.why.find("not cuDNN: score_mod computes aten::index.Tensor, aten::mul.Tensor"), std::string::npos) << c_mul.why;
+  EXPECT_EQ(c_mul.kind, KernelKind::FlexCudnnForward);
+  EXPECT_NE(c_mul.why.find("pointwise nodes (computes aten::index.Tensor, aten::mul.Tensor)"), std::string::npos) << c_mul.why;
 }
 
 TEST(flex_lowering, a_kv_dependent_additive_term_is_a_materialized_cudnn_bias) {
@@ -265,13 +267,17 @@ TEST(flex_lowering, a_kv_dependent_additive_term_is_a_materialized_cudnn_bias) {
                          "  %out: f32[] = aten::add.Tensor(%score, %st)\n",
                          true);
   EXPECT_FALSE(analyze_flex(*self, flex).score_bias);
-  EXPECT_EQ(select_kernel(*self, flex, with_cudnn()).kind, KernelKind::FlexForward);
-  // score - t (sub, or add with alpha) is not matched: the reference runs it rather than a wrong sign.
+  // (It is pointwise, though, with a buffer cuDNN reads as a broadcast input.)
+  EXPECT_NE(select_kernel(*self, flex, with_cudnn()).why.find("pointwise nodes"), std::string::npos);
+  // score - t (sub, or add with alpha) is not matched as a bias, which would get the sign wrong; it is
+  // pointwise, translated op by op.
   auto sub = flex_graph("bf16", "@cuda:0", "",
                         "  %i: f32[] = aten::index.Tensor(%buf, [%kv_idx])\n"
                         "  %out: f32[] = aten::sub.Tensor(%score, %i)\n",
                         true);
-  EXPECT_EQ(select_kernel(*sub, flex, with_cudnn()).kind, KernelKind::FlexForward);
+  EXPECT_FALSE(analyze_flex(*sub, flex).score_bias);
+  EXPECT_NE(select_kernel(*sub, flex, with_cudnn()).why.find("pointwise nodes (computes aten::index.Tensor, aten::sub.Tensor)"),
+            std::string::npos);
 }
 
 // Layouts of t from IR text: which indexings are a dense bias or a relative-position (Toeplitz) table.
@@ -332,6 +338,56 @@ TEST(flex_lowering, bias_layouts_dense_and_toeplitz) {
                                "  %i: f32[] = aten::index.Tensor(%buf, [%e, %h])\n"
                                "  %t: f32[] = aten::mul.Tensor(%i, 2)\n");
   EXPECT_EQ(l.kind, K::Grid);
+}
+
+TEST(flex_lowering, pointwise_score_mods_translate_to_cudnn) {
+  // softcap 30 * tanh(score / 30): cuDNN pointwise nodes, the band applied after them.
+  auto softcap = flex_graph("bf16", "@cuda:0", "",
+                            "  %d: f32[] = aten::div.Tensor(%score, 30)\n"
+                            "  %t: f32[] = aten::tanh.default(%d)\n"
+                            "  %out: f32[] = aten::mul.Tensor(%t, 30)\n");
+  const int flex = softcap->find("flex_attention");
+  FlexAnalysis a = analyze_flex(*softcap, flex);
+  EXPECT_TRUE(a.score_pointwise) << a.pointwise_why;
+  KernelChoice c = select_kernel(*softcap, flex, with_cudnn());
+  EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
+  EXPECT_EQ(c.why, "cudnn: causal band, score_mod as cuDNN pointwise nodes (computes aten::div.Tensor, "
+                   "aten::tanh.default, aten::mul.Tensor)");
+  // ALiBi with a captured slope per head: buf[h] is a broadcast input.
+  auto alibi = flex_graph("bf16", "@cuda:0", "",
+                          "  %s: f32[] = aten::index.Tensor(%buf, [%h])\n"
+                          "  %d: i32[] = aten::sub.Tensor(%kv_idx, %q_idx)\n"
+                          "  %m: f32[] = aten::mul.Tensor(%s, %d)\n"
+                          "  %out: f32[] = aten::add.Tensor(%score, %m)\n",
+                          true, "f32[4]");
+  const int aflex = alibi->find("flex_attention");  // one placeholder more: another index
+  a = analyze_flex(*alibi, aflex);
+  EXPECT_TRUE(a.score_pointwise) << a.pointwise_why;
+  EXPECT_TRUE(a.score_bias);  // also additive: the pointwise form wins (no materialized bias)
+  EXPECT_NE(select_kernel(*alibi, aflex, with_cudnn()).why.find("pointwise nodes"), std::string::npos);
+  // What does not translate says why: h in arithmetic, a 2-d gather, an op with no pointwise node.
+  std::string why;
+  a = analyze_flex(*flex_graph("bf16", "@cuda:0", "",
+                               "  %hf: f32[] = aten::mul.Tensor(%h, 2)\n  %out: f32[] = aten::add.Tensor(%score, %hf)\n"),
+                   flex);
+  EXPECT_FALSE(a.score_pointwise);
+  EXPECT_NE(a.pointwise_why.find("reads the head index other than as buf[index]"), std::string::npos) << a.pointwise_why;
+  a = analyze_flex(*flex_graph("bf16", "@cuda:0", "",
+                               "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n"
+                               "  %t: f32[] = aten::index.Tensor(%buf, [%d, %h])\n"
+                               "  %out: f32[] = aten::add.Tensor(%score, %t)\n",
+                               true, "f32[255, 4]"),
+                   aflex);
+  EXPECT_FALSE(a.score_pointwise);
+  EXPECT_TRUE(a.score_bias);  // the learned relative bias stays a materialized bias
+  a = analyze_flex(*flex_graph("bf16", "@cuda:0", "", "  %out: f32[] = aten::erf.default(%score)\n"), flex);
+  EXPECT_FALSE(a.score_pointwise);
+  EXPECT_NE(a.pointwise_why.find("computes aten::erf.default, which has no cuDNN pointwise node"), std::string::npos)
+      << a.pointwise_why;
+  const KernelChoice ref = select_kernel(*flex_graph("bf16", "@cuda:0", "", "  %out: f32[] = aten::erf.default(%score)\n"),
+                                         flex, with_cudnn());
+  EXPECT_EQ(ref.kind, KernelKind::FlexForward);
+  EXPECT_NE(ref.why.find("has no cuDNN pointwise node"), std::string::npos) << ref.why;
 }
 
 TEST(flex_lowering, kernel_hint_forces_or_refuses_cudnn) {
