@@ -4,7 +4,9 @@
 // q, k, v, no mask / causal / causal sliding window (a band on q_idx - kv_idx, top-left aligned, as the
 // mask_mod compares absolute indices), and a score_mod that is the identity, a row shift
 // (score + t(b, h, q_idx): the identity's output and q/k/v gradients, the logsumexp moved by t, zero
-// gradients for t's buffers) or an additive bias (score + t(b, h, q_idx, kv_idx)).
+// gradients for t's buffers), pointwise (emitted as cuDNN pointwise nodes in its score-modifier
+// subgraph, the band after it; the backward only where its derivative is 1, see score_pointwise) or an
+// additive bias (score + t(b, h, q_idx, kv_idx)).
 //
 // An additive bias is materialized: the score_mod runs once on the index grid with score = 0 (through
 // the executor, like the reference's subgraphs) into a [B|1, H, Sq, Skv] tensor in q's dtype that cuDNN
