@@ -17,8 +17,6 @@ std::string to_string(const FlexBand& b) {
 
 namespace {
 
-constexpr int64_t kInf = FlexBand::kNoBound;
-
 // An abstract value of the mask graph: an integer affine in q_idx and kv_idx (a*q + c*kv + k), or a
 // boolean that holds exactly on a band of d = q - kv, or unknown (with why).
 struct Val {

@@ -74,10 +74,11 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
   const std::optional<KernelPref> pref = n.hints.kernel;
   std::string why_not = cudnn_why_not(g, node, a);
   if (why_not.empty() && !target.cudnn_attention) why_not = "this build has no cuDNN (cudnn-frontend headers)";
-  if (pref == KernelPref::Cudnn)
+  if (pref == KernelPref::Cudnn) {
     HB_USER_CHECK(why_not.empty()) << describe(g, node) << ": kernel=\"cudnn\" was asked for (hinted_context), but cuDNN "
                                    << "cannot run this FlexAttention: " << why_not
                                    << ". Drop kernel=\"cudnn\" to run it on the reference kernel.";
+  }
   if (pref == KernelPref::Aten || pref == KernelPref::Custom) {
     c.why += "; kernel=" + std::string(kernel_pref_name(*pref)) + " hint; " + what;
   } else if (why_not.empty()) {

@@ -68,7 +68,9 @@ void check_consistency(const Graph& g, const std::map<int, std::vector<int>>& re
 // slice_dims exist on, and agree across, the tensors entering and leaving the region.
 void check_slice_dims(const Graph& g, const std::map<int, std::vector<int>>& regions,
                       const std::vector<std::vector<int>>& users) {
-  for (const auto& [region, members] : regions) {
+  for (const auto& entry : regions) {
+    const int region = entry.first;  // a plain variable: lambdas below capture it (clang 14 cannot capture a binding)
+    const std::vector<int>& members = entry.second;
     const Hints& h = g.nodes[members.front()].hints;
     if (h.slice_dims.empty()) continue;
     int64_t max_dim = 0;

@@ -45,8 +45,19 @@ bool is_static(const TensorType& t) {
     if (!d.is_static()) return false;
   return true;
 }
+// Why a node cannot be sliced: thrown by the rules, caught by the walk, which ends the region there.
+struct Fail {
+  std::string why;
+};
+
 int rank(const TensorType& t) { return static_cast<int>(t.shape.size()); }
-int64_t dim_size(const TensorType& t, int d) { return t.shape[d].value; }
+// A dim the walk reads; a tensor of too small a rank (types that contradict each other, from a
+// malformed document) has no rule.
+int64_t dim_size(const TensorType& t, int d) {
+  if (d < 0 || d >= rank(t)) throw Fail{"has a tensor of rank " + std::to_string(rank(t)) + " where dim " +
+                                         std::to_string(d) + " is sliced"};
+  return t.shape[d].value;
+}
 int64_t group_extent(const TensorType& t, SliceMap m) {
   int64_t e = 1;
   for (int d = m.dim; d < m.dim + m.ndims; ++d) e *= dim_size(t, d);
@@ -57,7 +68,12 @@ std::vector<int64_t> group_sizes(const TensorType& t, SliceMap m) {
   for (int d = m.dim; d < m.dim + m.ndims; ++d) s.push_back(dim_size(t, d));
   return s;
 }
-int norm_dim(int64_t d, int r) { return static_cast<int>(d < 0 ? d + r : d); }
+// A dim argument in [-r, r) as a dim in [0, r); out of range (a malformed document) has no rule.
+int norm_dim(int64_t d, int r) {
+  if (d < -static_cast<int64_t>(r) || d >= r)
+    throw Fail{"has dim " + std::to_string(d) + ", out of range for rank " + std::to_string(r)};
+  return static_cast<int>(d < 0 ? d + r : d);
+}
 bool in_group(SliceMap m, int d) { return m.sliced() && d >= m.dim && d < m.dim + m.ndims; }
 
 // Elementwise (with broadcasting) ops, forward and backward: slices of the inputs give the slice of
@@ -116,10 +132,6 @@ std::string dims_str(const std::vector<int64_t>& v) {
 }
 
 // ---- the walk ---------------------------------------------------------------------------------
-
-struct Fail {
-  std::string why;
-};
 
 // One region's state while walking it in order; rules read it and propose maps.
 struct Walk {
@@ -631,19 +643,36 @@ std::vector<SliceMap> apply_rule(Walk& w, int i) {
   });
   const std::string ns = op_namespace(n.target);
   const std::string op = op_name(n.target);
-  if (n.target == "operator::getitem") return rule_getitem(w, i);
-  if (ns == "higher_order" && (op == "flex_attention" || op == "flex_attention_backward")) return rule_attention(w, i, true);
+  // The rules read their first k positional arguments as tensors: a node that does not have them (a
+  // malformed document; the runtime's schema check names it) has no rule.
+  auto tensors = [&](size_t k) {
+    if (n.args.size() < k) throw Fail{"has " + std::to_string(n.args.size()) + " arguments, fewer than its rule reads"};
+    for (size_t j = 0; j < k; ++j)
+      if (n.args[j].kind != Arg::Kind::Ref || !w.tensor(n.args[j].ref))
+        throw Fail{"argument " + std::to_string(j) + " is not a tensor"};
+  };
+  if (n.target == "operator::getitem") {
+    if (n.args.size() < 2 || n.args[0].kind != Arg::Kind::Ref || n.args[1].kind != Arg::Kind::Int)
+      throw Fail{"is a malformed getitem"};
+    return rule_getitem(w, i);
+  }
+  if (ns == "higher_order" && (op == "flex_attention" || op == "flex_attention_backward")) {
+    if (n.args.size() != (op == "flex_attention" ? 9u : 14u)) throw Fail{"is a malformed " + op};
+    tensors(3);
+    return rule_attention(w, i, true);
+  }
   if (ns != "aten" && ns != "prims") throw Fail{"has no slicing rule (" + ns + " op)"};
   if (pointwise_ops().count(op)) return rule_pointwise(w, i, -1);
-  if (softmax_dim_arg(op) >= 0) return rule_pointwise(w, i, softmax_dim_arg(op));
-  if (is_reduction(op)) return rule_reduction(w, i);
-  if (op == "view" || op == "_unsafe_view" || op == "reshape" || op == "view_copy") return rule_view(w, i);
-  if (op == "permute" || op == "transpose" || op == "t") return rule_permute(w, i);
-  if (op == "expand") return rule_expand(w, i);
-  if (op == "unsqueeze" || op == "squeeze" || op == "select" || op == "slice") return rule_unsqueeze_like(w, i);
-  if (op == "mm") return rule_mm(w, i);
-  if (op == "bmm" || op == "baddbmm" || op == "matmul") return rule_batched_matmul(w, i);
-  if (is_sdpa(op)) return rule_attention(w, i, false);
+  if (softmax_dim_arg(op) >= 0) return tensors(1), rule_pointwise(w, i, softmax_dim_arg(op));
+  if (is_reduction(op)) return tensors(1), rule_reduction(w, i);
+  if (op == "view" || op == "_unsafe_view" || op == "reshape" || op == "view_copy") return tensors(1), rule_view(w, i);
+  if (op == "permute" || op == "transpose" || op == "t") return tensors(1), rule_permute(w, i);
+  if (op == "expand") return tensors(1), rule_expand(w, i);
+  if (op == "unsqueeze" || op == "squeeze" || op == "select" || op == "slice") return tensors(1), rule_unsqueeze_like(w, i);
+  if (op == "mm") return tensors(2), rule_mm(w, i);
+  if (op == "bmm" || op == "matmul") return tensors(2), rule_batched_matmul(w, i);
+  if (op == "baddbmm") return tensors(3), rule_batched_matmul(w, i);
+  if (is_sdpa(op)) return tensors(3), rule_attention(w, i, false);
   throw Fail{"has no slicing rule"};
 }
 
@@ -687,6 +716,18 @@ SliceRegion walk_region(const Graph& g, SliceRegion R, int stop, const std::stri
     try {
       out = apply_rule(w, i);
       if (out.empty()) out.push_back(SliceMap{});
+      // Each sliced result must have the group's dims, and their sizes, in its declared type (types
+      // that contradict the rule come from a malformed document).
+      auto fits = [&](const ValueType& v, const SliceMap& m) {
+        if (!m.sliced() || v.kind != ValueType::Kind::Tensor) return;
+        const std::vector<int64_t> got = group_sizes(v.tensor, m);  // throws Fail on a too-small rank
+        if (w.E && group_extent(v.tensor, m) != w.E)
+          throw Fail{"its type " + to_string(v) + " has " + std::to_string(group_extent(v.tensor, m)) +
+                     " slices along " + to_string(m) + " where the region has " + std::to_string(w.E)};
+      };
+      if (n.type.kind == ValueType::Kind::Tuple)
+        for (size_t e = 0; e < n.type.elems.size() && e < out.size(); ++e) fits(n.type.elems[e], out[e]);
+      else fits(n.type, out[0]);
     } catch (const Fail& f) {
       R.end_node = i;
       R.end_reason = f.why;

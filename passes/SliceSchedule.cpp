@@ -37,13 +37,18 @@ std::vector<Dim> restride(const TensorType& t) {
 }
 
 // The type of one slice: the group dims hold the box sizes.
-ValueType slice_type(const ValueType& v, SliceMap m, int64_t slices, bool keep_strides) {
+// `who`: the node, for the error when the document's types disagree with the region's slicing.
+ValueType slice_type(const ValueType& v, SliceMap m, int64_t slices, bool keep_strides, const std::string& who) {
   if (v.kind != ValueType::Kind::Tensor || !m.sliced()) return v;
   ValueType out = v;
   std::vector<int64_t> grp;
   for (int d = m.dim; d < m.dim + m.ndims; ++d) grp.push_back(v.tensor.shape[d].value);
   auto box = slice_box(grp, slices, 0);
-  HB_INTERNAL_CHECK(box.has_value()) << "slice count " << slices << " is not valid for group of " << to_string(v);
+  // The slice count divides the group dims of the region's inputs; a value whose declared type has other
+  // group sizes contradicts its inputs (a document whose 'val' types are not the ones FX computed).
+  HB_USER_CHECK(box.has_value()) << who << ": its type " << to_string(v) << " disagrees with the " << slices
+                                 << " slices of its region's inputs along " << to_string(m)
+                                 << "; the document's 'val' types are inconsistent";
   for (int k = 0; k < m.ndims; ++k) out.tensor.shape[m.dim + k].value = (*box)[k].length;
   if (!keep_strides) out.tensor.stride = restride(out.tensor);
   return out;
@@ -87,7 +92,7 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
     Node p;
     p.op = OpKind::Placeholder;
     p.name = g.nodes[in.node].name;
-    p.type = slice_type(g.nodes[in.node].type, in.map, slices, /*keep_strides=*/true);
+    p.type = slice_type(g.nodes[in.node].type, in.map, slices, /*keep_strides=*/true, describe(g, in.node));
     body_index[in.node] = static_cast<int>(body->nodes.size());
     body->nodes.push_back(p);
   }
@@ -96,9 +101,9 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
     const std::vector<SliceMap>& maps = R.maps.at(s);
     if (b.type.kind == ValueType::Kind::Tuple) {
       for (size_t e = 0; e < b.type.elems.size() && e < maps.size(); ++e)
-        b.type.elems[e] = slice_type(b.type.elems[e], maps[e], slices, false);
+        b.type.elems[e] = slice_type(b.type.elems[e], maps[e], slices, false, describe(g, s));
     } else {
-      b.type = slice_type(b.type, maps[0], slices, b.effects.is_view);
+      b.type = slice_type(b.type, maps[0], slices, b.effects.is_view, describe(g, s));
     }
     if (has_size_arg(b.target) && b.args.size() >= 2 && b.type.kind == ValueType::Kind::Tensor) {
       std::vector<int64_t> shape;

@@ -1,5 +1,6 @@
 #include "backend/importer/JsonImport.h"
 
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -29,6 +30,26 @@ struct Ctx {
 };
 
 const char* json_type(const json& j) { return j.type_name(); }
+
+// Names (graphs, nodes, subgraphs) and targets appear in the textual IR as bare words, which the IR
+// parser reads back: letters, digits, _ and . (targets also ':'), as FX names and op names are ('/'
+// separates the graph paths of subgraphs in the textual IR).
+bool is_word(const std::string& s, bool target = false) {
+  if (s.empty()) return false;
+  for (unsigned char ch : s)
+    if (!std::isalnum(ch) && ch != '_' && ch != '.' && !(target && ch == ':')) return false;
+  return true;
+}
+
+// Arguments and 'val' types nest (lists of lists, tuples of tuples); real graphs stay within a few
+// levels. A document nesting deeper is refused before anything recurses into it (the parse below, the
+// printer, the verifier and the runtime all recurse), naming where.
+constexpr int kMaxNesting = 64;
+
+// Sizes: a static dim must be in [0, 2^40), and a tensor must hold under 2^46 bytes (64 TiB): anything
+// larger is no tensor a device can hold, and byte counts in the planner must not overflow int64.
+constexpr int64_t kMaxDim = int64_t{1} << 40;
+constexpr int64_t kMaxTensorBytes = int64_t{1} << 46;
 
 const json& need(const json& obj, const char* key, const Ctx& c) {
   HB_USER_CHECK(obj.is_object()) << c.str() << ": expected an object, got " << json_type(obj);
@@ -66,17 +87,41 @@ double parse_float(const json& v, const Ctx& c) {
                  << v.dump();
 }
 
+// A symbolic size is a sympy expression over symbols (s0, (s0 + 1)//2, 2*s1): the textual IR prints it
+// inside [ ... , ... ], so it may hold letters, digits, _, spaces, + - * / % . and balanced parentheses
+// (with commas inside them: Max(1, s0)).
+bool is_size_expression(const std::string& e) {
+  if (e.empty() || e.front() == ' ' || e.back() == ' ') return false;
+  int depth = 0;
+  bool letter = false;
+  for (unsigned char ch : e) {
+    if (ch == '(') {
+      ++depth;
+    } else if (ch == ')') {
+      if (--depth < 0) return false;
+    } else if (ch == ',') {
+      if (depth == 0) return false;  // Max(1, s0): a comma inside parentheses only
+    } else if (!std::isalnum(ch) && std::string("_ +-*/%.").find(static_cast<char>(ch)) == std::string::npos) {
+      return false;
+    }
+    letter |= std::isalpha(ch) != 0;
+  }
+  return depth == 0 && letter;  // a number is no symbol: give it as an integer
+}
+
 Dim parse_dim(const json& v, const Ctx& c) {
   Dim d;
   if (v.is_number_integer()) d.value = v.get<int64_t>();
-  else if (v.is_string()) d.symbol = v.get<std::string>();
-  else HB_USER_FAIL() << c.str() << ": a dimension must be an integer or a symbol string, got " << v.dump();
+  else if (v.is_string() && is_size_expression(v.get<std::string>())) d.symbol = v.get<std::string>();
+  else HB_USER_FAIL() << c.str() << ": a dimension must be an integer or a symbolic size expression (s0, 2*s1), got "
+                      << v.dump();
   return d;
 }
 
-ValueType parse_val(const json& v, const Ctx& c) {
+ValueType parse_val(const json& v, const Ctx& c, int depth = 0) {
   ValueType t;
   if (v.is_null()) return t;  // unknown
+  HB_USER_CHECK(depth < kMaxNesting) << c.str() << ": 'val' nests deeper than " << kMaxNesting << " levels";
   HB_USER_CHECK(v.is_object() && v.size() == 1)
       << c.str() << ": 'val' must be null or an object with one key, got " << v.dump();
   const std::string kind = v.begin().key();
@@ -87,15 +132,33 @@ ValueType parse_val(const json& v, const Ctx& c) {
     const json& stride = need(body, "stride", c);
     HB_USER_CHECK(shape.is_array() && stride.is_array() && shape.size() == stride.size())
         << c.str() << ": tensor 'shape' and 'stride' must be lists of equal length";
+    HB_USER_CHECK(shape.size() <= kMaxNesting) << c.str() << ": a tensor of rank " << shape.size()
+                                               << " (at most " << kMaxNesting << ")";
     for (const json& d : shape) t.tensor.shape.push_back(parse_dim(d, c));
     for (const json& d : stride) t.tensor.stride.push_back(parse_dim(d, c));
     t.tensor.dtype = parse_dtype_or_throw(need(body, "dtype", c), c);
+    int64_t bytes = dtype_bytes(t.tensor.dtype);
+    for (size_t k = 0; k < t.tensor.shape.size(); ++k) {
+      const Dim& d = t.tensor.shape[k];
+      const Dim& st = t.tensor.stride[k];
+      HB_USER_CHECK(!d.is_static() || (d.value >= 0 && d.value < kMaxDim))
+          << c.str() << ": size " << d.value << " of dim " << k << " is out of range [0, 2^40)";
+      HB_USER_CHECK(!st.is_static() || (st.value >= 0 && st.value < kMaxDim))
+          << c.str() << ": stride " << st.value << " of dim " << k << " is out of range [0, 2^40)";
+      if (d.is_static() && d.value > 0 && bytes > 0) {
+        HB_USER_CHECK(bytes <= kMaxTensorBytes / d.value)
+            << c.str() << ": a tensor of shape " << shape.dump() << " holds more than 2^46 bytes";
+        bytes *= d.value;
+      }
+    }
     t.tensor.device = need_string(body, "device", c);
+    HB_USER_CHECK(is_word(t.tensor.device, /*target=*/true))
+        << c.str() << ": device " << json(t.tensor.device).dump() << " is not a device name (cpu, cuda:0)";
     if (body.contains("requires_grad")) t.tensor.requires_grad = body["requires_grad"].get<bool>();
   } else if (kind == "tuple") {
     t.kind = ValueType::Kind::Tuple;
     HB_USER_CHECK(body.is_array()) << c.str() << ": a tuple 'val' must hold a list";
-    for (const json& e : body) t.elems.push_back(parse_val(e, c));
+    for (const json& e : body) t.elems.push_back(parse_val(e, c, depth + 1));
   } else if (kind == "int") {
     t.kind = ValueType::Kind::Int;
   } else if (kind == "symint") {
@@ -116,9 +179,10 @@ ValueType parse_val(const json& v, const Ctx& c) {
   return t;
 }
 
-Arg parse_arg(const json& v, const Ctx& c) {
+Arg parse_arg(const json& v, const Ctx& c, int depth = 0) {
   Arg a;
   if (v.is_null()) return a;
+  HB_USER_CHECK(depth < kMaxNesting) << c.str() << ": the argument nests deeper than " << kMaxNesting << " levels";
   HB_USER_CHECK(v.is_object() && v.size() == 1)
       << c.str() << ": an argument must be null or an object with one key such as {\"ref\": \"x\"}, got "
       << v.dump();
@@ -150,13 +214,13 @@ Arg parse_arg(const json& v, const Ctx& c) {
   } else if (kind == "list" || kind == "tuple") {
     want(b.is_array(), "a list");
     a.kind = kind == "list" ? Arg::Kind::List : Arg::Kind::Tuple;
-    for (const json& e : b) a.items.push_back(parse_arg(e, c));
+    for (const json& e : b) a.items.push_back(parse_arg(e, c, depth + 1));
   } else if (kind == "dict") {
     want(b.is_object(), "an object");
     a.kind = Arg::Kind::Dict;
     for (auto it = b.begin(); it != b.end(); ++it) {
       a.keys.push_back(it.key());
-      a.items.push_back(parse_arg(it.value(), c));
+      a.items.push_back(parse_arg(it.value(), c, depth + 1));
     }
   } else if (kind == "dtype") {
     a.kind = Arg::Kind::DType;
@@ -168,6 +232,7 @@ Arg parse_arg(const json& v, const Ctx& c) {
              : kind == "graph"  ? Arg::Kind::Graph
                                 : Arg::Kind::MemoryFormat;
     a.s = b.get<std::string>();
+    want(is_word(a.s, /*target=*/true), "a name (letters, digits, _ . :)");
   } else {
     HB_USER_FAIL() << c.str() << ": unknown argument kind '" << kind
                    << "' (known: ref, int, float, bool, str, list, tuple, dict, dtype, device, layout, "
@@ -261,6 +326,8 @@ std::shared_ptr<Graph> parse_graph(const json& g, const std::string& where) {
   HB_USER_CHECK(g.is_object()) << c.str() << ": a graph must be an object, got " << json_type(g);
   auto out = std::make_shared<Graph>();
   out->name = g.contains("name") && g["name"].is_string() ? g["name"].get<std::string>() : where;
+  HB_USER_CHECK(is_word(out->name)) << "graph '" << where << "': name " << json(out->name).dump()
+                                    << " is not a word (letters, digits, _ .)";
   c.graph = out->name;
   if (g.contains("num_constants")) {
     HB_USER_CHECK(g["num_constants"].is_number_integer()) << c.str() << ": 'num_constants' must be an integer";
@@ -282,8 +349,11 @@ std::shared_ptr<Graph> parse_graph(const json& g, const std::string& where) {
   if (g.contains("subgraphs")) {
     const json& subs = g["subgraphs"];
     HB_USER_CHECK(subs.is_object()) << c.str() << ": 'subgraphs' must be an object of name -> graph";
-    for (auto it = subs.begin(); it != subs.end(); ++it)
+    for (auto it = subs.begin(); it != subs.end(); ++it) {
+      HB_USER_CHECK(is_word(it.key())) << c.str() << ": subgraph name " << json(it.key()).dump()
+                                       << " is not a word (letters, digits, _ .)";
       out->subgraphs[it.key()] = parse_graph(it.value(), it.key());
+    }
   }
   const json& nodes = need(g, "nodes", c);
   HB_USER_CHECK(nodes.is_array()) << c.str() << ": 'nodes' must be a list, got " << json_type(nodes);
@@ -295,8 +365,12 @@ std::shared_ptr<Graph> parse_graph(const json& g, const std::string& where) {
     c.field.clear();
     Node n;
     n.name = need_string(jn, "name", c);
+    HB_USER_CHECK(is_word(n.name)) << c.str() << ": node name " << json(n.name).dump()
+                                   << " is not a word (letters, digits, _ .)";
     n.op = parse_op(need_string(jn, "op", c), c);
     if (n.op != OpKind::Output) n.target = jn.contains("target") ? need_string(jn, "target", c) : "";
+    HB_USER_CHECK(n.target.empty() || is_word(n.target, /*target=*/true))
+        << c.str() << ": target " << json(n.target).dump() << " is not a word (letters, digits, _ . :)";
     if (n.op == OpKind::CallFunction || n.op == OpKind::GetAttr) {
       HB_USER_CHECK(!n.target.empty()) << c.str() << ": a " << op_kind_name(n.op) << " node needs a 'target'";
     }
@@ -372,7 +446,7 @@ std::shared_ptr<Graph> import_json(const std::string& text) {
   json doc;
   try {
     doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers out of range (1e400)
     HB_USER_FAIL() << "the graph document is not valid JSON: " << e.what();
   }
   try {

@@ -40,7 +40,10 @@ const Graph* slice_loop_body(const Graph& g, const Node& n) {
 
 std::optional<std::vector<SliceRange>> slice_box(const std::vector<int64_t>& group, int64_t slices, int64_t i) {
   int64_t E = 1;
-  for (int64_t s : group) E *= s;
+  for (int64_t s : group) {
+    if (s < 1) return std::nullopt;  // an empty group has no slices
+    E *= s;
+  }
   if (slices < 1 || E % slices != 0 || i < 0 || i >= slices) return std::nullopt;
   const int64_t c = E / slices;
   const int k = static_cast<int>(group.size());

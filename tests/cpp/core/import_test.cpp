@@ -159,6 +159,83 @@ TEST(Verifier, MissingSubgraph) {
                "%f (higher_order::flex_attention)", "subgraph 'sdpa_score0'");
 }
 
+// Inputs that crashed or slipped through before (issue 15): each is now an error naming where.
+TEST(Verifier, DeepNestingIsRefusedNotAStackOverflow) {
+  auto nest = [](const std::string& open, const std::string& core, const std::string& close) {
+    std::string r;
+    for (int i = 0; i < 100000; ++i) r += open;
+    r += core;
+    for (int i = 0; i < 100000; ++i) r += close;
+    return r;
+  };
+  const std::string deep = nest(R"({"list": [)", R"({"int": 1})", "]}");
+  EXPECT_ERROR(doc(placeholder("x") + R"(, {"name": "y", "op": "call_function", "target": "aten::add.Tensor",
+                                            "args": [{"ref": "x"}, )" + deep + R"(]},
+                                           {"name": "output", "op": "output", "args": [null]})"),
+               "node 1 ('y'), args[1]", "nests deeper than 64 levels");
+  const std::string val = nest(R"({"tuple": [)", R"({"int": null})", "]}");
+  EXPECT_ERROR(doc(R"({"name": "x", "op": "placeholder", "target": "x", "val": )" + val + "}"),
+               "node 0 ('x'), val", "nests deeper than 64 levels");
+}
+
+TEST(Verifier, FloatOutOfRangeIsAJsonError) {
+  EXPECT_ERROR(doc(placeholder("x") + R"(, {"name": "y", "op": "call_function", "target": "aten::mul.Scalar",
+                                            "args": [{"ref": "x"}, {"float": 1e400}]},
+                                           {"name": "output", "op": "output", "args": [null]})"),
+               "not valid JSON", "1e400");
+}
+
+TEST(Verifier, SizesOutOfRange) {
+  auto with_shape = [](const std::string& shape, const std::string& stride, const char* dtype = "float32") {
+    return doc(R"({"name": "x", "op": "placeholder", "target": "x", "val": {"tensor": {"shape": )" + shape +
+               R"(, "stride": )" + stride + R"(, "dtype": ")" + dtype + R"(", "device": "cpu"}}},
+               {"name": "output", "op": "output", "args": [null]})");
+  };
+  EXPECT_ERROR(with_shape("[-4]", "[1]"), "node 0 ('x'), val", "size -4 of dim 0 is out of range [0, 2^40)");
+  EXPECT_ERROR(with_shape("[1099511627776]", "[1]"), "size 1099511627776 of dim 0 is out of range");
+  EXPECT_ERROR(with_shape("[4, 4]", "[-4, 1]"), "stride -4 of dim 0 is out of range");
+  // 2^23 x 2^23 float32 elements = 2^48 bytes: each dim is fine, the tensor is not.
+  EXPECT_ERROR(with_shape("[8388608, 8388608]", "[8388608, 1]"), "holds more than 2^46 bytes");
+  // Symbolic sizes are not bounded here; 0 is a size.
+  EXPECT_EQ(error_of(with_shape(R"(["s0", 0])", "[1, 1]")), "<no error>");
+}
+
+// What the fuzzer found the textual IR could not read back: names, devices and symbolic sizes are
+// words the IR parser reads, or the document is refused.
+TEST(Verifier, NamesDevicesAndSymbolsAreWordsTheIrCanRead) {
+  EXPECT_ERROR(R"({"format": "hintbackend.graph", "version": 1, "graph": {"name": "for/ward", "nodes": []}})",
+               "name \"for/ward\" is not a word");
+  EXPECT_ERROR(doc(R"({"name": "x y", "op": "placeholder", "target": "x"})"), "node name \"x y\" is not a word");
+  EXPECT_ERROR(doc(R"({"name": "x", "op": "placeholder", "target": "x", "val": {"tensor": {"shape": [4], "stride": [1],
+                    "dtype": "float32", "device": "cp)u"}}})"),
+               "device \"cp)u\" is not a device name");
+  EXPECT_ERROR(doc(R"({"name": "x", "op": "placeholder", "target": "x", "val": {"tensor": {"shape": [",0"], "stride": [1],
+                    "dtype": "float32", "device": "cpu"}}})"),
+               "a symbolic size expression", "\",0\"");
+  EXPECT_ERROR(doc(R"({"name": "x", "op": "placeholder", "target": "x", "val": {"tensor": {"shape": ["(s0"], "stride": [1],
+                    "dtype": "float32", "device": "cpu"}}})"),
+               "a symbolic size expression");
+  // What FX writes is accepted.
+  const std::string fx = R"J({"name": "x", "op": "placeholder", "target": "x", "val": {"tensor": {
+      "shape": ["(s0 + 1)//2", "Max(1, s1)"], "stride": [4, 1], "dtype": "float32", "device": "cuda:0"}}},
+      {"name": "output", "op": "output", "args": [null]})J";
+  EXPECT_EQ(error_of(doc(fx)), "<no error>");
+}
+
+TEST(Verifier, SubgraphsCannotReferToThemselves) {
+  // Subgraph names resolve among the referring graph's own subgraphs: the document is a tree, so a
+  // score_mod naming itself (or its parent) names nothing.
+  const std::string self = R"({"s": {"name": "s", "nodes": [
+      {"name": "a", "op": "placeholder", "target": "a"},
+      {"name": "c", "op": "call_function", "target": "higher_order::flex_attention", "args": [{"graph": "s"}, {"ref": "a"}]},
+      {"name": "output", "op": "output", "args": [{"tuple": [{"ref": "c"}]}]}]}},)";
+  EXPECT_ERROR(doc(placeholder("x") + R"(, {"name": "y", "op": "call_function", "target": "higher_order::flex_attention",
+                                            "args": [{"graph": "s"}, {"ref": "x"}]},
+                                           {"name": "output", "op": "output", "args": [null]})",
+                   R"("subgraphs": )" + self),
+               "%c (higher_order::flex_attention) in graph 's'", "refers to subgraph 's'");
+}
+
 TEST(Verifier, BadHints) {
   auto with_hint = [](const std::string& h) {
     return doc(placeholder("x") + R"(, {"name": "r", "op": "call_function", "target": "aten::relu.default",
