@@ -1,6 +1,7 @@
 #include "codegen/FlexLowering.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <vector>
 
@@ -440,6 +441,40 @@ bool score_pointwise(const Graph& score_mod, const Graph* joint, std::string* wh
   return pointwise_graph(*joint, 6, "the joint graph", why);
 }
 
+namespace {
+
+// c when `score` is c * tanh(score / c) (div by c or mul by 1/c; c * t or t * c), else 0.
+double softcap_of(const Graph& score) {
+  const std::vector<int> ph = score.placeholders();
+  const int out = score.output_node();
+  if (ph.empty() || out < 0 || score.nodes[out].args.empty()) return 0;
+  const Arg& r = score.nodes[out].args[0].items.empty() ? score.nodes[out].args[0] : score.nodes[out].args[0].items[0];
+  auto number = [](const Arg& a, double* v) {
+    if (a.kind == Arg::Kind::Float) *v = a.f;
+    else if (a.kind == Arg::Kind::Int) *v = static_cast<double>(a.i);
+    else return false;
+    return true;
+  };
+  if (r.kind != Arg::Kind::Ref) return 0;
+  const Node& mul = score.nodes[r.ref];
+  if (mul.target != "aten::mul.Tensor" || mul.args.size() != 2) return 0;
+  double c = 0;
+  int t = -1;
+  for (int side = 0; side < 2; ++side)
+    if (number(mul.args[side], &c) && mul.args[1 - side].kind == Arg::Kind::Ref) t = mul.args[1 - side].ref;
+  if (t < 0 || c <= 0 || score.nodes[t].target != "aten::tanh.default" || score.nodes[t].args.size() != 1 ||
+      score.nodes[t].args[0].kind != Arg::Kind::Ref)
+    return 0;
+  const Node& d = score.nodes[score.nodes[t].args[0].ref];
+  double k = 0;
+  if (d.args.size() != 2 || d.args[0].kind != Arg::Kind::Ref || d.args[0].ref != ph[0] || !number(d.args[1], &k)) return 0;
+  const bool ok = (d.target == "aten::div.Tensor" && k == c) ||
+                  (d.target == "aten::mul.Tensor" && std::abs(k * c - 1.0) < 1e-12);
+  return ok ? c : 0;
+}
+
+}  // namespace
+
 FlexAnalysis analyze_flex(const Graph& g, int node) {
   FlexAnalysis r;
   const Node& n = g.nodes[node];
@@ -505,6 +540,9 @@ FlexAnalysis analyze_flex(const Graph& g, int node) {
     if (!r.score_identity) {
       const Graph* joint = backward ? sub(n.args[8]) : nullptr;
       r.score_pointwise = score_pointwise(*score, joint, &r.pointwise_why);
+      r.softcap = softcap_of(*score);
+      if (r.softcap > 0 && score->placeholders().size() == 5) r.score_pointwise = true;  // no buffers: cuDNN's Softcap
+      else r.softcap = 0;
     }
     if (!r.score_identity) {
       std::string ops;

@@ -87,6 +87,9 @@ struct FlexAnalysis {
   // relative position): cuDNN evaluates it inside the kernel, with the mask band applied after it.
   bool score_pointwise = false;
   std::string pointwise_why;   // why not (when !score_pointwise)
+  // score_mod is c * tanh(score / c) (a logit soft cap): cuDNN's own Softcap modifier, forward and
+  // backward, runs it (its derivative is not 1, which the generic translation's backward does not take).
+  double softcap = 0;          // c, or 0
   std::string score_why;       // what it computes otherwise
   bool uses_max_scores = false;
   int buffer_grads = 0;          // backward: how many captured buffers the joint graph returns a gradient for  // the forward's third result is read (cuDNN does not give it)

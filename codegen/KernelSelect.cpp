@@ -86,6 +86,8 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
     c.why = "cudnn: " + (a.band.unbounded() ? std::string("no mask") : to_string(a.band) + " band") +
             (a.score_identity    ? ", identity score_mod"
              : a.score_row_shift ? ", score_mod shifts each row by a kv-independent term (only the logsumexp moves)"
+             : a.softcap > 0     ? ", score_mod is a soft cap " + std::to_string(a.softcap) + " * tanh(score / " +
+                                       std::to_string(a.softcap) + ") (cuDNN's Softcap modifier)"
              : a.score_pointwise ? ", score_mod as cuDNN pointwise nodes (" + a.score_why.substr(a.score_why.find(' ') + 1) +
                                        (backward ? "; its gradient from the joint graph" : "") + ")"
                                  : ", score_mod adds a bias cuDNN takes materialized as [" +

@@ -238,6 +238,7 @@ class CudnnFlexCall : public Call {
   enum class Mod { Identity, RowShift, Bias, Pointwise } mod = Mod::Identity;
   std::shared_ptr<const Graph> score_graph, joint_graph;  // Pointwise
   std::set<std::pair<int, int>> reads;                    // Pointwise: (buffer, index placeholder) inputs
+  double softcap = 0;                                     // Pointwise: c * tanh(score / c) through cuDNN's Softcap
   bool bias_per_batch = false;        // t reads b: a [B, H, Sq, Skv] bias, else [1, H, Sq, Skv]
   FlexBiasLayout layout;              // Dense, Toeplitz: t is one read of one buffer (no grid, no scatter)
   std::shared_ptr<Executor> score_mod;  // t's source: the score_mod, evaluated with score = 0
@@ -496,17 +497,28 @@ class CudnnFlexCall : public Call {
     // What the bprop reads of the forward (score, q_idx, kv_idx) is made inside the forward modifier's
     // subgraph, as cuDNN's own softcap saves its tanh input there.
     auto saved = std::make_shared<std::array<TA, 3>>();
-    auto score_mod_fn = [this, bufs, saved](std::shared_ptr<fg::Graph> sg, TA input) -> TA {
-      TA score = sg->pointwise(input, fg::Pointwise_attributes().set_mode(fe::PointwiseMode_t::IDENTITY)
-                                          .set_compute_data_type(fe::DataType_t::FLOAT));
-      score->set_data_type(fe::DataType_t::FLOAT);
-      *saved = {score, generated_index(*sg, score, 2), generated_index(*sg, score, 3)};
-      TA out = emit_pointwise(*sg, *score_graph, {score, nullptr, nullptr, (*saved)[1], (*saved)[2]}, 5, bufs, score,
-                              where);
+    auto apply_band = [this](std::shared_ptr<fg::Graph> sg, TA out) -> TA {
       if (band.unbounded()) return out;
       if (band.hi == FlexBand::kNoBound) return fg::attn::score_modifiers::causal_mask(sg, out);
       return fg::attn::score_modifiers::sliding_window_mask(sg, out, fe::DiagonalAlignment_t::TOP_LEFT, band.hi + 1, 0,
                                                             0, 0, nullptr, nullptr, nullptr, nullptr);
+    };
+    // A soft cap: cuDNN's own modifier (it saves its tanh input for the bprop), the band after it.
+    auto cap = std::make_shared<fg::attn::score_modifiers::Softcap>();
+    TA cap_scalar = softcap > 0 ? g.tensor(static_cast<float>(softcap)) : nullptr;
+    auto softcap_fn = [cap, cap_scalar, apply_band](std::shared_ptr<fg::Graph> sg, TA score) -> TA {
+      return apply_band(sg, cap->forward(sg, score, cap_scalar));
+    };
+    auto softcap_bprop = [cap, cap_scalar](std::shared_ptr<fg::Graph> sg, TA d_score) -> TA {
+      return cap->backward(sg, d_score, cap_scalar);
+    };
+    auto score_mod_fn = [this, bufs, saved, apply_band](std::shared_ptr<fg::Graph> sg, TA input) -> TA {
+      TA score = sg->pointwise(input, fg::Pointwise_attributes().set_mode(fe::PointwiseMode_t::IDENTITY)
+                                          .set_compute_data_type(fe::DataType_t::FLOAT));
+      score->set_data_type(fe::DataType_t::FLOAT);
+      *saved = {score, generated_index(*sg, score, 2), generated_index(*sg, score, 3)};
+      return apply_band(sg, emit_pointwise(*sg, *score_graph, {score, nullptr, nullptr, (*saved)[1], (*saved)[2]}, 5,
+                                           bufs, score, where));
     };
     auto bprop_fn = [this, bufs, saved](std::shared_ptr<fg::Graph> sg, TA d_score) -> TA {
       // joint(score, b, h, q_idx, kv_idx, grad_score, *buffers)
@@ -515,7 +527,8 @@ class CudnnFlexCall : public Call {
     };
     auto set_band = [&](auto& attrs) {
       if (mod == Mod::Pointwise) {
-        attrs.set_score_mod(score_mod_fn);
+        if (softcap > 0) attrs.set_score_mod(softcap_fn);
+        else attrs.set_score_mod(score_mod_fn);
         return;
       }
       if (band.unbounded()) return;
@@ -538,7 +551,10 @@ class CudnnFlexCall : public Call {
       a.set_name("flex_attention_backward").set_attn_scale(static_cast<float>(scale));
       a.set_deterministic_algorithm(deterministic);
       set_band(a);
-      if (mod == Mod::Pointwise) a.set_score_mod_bprop(bprop_fn);
+      if (mod == Mod::Pointwise) {
+        if (softcap > 0) a.set_score_mod_bprop(softcap_bprop);
+        else a.set_score_mod_bprop(bprop_fn);
+      }
       if (Bias) a.set_bias(Bias);
       if (x.dbias.defined()) {
         auto dBias = tensor("dBias", x.dbias, kDBias);  // in the bias's dtype
@@ -580,6 +596,7 @@ std::shared_ptr<const Call> lower_cudnn_flex_attention(const LowerContext& ctx) 
   for (int k = 0; k < (call->backward ? 6 : 3); ++k) call->tensors.push_back(convert_untyped(n.args[k], ctx.where));
   if (!a.score_identity && !a.score_row_shift && a.score_pointwise) {
     call->mod = CudnnFlexCall::Mod::Pointwise;
+    call->softcap = a.softcap;
     call->score_graph = ctx.graph().subgraphs.at(n.args[call->backward ? 7 : 3].s);
     buffer_reads(*call->score_graph, 5, &call->reads);
     call->score_buffers = convert_untyped(n.args[call->backward ? 12 : 7], ctx.where);

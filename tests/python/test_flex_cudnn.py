@@ -225,8 +225,9 @@ def test_kv_dependent_bias_matches_float64(tmp_path, bias, shape):
 
 
 # score_mods cuDNN evaluates as pointwise nodes inside its kernel (no learned buffer). The backward runs
-# there too where the score_mod's derivative is 1 (score + t); softcap, a temperature or a where() keep the
-# reference backward on cuDNN 9.19 (codegen/FlexLowering.cpp, score_pointwise, says why).
+# there too where the score_mod's derivative is 1 (score + t), and for a soft cap through cuDNN's own
+# Softcap modifier; a temperature or a where() keep the reference backward on cuDNN 9.19
+# (codegen/FlexLowering.cpp, score_pointwise, says why).
 POINTWISE = {
     "relpos": (None, lambda buf: lambda s, b, h, q, kv: s + (q - kv) * 0.01),
     "alibi": (lambda H, S: (H,), lambda buf: lambda s, b, h, q, kv: s - buf[h] * (q - kv).abs()),
@@ -272,6 +273,9 @@ def test_pointwise_score_mod_matches_float64(tmp_path, mod, mask, shape):
         err, eager_err = rel(g, r), rel(e, r)
         assert err <= 2 * eager_err + 1e-5, f"{name}: {err:.3g} vs eager {eager_err:.3g}"
     kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in os.listdir(tmp_path))
+    if mod.startswith("softcap"):  # cuDNN's own Softcap modifier, forward and backward
+        assert "flex-attention-backward-cudnn" in kernels and "cuDNN's Softcap modifier" in kernels, kernels
+        return
     assert "flex-attention-cudnn" in kernels and "score_mod as cuDNN pointwise nodes" in kernels, kernels
     if mod in ("relpos", "alibi"):
         assert "flex-attention-backward-cudnn" in kernels and "its gradient from the joint graph" in kernels, kernels

@@ -351,8 +351,20 @@ TEST(flex_lowering, pointwise_score_mods_translate_to_cudnn) {
   EXPECT_TRUE(a.score_pointwise) << a.pointwise_why;
   KernelChoice c = select_kernel(*softcap, flex, with_cudnn());
   EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
-  EXPECT_EQ(c.why, "cudnn: causal band, score_mod as cuDNN pointwise nodes (computes aten::div.Tensor, "
-                   "aten::tanh.default, aten::mul.Tensor)");
+  EXPECT_EQ(c.why, "cudnn: causal band, score_mod is a soft cap 30.000000 * tanh(score / 30.000000) (cuDNN's Softcap "
+                   "modifier)");
+  EXPECT_EQ(a.softcap, 30.0);
+  // c * tanh(score / d) with d != c is no soft cap: the generic translation runs it.
+  auto skew = flex_graph("bf16", "@cuda:0", "",
+                         "  %d: f32[] = aten::div.Tensor(%score, 20)\n"
+                         "  %t: f32[] = aten::tanh.default(%d)\n"
+                         "  %out: f32[] = aten::mul.Tensor(%t, 30)\n");
+  const FlexAnalysis sk = analyze_flex(*skew, flex);
+  EXPECT_EQ(sk.softcap, 0.0);
+  EXPECT_TRUE(sk.score_pointwise);
+  EXPECT_NE(select_kernel(*skew, flex, with_cudnn()).why.find("pointwise nodes (computes aten::div.Tensor, "
+                                                               "aten::tanh.default, aten::mul.Tensor)"),
+            std::string::npos);
   // ALiBi with a captured slope per head: buf[h] is a broadcast input.
   auto alibi = flex_graph("bf16", "@cuda:0", "",
                           "  %s: f32[] = aten::index.Tensor(%buf, [%h])\n"
