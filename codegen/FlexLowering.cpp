@@ -423,9 +423,10 @@ bool score_pointwise(const Graph& score_mod, const Graph* joint, std::string* wh
     return false;
   }
   // cuDNN 9.19's backward builds and computes correctly with a score_mod whose score gradient is the
-  // incoming gradient itself (score + t: ALiBi, relative position), measured on the H200; with a
-  // derivative of its own (softcap, a temperature) it found no engine or gave wrong dV. Those backwards
-  // stay on the reference until that is solved; their forwards run here.
+  // incoming gradient itself (score + t: ALiBi, relative position), measured on the H200; our generic
+  // bprop for a derivative of its own (softcap, a temperature) found no engine or gave wrong dV. Those
+  // backwards stay on the reference until that is solved (a soft cap goes through cuDNN's own Softcap
+  // modifier instead: analyze_flex); their forwards run here.
   const std::vector<int> jph = joint->placeholders();
   if (jph.size() < 6 || through_casts(*joint, items[0].ref) != jph[5]) {
     *why = "its gradient is not the incoming one (d score_mod / d score != 1), which cuDNN's score_mod "

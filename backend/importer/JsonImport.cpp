@@ -219,6 +219,7 @@ Arg parse_arg(const json& v, const Ctx& c, int depth = 0) {
     want(b.is_object(), "an object");
     a.kind = Arg::Kind::Dict;
     for (auto it = b.begin(); it != b.end(); ++it) {
+      want(is_word(it.key()), "keys that are words (letters, digits, _ .)");
       a.keys.push_back(it.key());
       a.items.push_back(parse_arg(it.value(), c, depth + 1));
     }
@@ -386,6 +387,8 @@ std::shared_ptr<Graph> parse_graph(const json& g, const std::string& where) {
       const json& kw = jn["kwargs"];
       HB_USER_CHECK(kw.is_object()) << c.str() << ": 'kwargs' must be an object, got " << json_type(kw);
       for (auto it = kw.begin(); it != kw.end(); ++it) {
+        HB_USER_CHECK(is_word(it.key())) << c.str() << ": keyword " << json(it.key()).dump()
+                                         << " is not a word (letters, digits, _ .)";
         c.field = "kwargs['" + it.key() + "']";
         n.kwargs.emplace_back(it.key(), parse_arg(it.value(), c));
       }

@@ -215,6 +215,9 @@ TEST(Verifier, NamesDevicesAndSymbolsAreWordsTheIrCanRead) {
   EXPECT_ERROR(doc(R"({"name": "x", "op": "placeholder", "target": "x", "val": {"tensor": {"shape": ["(s0"], "stride": [1],
                     "dtype": "float32", "device": "cpu"}}})"),
                "a symbolic size expression");
+  EXPECT_ERROR(doc(placeholder("x") + R"(, {"name": "y", "op": "call_function", "target": "aten::add.Tensor",
+                   "args": [{"ref": "x"}], "kwargs": {" other": {"ref": "x"}}})"),
+               "keyword \" other\" is not a word");
   // What FX writes is accepted.
   const std::string fx = R"J({"name": "x", "op": "placeholder", "target": "x", "val": {"tensor": {
       "shape": ["(s0 + 1)//2", "Max(1, s1)"], "stride": [4, 1], "dtype": "float32", "device": "cuda:0"}}},
