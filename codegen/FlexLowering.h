@@ -78,8 +78,8 @@ struct FlexAnalysis {
   bool score_row_shift = false;
   // score_mod is `score + t` with t independent of the score but reading kv_idx (a relative-position or
   // ALiBi bias, a learned relative bias lb[q_idx - kv_idx, h], a dense bias buf[b, h, q_idx, kv_idx]):
-  // cuDNN adds t as a bias tensor materialized over the indices t reads (bias_reads_*: a [1|B, 1|H,
-  // 1|Sq, Skv] grid), and the backward scatters cuDNN's dBias into t's buffers through the joint graph.
+  // cuDNN adds t as a bias tensor built as bias_layout says ([B|1, H, Sq, Skv]; bias_reads_* are the
+  // indices t reads), and the backward sends cuDNN's dBias into t's buffers the same way.
   bool score_bias = false;
   bool bias_reads_b = false, bias_reads_h = false, bias_reads_q = false;  // (score_row_shift or score_bias)
   FlexBiasLayout bias_layout;  // score_bias: how t reads its buffer
@@ -91,8 +91,8 @@ struct FlexAnalysis {
   // backward, runs it (its derivative is not 1, which the generic translation's backward does not take).
   double softcap = 0;          // c, or 0
   std::string score_why;       // what it computes otherwise
-  bool uses_max_scores = false;
-  int buffer_grads = 0;          // backward: how many captured buffers the joint graph returns a gradient for  // the forward's third result is read (cuDNN does not give it)
+  bool uses_max_scores = false;  // the forward's third result is read (cuDNN does not give it)
+  int buffer_grads = 0;          // backward: how many captured buffers the joint graph returns a gradient for
 };
 
 // The mask band of a mask_mod subgraph (args b, h, q_idx, kv_idx, *buffers), or why it is none.
@@ -103,9 +103,9 @@ FlexAnalysis analyze_flex(const Graph& g, int node);
 
 // Why cuDNN's SDPA cannot run this flex node as flex defines it ("" = it can): q, k, v in fp16 or bf16
 // on a CUDA device, [B, H, S, D] with D = Dv a multiple of 8 up to 256 and Hq a multiple of Hkv (GQA);
-// a mask that is no band, causal or a causal sliding window; the identity score_mod, a row shift or an
-// additive bias (whose buffers are then the only captured ones); the forward's max_scores unused; the
-// backward with no logsumexp gradient.
+// a mask that is no band, causal or a causal sliding window; the identity score_mod, a row shift, a
+// pointwise score_mod or an additive bias (the mask_mod capturing no buffers); the forward's max_scores
+// unused; the backward with no logsumexp gradient.
 std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a);
 
 }  // namespace hb

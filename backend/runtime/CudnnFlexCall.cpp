@@ -8,10 +8,13 @@
 // subgraph, the band after it; the backward only where its derivative is 1, see score_pointwise) or an
 // additive bias (score + t(b, h, q_idx, kv_idx)).
 //
-// An additive bias is materialized: the score_mod runs once on the index grid with score = 0 (through
-// the executor, like the reference's subgraphs) into a [B|1, H, Sq, Skv] tensor in q's dtype that cuDNN
-// adds after the scale; the backward asks cuDNN for dBias (the score gradient) when a buffer of t wants a
-// gradient, and the joint graph's zeros_and_scatter sends it into the buffers.
+// An additive bias is materialized as a [B|1, H, Sq, Skv] float32 tensor that cuDNN adds after the scale
+// (in q's dtype where this cuDNN refuses float32, with a warning): a dense buffer is the bias itself, a
+// Toeplitz table is gathered along diagonals (codegen/cuda/ToeplitzBias.cu), anything else is the
+// score_mod run once on the index grid with score = 0 (through the executor, like the reference's
+// subgraphs). The backward asks cuDNN for dBias (the score gradient) when a buffer of t wants a gradient:
+// it is the dense buffer's gradient, the Toeplitz table's summed along diagonals, or the grid layout's
+// through the joint graph's zeros_and_scatter.
 //
 // Semantics kept: flex's logsumexp is base 2 (natural / ln 2); cuDNN's Stats are natural, so the forward
 // scales them by log2(e) and the backward by ln 2 (B x H x S floats: negligible). The forward's third
@@ -97,12 +100,6 @@ using TA = std::shared_ptr<fe::graph::Tensor_attributes>;
 // The uid of the broadcast input for buffer k read by index placeholder p (1 b, 2 h, 3 q_idx, 4 kv_idx).
 int64_t buffer_uid(int k, int p) { return 100 + 4 * k + (p - 1); }
 
-// Emits subgraph `sub` (a score_mod, or a joint graph's score gradient) as cuDNN pointwise nodes of `g`
-// over the score tensor `like` ([B, H, Sq, Skv]): placeholders bound by position in `in` (null: b, h or
-// a buffer, which only buf[index] reads: `bufs` has those inputs by (buffer, index placeholder)), q_idx
-// and kv_idx generated along `like`'s axes 2 and 3. Everything computes in float32, as flex's scores do;
-// comparisons give booleans. Selection (score_pointwise in codegen/FlexLowering.cpp) admitted only what
-// this maps. Returns the first output.
 // q_idx (axis 2) or kv_idx (axis 3) of `like`'s elements, as float32.
 TA generated_index(fe::graph::Graph& g, const TA& like, int axis) {
   namespace fg = fe::graph;
@@ -115,6 +112,12 @@ TA generated_index(fe::graph::Graph& g, const TA& like, int axis) {
   return f;
 }
 
+// Emits subgraph `sub` (a score_mod, or a joint graph's score gradient) as cuDNN pointwise nodes of `g`
+// over the score tensor `like` ([B, H, Sq, Skv]): placeholders bound by position in `in` (null: b, h or
+// a buffer, which only buf[index] reads: `bufs` has those inputs by (buffer, index placeholder); q_idx
+// and kv_idx, when null, generated along `like`'s axes 2 and 3). Everything computes in float32, as
+// flex's scores do; comparisons give booleans. Selection (score_pointwise in codegen/FlexLowering.cpp)
+// admitted only what this maps. Returns the first output.
 TA emit_pointwise(fe::graph::Graph& g, const Graph& sub, std::vector<TA> in, int bufs_from,
                   const std::map<std::pair<int, int>, TA>& bufs, const TA& like, const std::string& where) {
   namespace fg = fe::graph;
