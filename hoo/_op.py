@@ -13,7 +13,8 @@ One implementation per dispatch key or mode, as torch/_higher_order_ops/hints_wr
   Functionalize         functionalize the body, redispatch below
   ProxyTorchDispatchMode inline under the annotation: ATen nodes, no HOP node, in the traced graph
   FakeTensorMode        run the body on fake tensors
-  CompositeExplicitAutograd (dense) run the body
+  CompositeExplicitAutograd (dense) run the body under the annotation (after a graph break in the
+                        body, Dynamo compiles the body's frames from here)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import contextlib
 import json
 
 import torch
+import torch._dynamo
 import torch.fx.traceback as fx_traceback
 from torch._higher_order_ops.base_hop import BaseHOP
 from torch._ops import HigherOrderOperator
@@ -45,6 +47,23 @@ def annotated(payload: dict):
             fx_traceback.current_meta["custom"] = saved
 
 
+@contextlib.contextmanager
+def annotated_between_graph_breaks(payload: dict):
+    """annotated(payload) for eager code that torch.compile runs between graph breaks: also turns on
+    node-meta preservation, which Dynamo otherwise enables only inside an annotate it traces, so
+    the frames it compiles from here record the payload on their nodes."""
+    with fx_traceback.preserve_node_meta(), annotated(payload):
+        yield
+
+
+def _region(payload: dict):
+    """The annotation for a body run now: plain under a tracer that records node metadata (AOT,
+    make_fx), with preservation turned on otherwise (eager, after the body broke Dynamo's graph)."""
+    if fx_traceback.has_preserved_node_meta():
+        return annotated(payload)
+    return annotated_between_graph_breaks(payload)
+
+
 def _decode(hints: str) -> dict:
     return json.loads(hints)
 
@@ -63,17 +82,28 @@ class HintedContextOp(BaseHOP):
     def __init__(self) -> None:
         super().__init__("hinted_context")
 
+    # Dynamo traces calls of the op itself (BaseHOPVariable) and never this frame; it reaches it
+    # only when the body broke its graph, and then must not try to compile the dispatch below.
+    @torch._dynamo.disable(recursive=False)
     def __call__(self, subgraph, *operands, hints):
         if not callable(subgraph):
             raise TypeError(f"hinted_context: the body must be callable, got {type(subgraph)}")
         if not isinstance(hints, str):
             raise TypeError(f"hinted_context: hints must be a JSON string, got {type(hints)}")
+        if not fx_traceback.has_preserved_node_meta() and torch._C._dynamo.eval_frame.get_eval_frame_callback():
+            # Eager between graph breaks, no tracer below: every implementation would run the body
+            # under the annotation, which is what this does, and Dynamo compiles the body's frames.
+            with annotated_between_graph_breaks(_decode(hints)):
+                return subgraph(*operands)
         # BaseHOP.__call__ would insist on a GraphModule; any callable is fine here because every
         # implementation below only calls it.
         return HigherOrderOperator.__call__(self, subgraph, *operands, hints=hints)
 
+    # Dynamo must not trace the frames below itself (the annotation is an eager effect); with
+    # recursive=False it still compiles the body's frames called from them.
+    @torch._dynamo.disable(recursive=False)
     def _call_Autograd(self, subgraph, *operands, hints):
-        with annotated(_decode(hints)):
+        with _region(_decode(hints)):
             return _run_body(subgraph, operands)
 
     def _call_Functionalize(self, ctx, subgraph, *operands, hints):
@@ -90,8 +120,12 @@ class HintedContextOp(BaseHOP):
         with mode:
             return subgraph(*operands)
 
+    @torch._dynamo.disable(recursive=False)
     def _call_CompositeExplicitAutograd(self, subgraph, *operands, hints):
-        return subgraph(*operands)
+        # Reached eagerly when Dynamo could not trace the body (it broke the graph): the frames
+        # Dynamo then compiles inside the body record the annotation like a traced body would.
+        with _region(_decode(hints)):
+            return subgraph(*operands)
 
 
 # Registers itself as torch.ops.higher_order.hinted_context.

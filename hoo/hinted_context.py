@@ -68,7 +68,7 @@ if _TORCH_PROBLEM is None:
     import torch._dynamo
 
     from . import _dynamo_support
-    from ._op import annotated, hinted_context_op
+    from ._op import annotated, annotated_between_graph_breaks, hinted_context_op
 
     _dynamo_support.install(__name__)
     _assume_constant_result = torch._dynamo.assume_constant_result
@@ -166,6 +166,12 @@ def _reenter_region(payload_json: str):
     return fx_traceback.annotate(_decode(payload_json))
 
 
+def _dynamo_is_watching() -> bool:
+    """True in eager code that torch.compile runs between graph breaks: Dynamo's frame callback is
+    installed, so the frames called from here are compiled."""
+    return bool(torch._C._dynamo.eval_frame.get_eval_frame_callback())
+
+
 # Eager regions on this thread, innermost last (merged hints, no ids): so that eager code raises the
 # same nesting errors as compiled code, which falls back to eager when a region's hints are bad.
 _eager = threading.local()
@@ -215,6 +221,9 @@ class _Region:
     def __call__(self, fn: Callable) -> Callable:
         if not callable(fn):
             raise TypeError(f"hinted_context(...) decorates a function or method, got {type(fn)}")
+        if isinstance(fn, type):
+            raise TypeError(f"hinted_context(...) decorates a function or method, got the class {fn.__name__}: "
+                            f"decorate its forward method instead")
         hints = self._hints
 
         @functools.wraps(fn)
@@ -242,11 +251,22 @@ def hinted_context(*args: Any, **hints: Any) -> Any:
                 f"hinted_context: the first positional argument is the body function of the functional "
                 f"form, got {type(body)}; hints are keyword arguments: hinted_context(schedule='dfs')"
             )
+        if not operands and not hints:
+            raise TypeError(
+                f"hinted_context({getattr(body, '__name__', 'body')}) has neither operands nor hints: as a "
+                f"decorator it takes its hints in parentheses, @hinted_context(schedule='dfs'); the functional "
+                f"form is hinted_context(body, *operands, **hints)"
+            )
         if not torch.compiler.is_compiling():
             _eager_enter(hints)
             try:
                 if fx_traceback.has_preserved_node_meta():
                     return hinted_context_op(body, *operands, hints=json.dumps(_new_payload(hints)))
+                if _dynamo_is_watching():
+                    # Dynamo runs this call eagerly because the body broke the graph: the frames it
+                    # compiles inside the body (both sides of the break) carry the region's hints.
+                    with annotated_between_graph_breaks(_new_payload(hints)):
+                        return body(*operands)
                 return body(*operands)
             finally:
                 _eager_exit()

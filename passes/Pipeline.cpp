@@ -98,6 +98,7 @@ Program compile_program(std::shared_ptr<Graph> g, PassContext& ctx) {
   p.kernels = std::make_shared<const KernelPlan>(select_kernels(*g, ctx.memory.target));
   p.memory = ctx.memory_plan;
   p.notes = ctx.notes;
+  p.warnings = ctx.warnings;
   p.graph = std::move(g);
   return p;
 }

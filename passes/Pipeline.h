@@ -28,6 +28,9 @@ struct PassContext {
   bool verify_each = false;
   // Free-form notes passes leave for the dump ("slice-legality: %mm ends the region: ...").
   std::vector<std::string> notes;
+  // Hints a pass could not honor, for the user (the bindings raise each as a HintBackendHintWarning):
+  // "<region at file:line>: schedule='dfs' but nothing can be sliced: ...". Also in notes.
+  std::vector<std::string> warnings;
   // slice-schedule's decision per region id: its slice count (1: left whole). The one owner of that
   // decision: the training partition asks it too (bindings, slice_decisions).
   std::map<int, int64_t> slice_counts;

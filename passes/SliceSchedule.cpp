@@ -256,8 +256,17 @@ bool slice_schedule(Graph& g, PassContext& ctx) {
       continue;
     }
     if (R->sliceable.empty() || R->extent <= 1 || R->outputs.empty()) {
+      const std::string why =
+          R->end_node >= 0 ? describe(g, R->end_node) + " " + R->end_reason
+          : R->extent <= 1 ? "its tensors have no slice dims of size > 1 (slice_dims " +
+                                 (R->slice_dims.empty() ? std::string("batch,heads") : "[" + counts_str(R->slice_dims) + "]") + ")"
+                           : "no value leaves the sliceable part";
       ctx.notes.push_back(head + schedule_name(sched) + " but nothing to slice" +
                           (R->end_node >= 0 ? " (ends at %" + g.nodes[R->end_node].name + ": " + R->end_reason + ")" : ""));
+      // The user asked for slicing (dfs, or a budget to plan against) and gets none: say so.
+      if (sched == Schedule::DFS || R->hints.memory_budget)
+        ctx.warnings.push_back(where + ": schedule='" + schedule_name(sched) + "' but nothing can be sliced: " + why +
+                               ". The region runs whole (bfs); see docs/hints.md for what can be sliced.");
       continue;
     }
     const std::vector<int64_t> counts = R->slice_counts();

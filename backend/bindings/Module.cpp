@@ -112,6 +112,7 @@ class CompiledGraph {
     for (size_t k = 0; k < args.size(); ++k) inputs.push_back(to_ivalue(args[k].ptr(), k));
     args.attr("clear")();  // boxed calling convention: we own the inputs now, free them early
     std::vector<c10::IValue> out;
+    rt::take_failure_site();  // a site left by an earlier failure no caller took
     {
       py::gil_scoped_release no_gil;
       out = executor_->run(std::move(inputs));
@@ -124,6 +125,7 @@ class CompiledGraph {
   std::vector<std::string> unsupported() const { return program_.kernels->unsupported_descriptions; }
   std::vector<std::pair<std::string, std::string>> dumps() const { return dumps_; }
   std::vector<std::string> notes() const { return program_.notes; }
+  std::vector<std::string> warnings() const { return program_.warnings; }
   std::string ir() const { return print_graph(*program_.graph); }  // printed on demand only
 
  private:
@@ -161,6 +163,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("unsupported", &hb::CompiledGraph::unsupported)
       .def_property_readonly("dumps", &hb::CompiledGraph::dumps)
       .def_property_readonly("notes", &hb::CompiledGraph::notes)
+      .def_property_readonly("warnings", &hb::CompiledGraph::warnings)
       .def_property_readonly("ir", &hb::CompiledGraph::ir);
   m.def("import_graph", [](const std::string& doc) { return hb::print_graph(*hb::import_json(doc)); },
         "Parses and verifies a graph document; returns its IR text");
@@ -177,6 +180,9 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("document"), py::arg("settings"),
      "slice-schedule's slice count per hinted region id of a graph document (1: left whole), as compiling "
      "it would decide");
+  m.def("take_failure_site", &hb::rt::take_failure_site,
+        "Where the last failed run on this thread raised an error the runtime could not annotate (a Python "
+        "kernel's): the node, and the slice loop around it; empty if none. Clears it.");
   m.def("pipeline", [] {
     std::vector<std::pair<std::string, std::string>> out;
     for (const auto& p : hb::pipeline()) out.emplace_back(p.name, p.why);

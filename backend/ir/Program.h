@@ -18,6 +18,7 @@ struct Program {
   std::shared_ptr<const KernelPlan> kernels;  // with the subgraphs' plans
   std::shared_ptr<const MemoryPlan> memory;   // with the slice bodies' plans; null: nothing placed
   std::vector<std::string> notes;             // what the passes decided, for the dump
+  std::vector<std::string> warnings;          // hints the passes could not honor, for the user
 };
 
 }  // namespace hb

@@ -45,6 +45,20 @@ struct Step {
 };
 
 namespace {
+thread_local std::string failure_site;  // note_failure_site: innermost first
+}  // namespace
+
+void note_failure_site(const std::string& where) {
+  failure_site += (failure_site.empty() ? "" : ", inside ") + where;
+}
+
+std::string take_failure_site() {
+  std::string s = std::move(failure_site);
+  failure_site.clear();
+  return s;
+}
+
+namespace {
 
 Step plan_aten(const Graph& g, int i) {
   const Node& n = g.nodes[i];
@@ -301,9 +315,15 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
           break;
         }
       }
-    } catch (const c10::Error& e) {
-      throw std::runtime_error("hintbackend: while running " + describe(g, s.node) + ": " +
-                               e.what_without_backtrace());
+    } catch (c10::Error& e) {
+      // The same error (torch.OutOfMemoryError stays one), with the node named: every enclosing
+      // executor (a slice loop's graph) adds its own line.
+      e.add_context("hintbackend: while running " + describe(g, s.node));
+      throw;
+    } catch (...) {
+      // An exception we cannot annotate (a Python kernel's): its node is kept for the caller.
+      note_failure_site(describe(g, s.node));
+      throw;
     }
     if (s.fresh_result && arena_storage) keep_out_of_arena(slots[s.node], arena_storage);
     for (int r : s.release) slots[r] = c10::IValue();

@@ -30,6 +30,13 @@ namespace hb::rt {
 
 struct Step;
 
+// Where the last run that failed with an exception the runtime cannot annotate (a Python kernel's
+// error, which must keep its Python type) failed: "%node (op) at file:line, inside %loop ... (slice i
+// of N)", innermost first; a c10::Error gets these lines as its own context instead. Per thread;
+// take_failure_site() returns it and clears it (the bindings clear it before each run).
+void note_failure_site(const std::string& where);
+std::string take_failure_site();
+
 class Executor {
  public:
   // `constants`: the document's tensor constants (get_attr nodes index into it), shared by subgraphs.

@@ -71,7 +71,16 @@ class SliceLoopCall : public Call {
       std::vector<at::Tensor> dests(full.size());
       for (size_t k = 0; k < full.size(); ++k)
         if (loop.out_dims[k] >= 0) dests[k] = slice_view(full[k], loop.out_dims[k], loop.out_ndims[k], loop.slices, i);
-      std::vector<c10::IValue> out = body->run(std::move(in), arena, false, direct ? &dests : nullptr);
+      std::vector<c10::IValue> out;
+      try {
+        out = body->run(std::move(in), arena, false, direct ? &dests : nullptr);
+      } catch (c10::Error& e) {
+        e.add_context("hintbackend: in slice " + std::to_string(i) + " of " + std::to_string(loop.slices));
+        throw;
+      } catch (...) {
+        note_failure_site("slice " + std::to_string(i) + " of " + std::to_string(loop.slices));
+        throw;
+      }
       HB_INTERNAL_CHECK(out.size() == full.size()) << "slice body returned " << out.size() << " values";
       stats.written += body->arena_stats().written;
       for (size_t k = 0; k < out.size(); ++k) {

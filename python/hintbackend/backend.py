@@ -39,6 +39,10 @@ class HintBackendFallbackWarning(UserWarning):
     """A graph ran in eager because hintbackend cannot run some of its ops."""
 
 
+class HintBackendHintWarning(UserWarning):
+    """A hinted_context hint that hintbackend could not honor (the warning says which region and why)."""
+
+
 def _fallback(gm: torch.fx.GraphModule, opts: Options, name: str, reasons: List[str]) -> Callable:
     listing = "\n  ".join(reasons)
     if opts.strict:
@@ -83,6 +87,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Opt
             dumper.write(f"{stage}.txt", body)
         if compiled.notes:
             dumper.write("notes.txt", "\n".join(compiled.notes) + "\n")
+    for message in compiled.warnings:
+        warnings.warn(f"hintbackend: graph '{name}': {message}", HintBackendHintWarning, stacklevel=2)
+        log.warning("graph %s: %s", name, message)
     if log.isEnabledFor(logging.DEBUG):  # the IR is printed on demand only
         log.debug("compiled %s (%d nodes)\n%s", name, len(gm.graph.nodes), compiled.ir)
     if compiled.unsupported:
@@ -90,7 +97,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Opt
     run = compiled.run
 
     def compiled_fn(args: List[Any]) -> Any:
-        return run(args)
+        try:
+            return run(args)
+        except Exception as e:
+            # ATen errors carry the node already (the runtime adds it as context); an error raised by
+            # a Python kernel keeps its type, and gets the node as a note.
+            site = _core().take_failure_site()
+            if site:
+                e.add_note(f"hintbackend: raised while running {site}")
+            raise
 
     compiled_fn._boxed_call = True  # type: ignore[attr-defined]
     compiled_fn.hintbackend_graph = compiled  # type: ignore[attr-defined]

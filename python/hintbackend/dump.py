@@ -18,11 +18,28 @@ from __future__ import annotations
 import os
 
 
+class DumpDirError(OSError):
+    """dump_dir (or HINTBACKEND_DUMP_DIR) cannot be written."""
+
+
 class Dumper:
     def __init__(self, root: str, name: str) -> None:
+        self.root = root
         self.dir = os.path.join(root, name)
-        os.makedirs(self.dir, exist_ok=True)
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as e:
+            raise self._error(e) from e
 
     def write(self, filename: str, text: str) -> None:
-        with open(os.path.join(self.dir, filename), "w") as f:
-            f.write(text)
+        try:
+            with open(os.path.join(self.dir, filename), "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise self._error(e) from e
+
+    def _error(self, e: OSError) -> DumpDirError:
+        return DumpDirError(
+            f"hintbackend: cannot write graph dumps under dump_dir={self.root!r}: {e.strerror or e} "
+            f"({e.filename or self.dir}). Give options={{'dump_dir': ...}} (or HINTBACKEND_DUMP_DIR) a folder "
+            "you can write, or unset it to turn dumps off.")

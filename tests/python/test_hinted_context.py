@@ -441,6 +441,45 @@ def test_graph_break_inside_nested_region_keeps_both_levels():
     assert by_target[aten.exp.default]["region"] == sin["path"][0]
 
 
+def _broken_body(y):
+    z = y.sin()
+    torch._dynamo.graph_break()
+    return z * 2
+
+
+def test_graph_break_inside_functional_body():
+    # Dynamo cannot trace a body that breaks the graph: it runs the higher-order op eagerly and
+    # compiles the body's frames on their own. Both sides of the break keep the region's hints.
+    def f(x, w):
+        return hinted_context(_broken_body, x @ w, schedule="dfs", slices=2).cos().sum()
+
+    cap = Capture()
+    x, w = xw()
+    torch.compile(f, backend=cap)(x, w).backward()
+    by_target = {n.target: hints_of(n) for gm in cap.fw for n in calls(gm)}
+    assert by_target[aten.sin.default] == by_target[aten.mul.Tensor]
+    assert by_target[aten.sin.default]["schedule"] == "dfs" and by_target[aten.sin.default]["slices"] == 2
+    assert by_target[aten.mm.default] is None and by_target[aten.cos.default] is None
+    assert len(check_backward_inherits(cap.fw, cap.bw)) >= 2  # the sin and mul backward ops
+    x2, w2 = xw()
+    _broken_body(x2 @ w2).cos().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(w.grad, w2.grad)
+
+
+def test_graph_break_inside_functional_body_nested_in_region():
+    def f(x):
+        with hinted_context(schedule="dfs"):
+            return hinted_context(_broken_body, x, slices=3).exp()
+
+    cap = Capture()
+    torch.compile(f, backend=cap)(torch.randn(4))
+    by_target = {n.target: hints_of(n) for gm in cap.fw for n in calls(gm)}
+    inner = by_target[aten.sin.default]
+    assert inner == by_target[aten.mul.Tensor] and inner["slices"] == 3 and inner["schedule"] == "dfs"
+    assert len(inner["path"]) == 2 and by_target[aten.exp.default]["region"] == inner["path"][0]
+
+
 def test_recompilation_with_new_shapes():
     cap = Capture()
     cf = torch.compile(region_ctx, backend=cap, dynamic=False)
