@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Calls on the GPU machine: build hintbackend there (its Python is 3.12, so nothing built here can be
 # carried), run the test corpus on CUDA, the demo, and the benchmarks. Logs go to $OUT.
-#   run: bash benchmarks/gpu_session.sh [all|tests|bench|none]  (default all; each mode builds first,
-#        reusing the build folder a warm machine kept; none only builds)
+#   run: bash benchmarks/gpu_session.sh [all|tests|bench|dist|none]  (default all; each mode builds first,
+#        reusing the build folder a warm machine kept; none only builds; dist needs 2 GPUs: the
+#        DDP/FSDP2 check against eager and the step-time/peak table, DIST_ARGS adds to the table's flags)
 set -uo pipefail
 MODE="${1:-all}"
 OUT="${OUT:-/tmp/hb-out}"; mkdir -p "$OUT"
@@ -46,4 +47,15 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
   done
   echo "== slicing benchmark, flex_attention region"
   timeout 240 $PY "$SRC/benchmarks/slicing.py" --region flex > "$OUT/slicing_flex.log" 2>&1; tail -16 "$OUT/slicing_flex.log"
+fi
+if [ "$MODE" = dist ]; then
+  NGPU=$(nvidia-smi -L | wc -l)
+  TR="$PY -m torch.distributed.run --standalone --nproc-per-node $NGPU -m hintbackend.distributed_demo --device cuda"
+  echo "== DDP and FSDP2 against eager on $NGPU GPUs (bf16 attention on cuDNN, dfs region)"
+  timeout 240 $TR --attn-dtype bfloat16 --dfs --steps 10 > "$OUT/dist_check.log" 2>&1
+  grep -E "^\[(ddp|fsdp2)\]|Error" "$OUT/dist_check.log" | head -60
+  echo "== step time and per-rank peak: ${DIST_ARGS:-}"
+  timeout 420 $TR --bench --layers 4 --d 512 --heads 8 --seq 1024 --batch 4 --attn-dtype bfloat16 ${DIST_ARGS:-} \
+    > "$OUT/dist_bench.log" 2>&1
+  grep -E "^\[(ddp|fsdp2)\]|Error" "$OUT/dist_bench.log" | head -60
 fi

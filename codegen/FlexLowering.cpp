@@ -319,7 +319,7 @@ bool score_pw_op(const std::string& target, ScorePw* op) {
       {"aten::div.Tensor", ScorePw::Div},       {"aten::div.Scalar", ScorePw::Div},
       {"aten::neg.default", ScorePw::Neg},      {"aten::abs.default", ScorePw::Abs},
       {"aten::exp.default", ScorePw::Exp},      {"aten::log.default", ScorePw::Log},
-      {"aten::tanh.default", ScorePw::Tanh},    {"aten::tanh_backward.default", ScorePw::TanhBackward},
+      {"aten::tanh.default", ScorePw::Tanh},
       {"aten::sigmoid.default", ScorePw::Sigmoid},
       {"aten::maximum.default", ScorePw::Max},  {"aten::minimum.default", ScorePw::Min},
       {"aten::ge.Tensor", ScorePw::Ge},         {"aten::ge.Scalar", ScorePw::Ge},
@@ -438,8 +438,8 @@ bool score_pointwise(const Graph& score_mod, const Graph* joint, std::string* wh
       *why = "a captured buffer wants a gradient";
       return false;
     }
-  // Only the score gradient's cone needs translating; the rest (None outputs) is dead.
-  return pointwise_graph(*joint, 6, "the joint graph", why);
+  // cuDNN's backward then needs no bprop of ours: the identity is its default.
+  return true;
 }
 
 namespace {

@@ -50,20 +50,21 @@ struct FlexBiasLayout {
 };
 std::string to_string(const FlexBiasLayout& l);  // "dense buf1[b, h, q_idx, kv_idx]", "toeplitz ..."
 
-// A score_mod (and its joint graph's score gradient) as cuDNN pointwise nodes over the score: the ops
+// A score_mod as cuDNN pointwise nodes over the score: the ops
 // it may use, each mapped to one cuDNN pointwise mode (or a short chain) by the runtime. Index inputs:
 // q_idx and kv_idx become cuDNN's generated row and column indices; a captured buffer read by one index
 // (buf[h], buf[q_idx], buf[kv_idx], buf[b]) becomes a broadcast tensor input; constants are scalars.
 enum class ScorePw {
-  Add, Sub, Mul, Div, Neg, Abs, Exp, Log, Tanh, TanhBackward, Sigmoid, Max, Min,
+  Add, Sub, Mul, Div, Neg, Abs, Exp, Log, Tanh, Sigmoid, Max, Min,
   Ge, Gt, Le, Lt, Eq, Ne, And, Or, Where, Cast, Index
 };
 // The op of an ATen target (add.Tensor, tanh.default, ...), or false.
 bool score_pw_op(const std::string& target, ScorePw* op);
 
-// Whether score_mod (and, for a backward, the joint graph's first output) is pointwise cuDNN can run:
-// every op in ScorePw, buffers read whole by one index variable and wanting no gradient, b and h used
-// only to read such buffers. `why` says what stops it.
+// Whether score_mod is pointwise cuDNN can run: every op in ScorePw, buffers read whole by one index
+// variable, b and h used only to read such buffers; for a backward, the joint graph's score gradient
+// must be the incoming gradient itself (d score_mod / d score = 1, cuDNN's default bprop) and no buffer
+// may want a gradient. `why` says what stops it.
 bool score_pointwise(const Graph& score_mod, const Graph* joint, std::string* why);
 
 struct FlexAnalysis {

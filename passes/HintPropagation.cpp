@@ -96,14 +96,19 @@ void check_slice_dims(const Graph& g, const std::map<int, std::vector<int>>& reg
         seen[a.ref] = true;
         inputs.push_back(a.ref);
       });
-    size_t min_rank = SIZE_MAX;
-    for (int r : results) min_rank = std::min(min_rank, g.nodes[r].type.tensor.shape.size());
-
-    const int ref = results.front();
+    // The sliced values are the highest-rank results. A lower-rank result is one shared by all slices:
+    // in a backward graph, the gradient of a weight or of a captured buffer (FlexAttention's learned
+    // bias), summed over the slices; a lower-rank input is a weight or a bias. Neither is checked:
+    // slice-legality decides what such a value means for the slicing.
+    size_t max_rank = 0;
+    for (int r : results) max_rank = std::max(max_rank, g.nodes[r].type.tensor.shape.size());
+    int ref = -1;
+    for (int r : results)
+      if (g.nodes[r].type.tensor.shape.size() == max_rank) { ref = r; break; }
     const auto& ref_shape = g.nodes[ref].type.tensor.shape;
     auto check = [&](int i, bool is_input) {
       const TensorType& t = g.nodes[i].type.tensor;
-      if (is_input && t.shape.size() < min_rank) return;  // shared by all slices (a weight, a bias)
+      if (t.shape.size() < max_rank) return;  // shared by all slices
       HB_USER_CHECK(static_cast<int64_t>(t.shape.size()) > max_dim)
           << region_name(h) << ": slice_dims=" << dims_str(h.slice_dims) << " but " << describe(g, i)
           << ", a tensor " << (is_input ? "entering" : "leaving") << " the region, is " << to_string(t)

@@ -257,7 +257,7 @@ bool slice_schedule(Graph& g, PassContext& ctx) {
     }
     if (R->sliceable.empty() || R->extent <= 1 || R->outputs.empty()) {
       const std::string why =
-          R->end_node >= 0 ? describe(g, R->end_node) + " " + R->end_reason
+          R->end_node >= 0 ? "%" + g.nodes[R->end_node].name + " " + R->end_reason
           : R->extent <= 1 ? "its tensors have no slice dims of size > 1 (slice_dims " +
                                  (R->slice_dims.empty() ? std::string("batch,heads") : "[" + counts_str(R->slice_dims) + "]") + ")"
                            : "no value leaves the sliceable part";

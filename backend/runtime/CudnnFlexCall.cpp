@@ -184,11 +184,6 @@ TA emit_pointwise(fe::graph::Graph& g, const Graph& sub, std::vector<TA> in, int
       case ScorePw::Log: need(1); r = pw(M::LOG, x[0]); break;
       case ScorePw::Tanh: need(1); r = pw(M::TANH_FWD, x[0]); break;
       case ScorePw::Sigmoid: need(1); r = pw(M::SIGMOID_FWD, x[0]); break;
-      case ScorePw::TanhBackward: {  // (grad, y) -> grad * (1 - y * y)
-        need(2);
-        r = pw(M::MUL, x[0], pw(M::SUB, g.tensor(1.f), pw(M::MUL, x[1], x[1])));
-        break;
-      }
       case ScorePw::Max: need(2); r = pw(M::MAX, x[0], x[1]); break;
       case ScorePw::Min: need(2); r = pw(M::MIN, x[0], x[1]); break;
       case ScorePw::Ge: need(2); r = pw(M::CMP_GE, x[0], x[1]); break;
@@ -239,7 +234,7 @@ class CudnnFlexCall : public Call {
   // Pointwise: the score_mod (and the joint graph's score gradient) as cuDNN pointwise nodes, the mask
   // band applied after it inside the same subgraph (cuDNN takes no built-in mask with a score_mod).
   enum class Mod { Identity, RowShift, Bias, Pointwise } mod = Mod::Identity;
-  std::shared_ptr<const Graph> score_graph, joint_graph;  // Pointwise
+  std::shared_ptr<const Graph> score_graph;  // Pointwise
   std::set<std::pair<int, int>> reads;                    // Pointwise: (buffer, index placeholder) inputs
   double softcap = 0;                                     // Pointwise: c * tanh(score / c) through cuDNN's Softcap
   bool bias_per_batch = false;        // t reads b: a [B, H, Sq, Skv] bias, else [1, H, Sq, Skv]
@@ -486,8 +481,8 @@ class CudnnFlexCall : public Call {
     std::shared_ptr<fg::Tensor_attributes> Bias;
     if (x.bias.defined()) Bias = tensor("Bias", x.bias, kBias);
     // A pointwise score_mod: buffer inputs on the main graph, the score_mod (then the band) in cuDNN's
-    // score-modifier subgraph; the backward's bprop runs the joint graph's score gradient on the score
-    // the forward modifier saw (cuDNN runs the modifier first in the same graph).
+    // score-modifier subgraph. Its backward has no bprop of ours: score_pointwise admits a backward
+    // only where d score_mod / d score = 1, which is cuDNN's default.
     std::map<std::pair<int, int>, TA> bufs;
     for (const auto& [k, p] : reads) {
       const at::Tensor& t = x.score_inputs.at(buffer_uid(k, p));
@@ -497,9 +492,6 @@ class CudnnFlexCall : public Call {
       bufs[{k, p}] = g.tensor(fg::Tensor_attributes().set_name("score_buffer").set_uid(buffer_uid(k, p)).set_dim(dim)
                                   .set_stride(stride).set_data_type(fe::DataType_t::FLOAT));
     }
-    // What the bprop reads of the forward (score, q_idx, kv_idx) is made inside the forward modifier's
-    // subgraph, as cuDNN's own softcap saves its tanh input there.
-    auto saved = std::make_shared<std::array<TA, 3>>();
     auto apply_band = [this](std::shared_ptr<fg::Graph> sg, TA out) -> TA {
       if (band.unbounded()) return out;
       if (band.hi == FlexBand::kNoBound) return fg::attn::score_modifiers::causal_mask(sg, out);
@@ -515,18 +507,13 @@ class CudnnFlexCall : public Call {
     auto softcap_bprop = [cap, cap_scalar](std::shared_ptr<fg::Graph> sg, TA d_score) -> TA {
       return cap->backward(sg, d_score, cap_scalar);
     };
-    auto score_mod_fn = [this, bufs, saved, apply_band](std::shared_ptr<fg::Graph> sg, TA input) -> TA {
+    auto score_mod_fn = [this, bufs, apply_band](std::shared_ptr<fg::Graph> sg, TA input) -> TA {
       TA score = sg->pointwise(input, fg::Pointwise_attributes().set_mode(fe::PointwiseMode_t::IDENTITY)
                                           .set_compute_data_type(fe::DataType_t::FLOAT));
       score->set_data_type(fe::DataType_t::FLOAT);
-      *saved = {score, generated_index(*sg, score, 2), generated_index(*sg, score, 3)};
-      return apply_band(sg, emit_pointwise(*sg, *score_graph, {score, nullptr, nullptr, (*saved)[1], (*saved)[2]}, 5,
-                                           bufs, score, where));
-    };
-    auto bprop_fn = [this, bufs, saved](std::shared_ptr<fg::Graph> sg, TA d_score) -> TA {
-      // joint(score, b, h, q_idx, kv_idx, grad_score, *buffers)
-      const auto& [score, q_idx, kv_idx] = *saved;
-      return emit_pointwise(*sg, *joint_graph, {score, nullptr, nullptr, q_idx, kv_idx, d_score}, 6, bufs, score, where);
+      return apply_band(sg, emit_pointwise(*sg, *score_graph, {score, nullptr, nullptr, generated_index(*sg, score, 2),
+                                                               generated_index(*sg, score, 3)},
+                                           5, bufs, score, where));
     };
     auto set_band = [&](auto& attrs) {
       if (mod == Mod::Pointwise) {
@@ -554,10 +541,7 @@ class CudnnFlexCall : public Call {
       a.set_name("flex_attention_backward").set_attn_scale(static_cast<float>(scale));
       a.set_deterministic_algorithm(deterministic);
       set_band(a);
-      if (mod == Mod::Pointwise) {
-        if (softcap > 0) a.set_score_mod_bprop(softcap_bprop);
-        else a.set_score_mod_bprop(bprop_fn);
-      }
+      if (mod == Mod::Pointwise && softcap > 0) a.set_score_mod_bprop(softcap_bprop);
       if (Bias) a.set_bias(Bias);
       if (x.dbias.defined()) {
         auto dBias = tensor("dBias", x.dbias, kDBias);  // in the bias's dtype
@@ -603,11 +587,7 @@ std::shared_ptr<const Call> lower_cudnn_flex_attention(const LowerContext& ctx) 
     call->score_graph = ctx.graph().subgraphs.at(n.args[call->backward ? 7 : 3].s);
     buffer_reads(*call->score_graph, 5, &call->reads);
     call->score_buffers = convert_untyped(n.args[call->backward ? 12 : 7], ctx.where);
-    if (call->backward) {
-      call->joint_graph = ctx.graph().subgraphs.at(n.args[8].s);
-      buffer_reads(*call->joint_graph, 6, &call->reads);
-      call->buffer_grads.assign(n.args[12].items.size(), false);  // score_pointwise: none wants one
-    }
+    if (call->backward) call->buffer_grads.assign(n.args[12].items.size(), false);  // score_pointwise: none wants one
   } else if (a.score_row_shift || a.score_bias) {
     call->mod = a.score_bias ? CudnnFlexCall::Mod::Bias : CudnnFlexCall::Mod::RowShift;
     call->bias_per_batch = a.bias_reads_b;

@@ -25,19 +25,22 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from .flex import flex_attention_hop_call
+from .hoo import hinted_context
 
 
 class Block(nn.Module):
-    def __init__(self, d: int, heads: int, seq: int, block_mask, on_cpu: bool, attn_dtype=None) -> None:
+    def __init__(self, d: int, heads: int, seq: int, block_mask, on_cpu: bool, attn_dtype=None,
+                 attn_hints=None, rel_bias: bool = True) -> None:
         super().__init__()
         self.heads, self.seq, self.block_mask, self.on_cpu = heads, seq, block_mask, on_cpu
         self.attn_dtype = attn_dtype  # q, k, v cast to it for the attention (mixed precision), or None
+        self.attn_hints = attn_hints  # hinted_context hints around the attention (e.g. schedule="dfs"), or None
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
         # learned relative-position bias, one scalar per (distance, head): its gradient is the
         # backward's scatter into a captured buffer
-        self.rel_bias = nn.Parameter(0.02 * torch.randn(2 * seq - 1, heads))
+        self.rel_bias = nn.Parameter(0.02 * torch.randn(2 * seq - 1, heads)) if rel_bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, S, D = x.shape
@@ -49,22 +52,31 @@ class Block(nn.Module):
         def rel_bias(score, b, h, q_idx, kv_idx):
             return score + bias[q_idx - kv_idx + seq - 1, h]
 
-        if self.on_cpu:
-            a = flex_attention_hop_call(q, k, v, rel_bias, self.block_mask)
+        score_mod = rel_bias if bias is not None else None  # None: causal attention, no score_mod
+
+        def attention(q, k, v):
+            if self.on_cpu:
+                return flex_attention_hop_call(q, k, v, score_mod, self.block_mask)
+            return flex_attention(q, k, v, score_mod=score_mod, block_mask=self.block_mask)
+
+        if self.attn_hints:
+            with hinted_context(**self.attn_hints):
+                a = attention(q, k, v)
         else:
-            a = flex_attention(q, k, v, score_mod=rel_bias, block_mask=self.block_mask)
+            a = attention(q, k, v)
         x = x + self.proj(a.to(x.dtype).transpose(1, 2).reshape(B, S, D))
         return x + self.mlp(self.ln2(x))
 
 
 class TinyGPT(nn.Module):
     def __init__(self, vocab: int = 256, d: int = 64, heads: int = 4, layers: int = 2, seq: int = 128,
-                 device: str = "cpu", attn_dtype=None) -> None:
+                 device: str = "cpu", attn_dtype=None, attn_hints=None, rel_bias: bool = True) -> None:
         super().__init__()
         block_mask = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, seq, seq, device=device)
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Parameter(0.02 * torch.randn(seq, d))
-        self.blocks = nn.ModuleList(Block(d, heads, seq, block_mask, device == "cpu", attn_dtype) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, seq, block_mask, device == "cpu", attn_dtype, attn_hints, rel_bias)
+                                    for _ in range(layers))
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
 

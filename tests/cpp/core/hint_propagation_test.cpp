@@ -170,6 +170,18 @@ TEST(hint_propagation, lower_rank_inputs_and_size_one_broadcast_are_not_slice_er
   EXPECT_NO_THROW(run(*g));
 }
 
+TEST(hint_propagation, lower_rank_results_are_shared_not_slice_errors) {
+  // A backward region: the per-slice gradient leaves it with the slice dims, and so does the gradient
+  // of a buffer every slice reads (FlexAttention's learned bias lb[q - kv + S - 1, h]: f32[63, 2]),
+  // summed over the slices. The buffer's gradient is not a sliced value: no error.
+  const char* hints = R"({"region": 5, "path": [5], "slice_dims": [0, 1], "schedule": "dfs"})";
+  auto g = import_json(doc(placeholder("dout", {2, 2, 32, 16}) + ", " + placeholder("lb", {63, 2}) + ", " +
+                           call("dq", "aten::mul.Tensor", {"dout", "dout"}, tensor({2, 2, 32, 16}), hints) + ", " +
+                           call("dlb", "aten::mul.Tensor", {"lb", "lb"}, tensor({63, 2}), hints) + ", " +
+                           output({"dq", "dlb"})));
+  EXPECT_NO_THROW(run(*g));
+}
+
 TEST(hint_propagation, error_slice_dim_missing_names_region_and_node) {
   const char* hints = R"({"region": 3, "path": [0, 3], "slice_dims": [0, 2]})";
   auto g = import_json(doc(placeholder("x", {8, 16, 4}) + ", " +

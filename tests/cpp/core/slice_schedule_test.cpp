@@ -285,7 +285,7 @@ TEST(slice_schedule, nothing_to_slice_is_a_note_and_a_warning) {
   EXPECT_NE(ctx.notes.at(0).find("dfs but nothing to slice (ends at %sdpa"), std::string::npos) << ctx.notes[0];
   // The user asked for dfs and gets none: a warning for them, naming the region and the node at fault.
   ASSERT_EQ(ctx.warnings.size(), 1u);
-  EXPECT_NE(ctx.warnings[0].find("schedule='dfs' but nothing can be sliced: %sdpa"), std::string::npos) << ctx.warnings[0];
+  EXPECT_NE(ctx.warnings[0].find("schedule='dfs' but nothing can be sliced: %sdpa "), std::string::npos) << ctx.warnings[0];
   EXPECT_EQ(ctx.warnings[0].rfind("region ", 0), 0u) << ctx.warnings[0];
 }
 
