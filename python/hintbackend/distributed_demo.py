@@ -8,7 +8,7 @@ block), compiled with ``backend="hintbackend"``, against the same model in eager
 
 Default (check): trains --steps steps under each --modes wrapper, eager and hintbackend side by side
 (same initial parameters, same data per rank), and prints per step the losses and their difference,
-then the largest difference of the final parameters (FSDP2: the full, unsharded ones); exits 1 on a
+then the largest difference of the final parameters (FSDP2: over every rank's shards); exits 1 on a
 mismatch. With --dfs the attention runs in a hinted_context(schedule="dfs") region (dfs_hints); the check
 then also says whether every graph hintbackend compiled that holds the attention (DDP's optimizer
 splits the graph at bucket boundaries, FSDP2's hooks break it per block) carried the region's hints.
@@ -53,12 +53,14 @@ def _wrap(model: nn.Module, mode: str, dev: torch.device, bucket_mb: float) -> n
     return model
 
 
-def _full_params(model: nn.Module) -> List[torch.Tensor]:
+def _local_params(model: nn.Module) -> List[torch.Tensor]:
+    """This rank's parameters: whole under DDP, its shards under FSDP2 (the check's all-reduce then
+    covers every shard, with no all-gather)."""
     out = []
     for p in model.parameters():
         t = p.detach()
-        if hasattr(t, "full_tensor"):  # FSDP2: a DTensor shard
-            t = t.full_tensor()
+        if hasattr(t, "to_local"):  # FSDP2: a DTensor
+            t = t.to_local()
         out.append(t.float().cpu())
     return out
 
@@ -146,7 +148,8 @@ def check(args, mode: str, rank: int, dev: torch.device) -> bool:
             worst = max(worst, diff)
             if rank == 0:
                 print(f"[{mode}] {step:>4} {losses[0].item():>14.6f} {losses[1].item():>20.6f} {diff:>10.2e}")
-    pdiff = max((a - b).abs().max().item() for a, b in zip(_full_params(eager), _full_params(base)))
+    pdiff = max(((a - b).abs().max().item() if a.numel() else 0.0)
+                for a, b in zip(_local_params(eager), _local_params(base)))
     stats = torch.tensor([worst, pdiff, 0.0 if not args.dfs or recorder.all_hinted() else 1.0], device=dev)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     worst, pdiff, unhinted = stats.tolist()
@@ -244,6 +247,7 @@ def main(argv=None) -> int:
                    help="causal attention with no score_mod (default: the demo's learned relative bias)")
     p.add_argument("--backends", default="eager,inductor,hintbackend", help="--bench: which to time")
     p.add_argument("--dfs", action="store_true", help='the attention in hinted_context(schedule="dfs", slice_dims=[0])')
+    p.add_argument("--dist-backend", default="nccl", help="the process group's backend on CUDA (gloo on CPU)")
     p.add_argument("--bench", action="store_true", help="time eager / Inductor / hintbackend instead of checking")
     p.add_argument("--reps", type=int, default=10)
     args = p.parse_args(argv)
@@ -252,9 +256,14 @@ def main(argv=None) -> int:
         p.error("launch with torchrun, e.g. torchrun --standalone --nproc-per-node 2 -m hintbackend.distributed_demo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.device == "cuda":
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        # More ranks than GPUs share them round robin (a check on one GPU: NCCL refuses two ranks on one
+        # GPU, so give --dist-backend gloo).
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
         torch.cuda.set_device(dev)
-        dist.init_process_group("nccl", device_id=dev)
+        if args.dist_backend == "nccl":
+            dist.init_process_group("nccl", device_id=dev)
+        else:
+            dist.init_process_group(args.dist_backend)
     else:
         dev = torch.device("cpu")
         dist.init_process_group("gloo")
