@@ -47,7 +47,7 @@ std::string to_string(const MemoryPlan& p, const Graph& g) {
   if (p.segments.size() > 1) {
     os << " in " << p.segments.size() << " busy periods (one arena each):";
     for (const ArenaSegment& s : p.segments)
-      os << " [" << s.start << ", " << s.end << "] " << format_bytes(s.bytes) << (&s == &p.segments.back() ? "" : ",");
+      os << "\n  period [" << s.start << ", " << s.end << "] " << format_bytes(s.bytes);
   }
   for (const PlannedBuffer& b : p.buffers) {
     os << "\n  " << vname(b.values[0]) << ": offset " << b.offset << " size " << b.size << " live [" << b.start
@@ -57,13 +57,12 @@ std::string to_string(const MemoryPlan& p, const Graph& g) {
   }
   if (!p.unplanned.empty()) {
     os << "\n  unplanned:";
-    for (size_t k = 0; k < p.unplanned.size(); ++k)
-      os << (k ? ", " : " ") << vname(p.unplanned[k].value) << " (" << p.unplanned[k].why << ")";
+    for (const UnplannedValue& u : p.unplanned) os << "\n    " << vname(u.value) << " (" << u.why << ")";
   }
   if (!p.note.empty()) os << "\n  " << (p.arena_for_calls ? "" : "arena off for calls: ") << p.note;
   if (!p.output_writes.empty()) {
     os << "\n  written straight into the caller's result when it passes one (a slice loop's slice i):";
-    for (const OutputWrite& w : p.output_writes) os << (&w == &p.output_writes[0] ? " " : ", ") << vname({w.node, -1});
+    for (const OutputWrite& w : p.output_writes) os << "\n    " << vname({w.node, -1});
   }
   for (const auto& kv : p.bodies) {
     auto it = g.subgraphs.find(kv.first);

@@ -316,7 +316,9 @@ graph g {
 }
 // CHECK: // note: memory-plan graph g: arena 16384 bytes
 // CHECK-NEXT: // note:   %e: offset 0 size 16384 live [1, 3] then %n in place
-// CHECK: unplanned: %x (input), %t (output)
+// CHECK: unplanned:
+// CHECK-NEXT: // note:     %x (input)
+// CHECK-NEXT: // note:     %t (output)
 )");
 }
 

@@ -307,7 +307,7 @@ TEST(Arena, SliceLoopBodyUsesOneArenaForAllSlices) {
   EXPECT_EQ(on->arena_stats().allocations, 1) << d;
   // The body's last bmm writes slice i of the loop's result through bmm.out (no copy after), in every
   // slice. The kill switch turns it off with the arena.
-  EXPECT_NE(d.find("written straight into the caller's result when it passes one (a slice loop's slice i): %bmm_1"),
+  EXPECT_NE(d.find("written straight into the caller's result when it passes one (a slice loop's slice i):\n    %bmm_1"),
             std::string::npos) << d;
   EXPECT_EQ(on->arena_stats().written, 4) << d;
   EXPECT_EQ(off->arena_stats().written, 0);
