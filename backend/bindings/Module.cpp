@@ -10,6 +10,7 @@
 #include "backend/importer/JsonImport.h"
 #include "backend/ir/Error.h"
 #include "backend/ir/Printer.h"
+#include "backend/ir/SliceLoop.h"
 #include "backend/runtime/Executor.h"
 #include "backend/runtime/Placement.h"
 #include "codegen/KernelSelect.h"
@@ -50,6 +51,64 @@ py::object to_py(const c10::IValue& v) {
     return std::move(l);
   }
   throw InternalError("hintbackend: cannot return a value of kind " + std::string(v.tagKind()) + " to Python");
+}
+
+// A memory plan as plain data for the memory picture (python/hintbackend/memory_picture.py): the plan's
+// buffers with their values, live ranges and offsets, the region each belongs to, the slice loops of
+// the graph and the plans of their bodies.
+py::dict plan_data(const MemoryPlan& p, const Graph& g) {
+  auto vname = [&](const ValueRef& v) {
+    return "%" + g.nodes[v.node].name + (v.elem >= 0 ? "." + std::to_string(v.elem) : "");
+  };
+  py::list buffers;
+  for (const PlannedBuffer& b : p.buffers) {
+    py::list values;
+    for (const ValueRef& v : b.values) values.append(vname(v));
+    const Node& n = g.nodes[b.values[0].node];
+    py::dict d;
+    d["values"] = values;
+    d["op"] = n.target;
+    d["offset"] = b.offset;
+    d["size"] = b.size;
+    d["start"] = b.start;
+    d["end"] = b.end;
+    d["segment"] = b.segment;
+    d["region"] = n.hints.empty() ? -1 : n.hints.region;
+    buffers.append(d);
+  }
+  py::list segments;
+  for (const ArenaSegment& s : p.segments) segments.append(py::make_tuple(s.start, s.end, s.bytes));
+  py::list loops;
+  for (const Node& n : g.nodes) {
+    const Graph* body = slice_loop_body(g, n);
+    if (!body) continue;
+    const SliceLoopArgs a = slice_loop_args(n);
+    py::dict d;
+    d["node"] = "%" + n.name;
+    d["step"] = static_cast<int>(&n - g.nodes.data());
+    d["body"] = a.body;
+    d["slices"] = a.slices;
+    d["region"] = n.hints.empty() ? -1 : n.hints.region;
+    loops.append(d);
+  }
+  py::dict bodies;
+  for (const auto& kv : p.bodies) {
+    auto it = g.subgraphs.find(kv.first);
+    if (it != g.subgraphs.end()) bodies[py::str(kv.first)] = plan_data(*kv.second, *it->second);
+  }
+  py::dict out;
+  out["graph"] = p.graph;
+  out["device"] = p.device;
+  out["strategy"] = p.strategy;
+  out["steps"] = static_cast<int>(g.nodes.size());
+  out["arena_bytes"] = p.arena_bytes;
+  out["live_peak_bytes"] = p.live_peak_bytes;
+  out["no_reuse_bytes"] = p.no_reuse_bytes;
+  out["buffers"] = buffers;
+  out["segments"] = segments;
+  out["slice_loops"] = loops;
+  out["bodies"] = bodies;
+  return out;
 }
 
 // The settings of one compile, read once in Python (options.py) and passed down as values.
@@ -127,6 +186,10 @@ class CompiledGraph {
   std::vector<std::string> notes() const { return program_.notes; }
   std::vector<std::string> warnings() const { return program_.warnings; }
   std::string ir() const { return print_graph(*program_.graph); }  // printed on demand only
+  std::string kernels() const { return print_kernel_plan(*program_.graph, *program_.kernels); }
+  py::object memory_plan() const {
+    return program_.memory ? py::object(plan_data(*program_.memory, *program_.graph)) : py::object(py::none());
+  }
 
  private:
   Program program_;
@@ -164,7 +227,10 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("dumps", &hb::CompiledGraph::dumps)
       .def_property_readonly("notes", &hb::CompiledGraph::notes)
       .def_property_readonly("warnings", &hb::CompiledGraph::warnings)
-      .def_property_readonly("ir", &hb::CompiledGraph::ir);
+      .def_property_readonly("ir", &hb::CompiledGraph::ir)
+      .def_property_readonly("kernels", &hb::CompiledGraph::kernels, "The kernel chosen for each node and why (text)")
+      .def_property_readonly("memory_plan", &hb::CompiledGraph::memory_plan,
+                             "The memory plan as data (dict; None when memory-plan is disabled)");
   m.def("import_graph", [](const std::string& doc) { return hb::print_graph(*hb::import_json(doc)); },
         "Parses and verifies a graph document; returns its IR text");
   m.def("slice_decisions", [](const std::string& doc, const hb::CompileSettings& settings) {

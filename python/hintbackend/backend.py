@@ -21,7 +21,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from . import _core
-from .dump import Dumper
+from .dump import Dumper, structured_trace_on
 from .options import Options, parse_options
 from .partition import partition
 from .serialize import SerializationError, input_aliases, serialize
@@ -71,7 +71,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Opt
         elif kind == "backward":
             kept = set(forward_input_aliases)
             kept.update(n.name for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents_"))
-    dumper = Dumper(opts.dump_dir, name) if opts.dump_dir else None
+    trace = structured_trace_on()
+    dumper = Dumper(opts.dump_dir, name, trace) if opts.dump_dir or trace else None
     if dumper:
         dumper.write("fx_graph.txt", gm.print_readable(print_output=False, include_stride=True, include_device=True))
     try:
@@ -81,17 +82,13 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Opt
     text = json.dumps(doc)
     if dumper:
         dumper.write("graph.json", json.dumps(doc, indent=1))
-    compiled = _core().CompiledGraph(text, constants, opts.core_settings())
+    compiled = _core().CompiledGraph(text, constants, opts.core_settings(dump=dumper is not None))
     if dumper:
-        for stage, body in compiled.dumps:
-            dumper.write(f"{stage}.txt", body)
-        if compiled.notes:
-            dumper.write("notes.txt", "\n".join(compiled.notes) + "\n")
+        _write_dumps(dumper, compiled, text, constants, opts)
     for message in compiled.warnings:
         warnings.warn(f"hintbackend: graph '{name}': {message}", HintBackendHintWarning, stacklevel=2)
         log.warning("graph %s: %s", name, message)
-    if log.isEnabledFor(logging.DEBUG):  # the IR is printed on demand only
-        log.debug("compiled %s (%d nodes)\n%s", name, len(gm.graph.nodes), compiled.ir)
+    _log_decisions(name, gm, compiled)
     if compiled.unsupported:
         return _fallback(gm, opts, name, list(compiled.unsupported))
     run = compiled.run
@@ -110,6 +107,41 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Opt
     compiled_fn._boxed_call = True  # type: ignore[attr-defined]
     compiled_fn.hintbackend_graph = compiled  # type: ignore[attr-defined]
     return compiled_fn
+
+
+def _write_dumps(dumper: Dumper, compiled: Any, text: str, constants: List[Any], opts: Options) -> None:
+    for stage, body in compiled.dumps:
+        dumper.write(f"{stage}.txt", body)
+    if compiled.notes:
+        dumper.write("notes.txt", "\n".join(compiled.notes) + "\n")
+    plan = compiled.memory_plan
+    if dumper.dir and plan is not None:
+        from .memory_picture import page
+
+        plans = [("as compiled", plan)]
+        if plan["slice_loops"]:  # a hint sliced the graph: beside it, the same graph left whole
+            whole = opts.core_settings(dump=False)
+            whole.disable_passes = list(whole.disable_passes) + ["slice-schedule"]
+            bfs = _core().CompiledGraph(text, constants, whole).memory_plan
+            if bfs is not None:
+                plans.append(("without slicing (bfs)", bfs))
+        dumper.write("memory.html", page(dumper.name, plans), trace=False)
+    dumper.finish()
+
+
+def _log_decisions(name: str, gm: torch.fx.GraphModule, compiled: Any) -> None:
+    """What was decided for a graph, on the `hintbackend` logger (TORCH_LOGS="+hintbackend"): a summary and
+    the slice decisions at INFO, every pass note, the kernel choices and the IR at DEBUG."""
+    if log.isEnabledFor(logging.INFO):
+        slicing = [n for n in compiled.notes if n.startswith("slice-schedule")]
+        plan = compiled.memory_plan
+        arena = f", arena {plan['arena_bytes']} bytes" if plan else ""
+        log.info("compiled %s: %d FX nodes%s%s", name, len(gm.graph.nodes), arena,
+                 "".join("\n  " + n for n in slicing))
+    if log.isEnabledFor(logging.DEBUG):  # printed on demand only
+        log.debug("%s: pass notes\n%s", name, "\n".join(compiled.notes))
+        log.debug("%s: kernels\n%s", name, compiled.kernels)
+        log.debug("compiled %s (%d nodes)\n%s", name, len(gm.graph.nodes), compiled.ir)
 
 
 def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Optional[Mapping[str, Any]] = None,

@@ -38,8 +38,9 @@ class Options:
     #: default_partition (saves what the backward reads). Also HINTBACKEND_PARTITION.
     partition: str = "min-cut"
 
-    def core_settings(self) -> Any:
-        """The C++ core's CompileSettings for these options."""
+    def core_settings(self, dump: Optional[bool] = None) -> Any:
+        """The C++ core's CompileSettings for these options (`dump`: print the IR after every pass and
+        the plans; default: when dump_dir is set)."""
         from . import _core
 
         s = _core().CompileSettings()
@@ -48,7 +49,7 @@ class Options:
         s.arena = self.arena
         s.memory_plan_in_place = self.memory_plan_in_place
         s.memory_plan_strategy = self.memory_plan_strategy
-        s.dump = self.dump_dir is not None
+        s.dump = self.dump_dir is not None if dump is None else dump
         return s
 
 
