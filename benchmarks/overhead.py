@@ -3,6 +3,9 @@ process. Goal (issue 2): on CPU the hintbackend call costs at most half of eager
 
     python benchmarks/overhead.py [--device cpu|cuda] [--iters 2000] [--inductor]
 
+On CUDA it also times hintbackend with CUDA graphs (mode="reduce-overhead", issue 16's goal: at most
+0.3x eager per call) and, with --inductor, Inductor's reduce-overhead.
+
 Prints a table of median microseconds per call and the ratio to eager, for inference (no_grad) and
 for a training step (forward + backward).
 """
@@ -56,12 +59,19 @@ def main() -> None:
     model = Chain().to(dev)
     x = torch.randn(8, 16, device=dev)
     backends = ["eager", "aot_eager", "hintbackend"] + (["inductor"] if args.inductor else [])
+    if dev.startswith("cuda"):
+        backends += ["hintbackend+cg"] + (["inductor+cg"] if args.inductor else [])
     rows = []
     for mode in ("inference", "train step"):
         times = {}
         for name in backends:
             torch._dynamo.reset()
-            fn = model if name == "eager" else torch.compile(model, backend=name)
+            if name == "eager":
+                fn = model
+            elif name.endswith("+cg"):  # CUDA graphs
+                fn = torch.compile(model, backend=name[:-3], mode="reduce-overhead")
+            else:
+                fn = torch.compile(model, backend=name)
             if mode == "inference":
                 def call(fn=fn):
                     with torch.no_grad():
@@ -75,9 +85,11 @@ def main() -> None:
             times[name] = per_call_us(call, args.iters, sync)
         rows.append((mode, times))
     print(f"per-call time, Chain model (50 ops, 8x16 fp32) on {dev}, torch {torch.__version__}; median of 5 x {args.iters // 5} calls")
-    print(f"{'mode':<11} " + " ".join(f"{b + ' us':>16}" for b in backends) + "   hintbackend/eager")
+    ratios = ["hintbackend"] + (["hintbackend+cg"] if "hintbackend+cg" in backends else [])
+    print(f"{'mode':<11} " + " ".join(f"{b + ' us':>16}" for b in backends) + "".join(f"{r + '/eager':>22}" for r in ratios))
     for mode, t in rows:
-        print(f"{mode:<11} " + " ".join(f"{t[b]:>16.1f}" for b in backends) + f"   {t['hintbackend'] / t['eager']:>17.2f}")
+        print(f"{mode:<11} " + " ".join(f"{t[b]:>16.1f}" for b in backends)
+              + "".join(f"{t[r] / t['eager']:>22.2f}" for r in ratios))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,11 @@ class Options:
     #: 2108 to 1968 MiB and its step from 13.4 to 10.8 ms, docs/memory.md); "default": torch's
     #: default_partition (saves what the backward reads). Also HINTBACKEND_PARTITION.
     partition: str = "min-cut"
+    #: Record each compiled graph's launches in a CUDA graph and replay it (torch's cudagraph trees, as
+    #: Inductor's mode="reduce-overhead" does), where shapes are static and every op runs on one GPU;
+    #: other graphs run as usual with a logged reason. mode="reduce-overhead" sets it.
+    #: Also HINTBACKEND_CUDA_GRAPHS=0/1.
+    cuda_graphs: bool = False
 
     def core_settings(self, dump: Optional[bool] = None) -> Any:
         """The C++ core's CompileSettings for these options (`dump`: print the IR after every pass and
@@ -55,18 +60,18 @@ class Options:
 
 _TYPES = {"strict": bool, "dump_dir": (str, os.PathLike, type(None)), "disable_passes": (list, tuple),
           "verify_each_pass": bool, "arena": bool, "memory_plan_in_place": bool, "memory_plan_strategy": str,
-          "partition": str}
+          "partition": str, "cuda_graphs": bool}
 _WANT = {"strict": "a bool", "dump_dir": "a path string or None", "disable_passes": "a list of pass names",
          "verify_each_pass": "a bool", "arena": "a bool", "memory_plan_in_place": "a bool",
          "memory_plan_strategy": 'one of "", "greedy-by-size", "best-fit"',
-         "partition": 'one of "default", "min-cut"'}
+         "partition": 'one of "default", "min-cut"', "cuda_graphs": "a bool"}
 STRATEGIES = ("", "greedy-by-size", "best-fit")
 PARTITIONS = ("default", "min-cut")
 # Options whose value is one of a few strings.
 _CHOICES = {"memory_plan_strategy": STRATEGIES, "partition": PARTITIONS}
 # Settings the environment may give: variable -> option (booleans as 0/1, choices by name).
 _ENV_BOOLS = {"HINTBACKEND_ARENA": "arena", "HINTBACKEND_MEMORY_PLAN_IN_PLACE": "memory_plan_in_place",
-              "HINTBACKEND_VERIFY_EACH_PASS": "verify_each_pass"}
+              "HINTBACKEND_VERIFY_EACH_PASS": "verify_each_pass", "HINTBACKEND_CUDA_GRAPHS": "cuda_graphs"}
 _ENV_CHOICES = {"HINTBACKEND_MEMORY_PLAN_STRATEGY": "memory_plan_strategy", "HINTBACKEND_PARTITION": "partition"}
 
 

@@ -32,7 +32,7 @@ def test_entry_point_without_import():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"strictt": True}, "unknown option 'strictt'; valid options are arena, disable_passes, dump_dir, "
+    ({"strictt": True}, "unknown option 'strictt'; valid options are arena, cuda_graphs, disable_passes, dump_dir, "
                         "memory_plan_in_place, memory_plan_strategy, partition, strict, verify_each_pass"),
     ({"partition": "greedy"}, "option 'partition' must be one of \"default\", \"min-cut\", got 'greedy'"),
     ({"memory_plan_strategy": "first-fit"}, "option 'memory_plan_strategy' must be one of \"\", \"greedy-by-size\", "

@@ -145,3 +145,50 @@ def test_decisions_go_to_the_hintbackend_logger(caplog):
     assert re.search(r"slice-schedule region \d+: dfs with slices=8", summary), summary
     assert any("kernels" in m.splitlines()[0] and "%" in m for m in debug), debug
     assert any("pass notes" in m.splitlines()[0] and "memory-plan graph" in m for m in debug), debug
+
+
+# ---- CUDA graphs -------------------------------------------------------------------------------------
+
+
+class Chain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 16, 16) * 0.3)
+
+    def forward(self, x):
+        for i in range(4):
+            x = torch.sigmoid(torch.relu(x @ self.w[i]) * 0.5) + x
+        return x
+
+
+@pytest.mark.parametrize("how", [{"mode": "reduce-overhead"}, {"options": {"cuda_graphs": True, "strict": True}}],
+                         ids=["mode", "option"])
+def test_cuda_graphs_replay_matches_eager(how, caplog):
+    import copy
+
+    torch.manual_seed(0)
+    model = Chain().to(device())
+    compiled_model = copy.deepcopy(model)
+    f = torch.compile(compiled_model, backend="hintbackend", **how)
+    with caplog.at_level(logging.INFO, logger="hintbackend"):
+        for step in range(4):  # warm-up, record, then replays, on fresh inputs each time
+            torch.compiler.cudagraph_mark_step_begin()
+            x = randn(8, 16)
+            got = f(x)
+            torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+            got.sum().backward()
+            model(x).sum().backward()
+            torch.testing.assert_close(compiled_model.w.grad, model.w.grad, rtol=1e-5, atol=1e-5)
+    messages = [r.getMessage() for r in caplog.records if r.name == "hintbackend"]
+    if device() == "cuda":
+        assert any("replays as a CUDA graph" in m and m.startswith("graph forward_") for m in messages), messages
+        assert any("replays as a CUDA graph" in m and m.startswith("graph backward_") for m in messages), messages
+        assert not any("runs without CUDA graphs" in m for m in messages), messages
+    else:  # the CPU: the same results, and the reason it did not record
+        assert any(m.endswith("runs without CUDA graphs: no CUDA tensors") for m in messages), messages
+
+
+def test_unsupported_mode_names_the_ones_that_work():
+    f = torch.compile(lambda x: x + 1, backend="hintbackend", mode="max-autotune")
+    with pytest.raises(Exception, match='mode=\'max-autotune\' is not supported: use mode="reduce-overhead"'):
+        f(randn(3))
