@@ -80,6 +80,8 @@ def main() -> None:
                 xg = x.clone().requires_grad_(True)
 
                 def call(fn=fn, xg=xg):
+                    xg.grad = None  # zero_grad(set_to_none=True), as a training step does
+                    model.zero_grad(set_to_none=True)
                     fn(xg).sum().backward()
             call()  # compile outside the timing
             times[name] = per_call_us(call, args.iters, sync)

@@ -173,6 +173,10 @@ def test_cuda_graphs_replay_matches_eager(how, caplog):
     with caplog.at_level(logging.INFO, logger="hintbackend"):
         for step in range(4):  # warm-up, record, then replays, on fresh inputs each time
             torch.compiler.cudagraph_mark_step_begin()
+            # A step's zero_grad(set_to_none=True): the gradients a replay returns live in the CUDA graphs'
+            # memory, which the next step reuses (accumulating into them is what Inductor's
+            # reduce-overhead refuses too).
+            compiled_model.w.grad = model.w.grad = None
             x = randn(8, 16)
             got = f(x)
             torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
