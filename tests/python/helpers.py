@@ -88,3 +88,10 @@ def check_model(model: torch.nn.Module | Callable, inputs: Sequence[Any], *, tra
 
 def randn(*shape, dtype=torch.float32) -> torch.Tensor:
     return torch.randn(*shape, dtype=dtype, device=device())
+
+
+def graph_dirs(dump_dir) -> list:
+    """The per-graph folders of a dump folder (not its index.html), sorted."""
+    import os
+
+    return sorted(d for d in os.listdir(dump_dir) if os.path.isdir(os.path.join(dump_dir, d)))

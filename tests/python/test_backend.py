@@ -14,7 +14,7 @@ import torch
 
 import hintbackend
 from conftest import device
-from helpers import randn
+from helpers import randn, graph_dirs
 from hintbackend.backend import HintBackendFallbackWarning, UnsupportedGraphError
 
 
@@ -91,7 +91,7 @@ def test_dumps_every_stage(tmp_path):
     f = torch.compile(lambda x, w: torch.relu(x @ w).sum(), backend="hintbackend", options={"dump_dir": str(tmp_path)})
     x, w = randn(4, 3), randn(3, 2).requires_grad_(True)
     f(x, w).backward()
-    graphs = sorted(os.listdir(tmp_path))
+    graphs = graph_dirs(tmp_path)
     assert any(g.startswith("forward_") for g in graphs) and any(g.startswith("backward_") for g in graphs), graphs
     fwd = tmp_path / next(g for g in graphs if g.startswith("forward_"))
     names = set(os.listdir(fwd))
@@ -116,7 +116,7 @@ def test_backward_document_says_which_inputs_the_caller_keeps(tmp_path):
     f = torch.compile(lambda x: torch.tanh(lin(x)).relu(), backend="hintbackend",
                       options={"dump_dir": str(tmp_path), "partition": "default"})  # saves tanh's output
     f(randn(4, 8).requires_grad_(True)).sum().backward()
-    bwd = tmp_path / next(g for g in sorted(os.listdir(tmp_path)) if g.startswith("backward_"))
+    bwd = tmp_path / next(g for g in graph_dirs(tmp_path) if g.startswith("backward_"))
     graph = json.loads((bwd / "graph.json").read_text())["graph"]
     placeholders = [n["name"] for n in graph["nodes"] if n["op"] == "placeholder"]
     assert graph["inputs_owned"] is True
@@ -128,7 +128,7 @@ def test_backward_document_says_which_inputs_the_caller_keeps(tmp_path):
     assert weight_views and set(weight_views) <= kept, (weight_views, kept, fx_text)  # W^T for dx: the module's
     activations = [p for p in placeholders if p.startswith("detach")]
     assert activations and not set(activations) & kept, (activations, kept)  # saved tanh: freed after its last use
-    fwd = tmp_path / next(g for g in sorted(os.listdir(tmp_path)) if g.startswith("forward_"))
+    fwd = tmp_path / next(g for g in graph_dirs(tmp_path) if g.startswith("forward_"))
     assert "inputs_owned" not in json.loads((fwd / "graph.json").read_text())["graph"]
     header = (bwd / "ir-import.txt").read_text().splitlines()[0]
     assert header.startswith(f"graph {graph['name']} (inputs owned except %"), header
@@ -137,14 +137,14 @@ def test_backward_document_says_which_inputs_the_caller_keeps(tmp_path):
 def test_dump_dir_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("HINTBACKEND_DUMP_DIR", str(tmp_path))
     torch.compile(lambda x: x.exp(), backend="hintbackend")(randn(3))
-    assert os.listdir(tmp_path), "HINTBACKEND_DUMP_DIR must produce a dump"
+    assert graph_dirs(tmp_path), "HINTBACKEND_DUMP_DIR must produce a dump"
 
 
 def test_disabled_pass_is_reported(tmp_path):
     f = torch.compile(lambda x: (x * 2).sum(), backend="hintbackend",
                       options={"dump_dir": str(tmp_path), "disable_passes": ["dead-code-elimination"]})
     f(randn(3))
-    notes = (tmp_path / os.listdir(tmp_path)[0] / "notes.txt").read_text()
+    notes = (tmp_path / graph_dirs(tmp_path)[0] / "notes.txt").read_text()
     assert "dead-code-elimination: disabled" in notes
 
 

@@ -10,9 +10,11 @@ import os
 
 import pytest
 import torch
+
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from conftest import device
+from helpers import graph_dirs
 from hintbackend import hinted_context
 
 pytestmark = pytest.mark.skipif(device() != "cuda", reason="cuDNN runs on CUDA (HINTBACKEND_TEST_DEVICE=cuda)")
@@ -68,7 +70,7 @@ def test_cudnn_flex_matches_float64(tmp_path, dtype, mask, shape):
     for name, g, e, r in zip(("out", "lse", "dq", "dk", "dv"), got, eager, ref):
         err, eager_err = rel(g, r), rel(e, r)
         assert err <= 2 * eager_err + 1e-5, f"{name}: {err:.3g} vs eager {eager_err:.3g}"
-    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in os.listdir(tmp_path))
+    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in graph_dirs(tmp_path))
     assert "flex-attention-cudnn" in kernels and "flex-attention-backward-cudnn" in kernels, kernels
 
 
@@ -86,7 +88,7 @@ def test_deterministic_backward_is_bitwise_repeatable(tmp_path):
     second = run(compiled, q, k, v, dout)
     for a, b in zip(first[2:], second[2:]):
         assert torch.equal(a, b)
-    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in os.listdir(tmp_path))
+    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in graph_dirs(tmp_path))
     assert "cudnn: no mask, identity score_mod, deterministic" in kernels, kernels
 
 
@@ -105,7 +107,7 @@ def test_a_logsumexp_gradient_keeps_the_reference_backward(tmp_path):
     attn(*ref).backward()
     for g, r in zip(got, ref):
         torch.testing.assert_close(g.double(), r.grad, rtol=2e-2, atol=2e-2)
-    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in os.listdir(tmp_path))
+    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in graph_dirs(tmp_path))
     assert "flex-attention-cudnn" in kernels, kernels
     assert "not cuDNN: the backward takes a logsumexp gradient" in kernels, kernels
 
@@ -144,7 +146,7 @@ def test_learned_kv_independent_bias_runs_on_cudnn(tmp_path, bias):
         assert err <= 2 * eager_err + 1e-5, f"{name}: {err:.3g} vs eager {eager_err:.3g}"
     assert ref_gbuf.abs().max().item() < 1e-9  # the math says zero; float64 agrees
     assert got_gbuf is not None and torch.equal(got_gbuf, torch.zeros_like(got_gbuf))
-    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in os.listdir(tmp_path))
+    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in graph_dirs(tmp_path))
     assert "flex-attention-backward-cudnn" in kernels and "kv-independent term" in kernels, kernels
 
 
@@ -211,7 +213,7 @@ def test_kv_dependent_bias_matches_float64(tmp_path, bias, shape):
         # docs/flex-attention.md.
         factor = 4 if name == "dbuf" else 2
         assert err <= factor * eager_err + 1e-5, f"{name}: {err:.3g} vs eager {eager_err:.3g}"
-    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in os.listdir(tmp_path))
+    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in graph_dirs(tmp_path))
     assert "flex-attention-backward-cudnn" in kernels, kernels
     if bias in ("alibi", "relpos"):  # no learned buffer: cuDNN evaluates the term itself, nothing materialized
         assert "score_mod as cuDNN pointwise nodes" in kernels and "materialized" not in kernels, kernels
@@ -272,7 +274,7 @@ def test_pointwise_score_mod_matches_float64(tmp_path, mod, mask, shape):
     for name, g, e, r in zip(("out", "lse", "dq", "dk", "dv"), got, eager, ref):
         err, eager_err = rel(g, r), rel(e, r)
         assert err <= 2 * eager_err + 1e-5, f"{name}: {err:.3g} vs eager {eager_err:.3g}"
-    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in os.listdir(tmp_path))
+    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in graph_dirs(tmp_path))
     if mod.startswith("softcap"):  # cuDNN's own Softcap modifier, forward and backward
         assert "flex-attention-backward-cudnn" in kernels and "cuDNN's Softcap modifier" in kernels, kernels
         return

@@ -34,6 +34,8 @@ def _compile_and_dump(model, x, dump):
     f(x).sum().backward()
     out = {}
     for g in os.listdir(dump):
+        if not (dump / g).is_dir():  # index.html
+            continue
         kind = g.rsplit("_", 1)[0]
         out[kind] = (dump / g / "ir-import.txt").read_text().replace(g, kind)
     return out

@@ -17,7 +17,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
 from conftest import device
-from helpers import randn
+from helpers import randn, graph_dirs
 from hintbackend import hinted_context
 from hintbackend.partition import partition
 
@@ -57,7 +57,7 @@ def final_ir(dump_dir, after=None):
             if k <= last and not t.startswith("(unchanged)"):
                 text = t
         return text
-    return {d: read(d) for d in os.listdir(dump_dir)}
+    return {d: read(d) for d in graph_dirs(dump_dir)}
 
 
 def main_graph(ir):
