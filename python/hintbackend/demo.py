@@ -98,6 +98,9 @@ def main(argv=None) -> int:
     p.add_argument("--attn-dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="the attention's q, k, v dtype (the rest stays float32); on CUDA, bfloat16 and float16 "
                         "run FlexAttention on cuDNN, whose rounding the tolerance then allows for")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay each compiled graph as a CUDA graph (options={'cuda_graphs': True}, what "
+                        "mode='reduce-overhead' sets)")
     args = p.parse_args(argv)
 
     torch.manual_seed(0)
@@ -116,7 +119,8 @@ def main(argv=None) -> int:
     print(f"hintbackend demo: {variant}")
     print(f"model: TinyGPT, 2 blocks, d=64, 4 heads, seq={args.seq}, batch={args.batch}, causal block mask + "
           f"learned relative bias, attention in {args.attn_dtype}")
-    compiled = torch.compile(model, backend="hintbackend", options={"dump_dir": args.dump_dir, "strict": True})
+    compiled = torch.compile(model, backend="hintbackend",
+                             options={"dump_dir": args.dump_dir, "strict": True, "cuda_graphs": args.cuda_graphs})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.1)
 

@@ -10,7 +10,6 @@ import os
 
 import pytest
 import torch
-
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from conftest import device
