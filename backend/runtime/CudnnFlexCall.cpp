@@ -231,8 +231,9 @@ class CudnnFlexCall : public Call {
   // score_mod = score + t. A row shift (t reads no kv_idx): cuDNN runs the identity and t moves the
   // logsumexp. A bias (t reads kv_idx): t is materialized over the indices it reads and added by cuDNN;
   // the backward scatters cuDNN's dBias into t's buffers through the joint graph.
-  // Pointwise: the score_mod (and the joint graph's score gradient) as cuDNN pointwise nodes, the mask
-  // band applied after it inside the same subgraph (cuDNN takes no built-in mask with a score_mod).
+  // Pointwise: the score_mod as cuDNN pointwise nodes, the mask band applied after it inside the same
+  // subgraph (cuDNN takes no built-in mask with a score_mod); its backward is cuDNN's default identity
+  // bprop, or the Softcap modifier's.
   enum class Mod { Identity, RowShift, Bias, Pointwise } mod = Mod::Identity;
   std::shared_ptr<const Graph> score_graph;  // Pointwise
   std::set<std::pair<int, int>> reads;                    // Pointwise: (buffer, index placeholder) inputs
