@@ -393,7 +393,7 @@ class CudnnFlexCall : public Call {
           at::Tensor acc = at::zeros(buf.sizes(), buf.options().dtype(at::kFloat));
           ix.stride_d = acc.stride(layout.d_dim);
           ix.stride_h = layout.h_dim < 0 ? 0 : acc.stride(layout.h_dim);
-          cuda::toeplitz_bias_backward(x.dbias, ix, acc);
+          cuda::toeplitz_bias_backward(x.dbias, ix, acc, deterministic);
           g = acc.to(buf.scalar_type());
         }
         if (g.defined()) {

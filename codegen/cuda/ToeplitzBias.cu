@@ -1,6 +1,7 @@
 #include "codegen/cuda/ToeplitzBias.h"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -53,6 +54,57 @@ __global__ void reduce_kernel(const T* __restrict__ dbias, ToeplitzIndex ix, flo
   }
 }
 
+// deterministic=True, pass 1: each 64 x 64 tile's 127 diagonal sums, each summed by one thread in row
+// order from the tile in shared memory (no atomics), into partials[h][tile row][tile column][127].
+template <typename T>
+__global__ void diagonal_partials_kernel(const T* __restrict__ dbias, float* __restrict__ partials, int64_t Sq,
+                                         int64_t Skv) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t ti = blockIdx.y, tj = blockIdx.x, h = blockIdx.z;
+  const int64_t i0 = ti * kTile, j0 = tj * kTile;
+  const T* base = dbias + h * Sq * Skv;
+  for (int e = threadIdx.x; e < kTile * kTile; e += blockDim.x) {
+    const int ii = e / kTile, jj = e % kTile;
+    const int64_t i = i0 + ii, j = j0 + jj;
+    tile[ii][jj] = (i < Sq && j < Skv) ? static_cast<float>(base[i * Skv + j]) : 0.f;
+  }
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t >= 2 * kTile - 1) return;
+  const int q = t - (kTile - 1);  // ii - jj on this diagonal
+  float s = 0.f;
+  for (int ii = q > 0 ? q : 0; ii < kTile && ii - q < kTile; ++ii) s += tile[ii][ii - q];
+  partials[((h * gridDim.y + ti) * gridDim.x + tj) * (2 * kTile - 1) + t] = s;
+}
+
+// deterministic=True, pass 2: one thread per diagonal d = i - j of the grid sums the partials of the
+// tiles it crosses in a fixed order (tile rows ascending), per head; a table with no head dim
+// (stride_h == 0) gets the heads' sums added in head order. One writer per table element.
+__global__ void diagonal_sum_kernel(const float* __restrict__ partials, ToeplitzIndex ix, float* __restrict__ grad,
+                                    int64_t Sq, int64_t Skv, int64_t H, int64_t tiles_i, int64_t tiles_j) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= Sq + Skv - 1) return;
+  const int64_t d = n - (Skv - 1);
+  // Tiles (ti, tj) whose diagonal t = d - 64 (ti - tj) + 63 is in [0, 126]: ti - tj = k for k in
+  // [ceil((d - 63) / 64), floor((d + 63) / 64)], at most two values.
+  auto floor_div = [](int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
+  const int64_t k_lo = -floor_div(-(d - (kTile - 1)), kTile), k_hi = floor_div(d + kTile - 1, kTile);
+  float* out = grad + (ix.sign * d + ix.offset) * ix.stride_d;
+  float all_heads = 0.f;
+  for (int64_t h = 0; h < H; ++h) {
+    float s = 0.f;
+    for (int64_t ti = 0; ti < tiles_i; ++ti)
+      for (int64_t k = k_lo; k <= k_hi; ++k) {
+        const int64_t tj = ti - k;
+        if (tj < 0 || tj >= tiles_j) continue;
+        const int64_t t = d - k * kTile + kTile - 1;
+        s += partials[((h * tiles_i + ti) * tiles_j + tj) * (2 * kTile - 1) + t];
+      }
+    if (ix.stride_h == 0) all_heads += s;
+    else out[h * ix.stride_h] = s;
+  }
+  if (ix.stride_h == 0) *out = all_heads;
+}
 
 }  // namespace
 
@@ -82,7 +134,8 @@ void toeplitz_bias(const at::Tensor& buf, const ToeplitzIndex& ix, const at::Ten
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void toeplitz_bias_backward(const at::Tensor& dbias, const ToeplitzIndex& ix, const at::Tensor& grad) {
+void toeplitz_bias_backward(const at::Tensor& dbias, const ToeplitzIndex& ix, const at::Tensor& grad,
+                            bool deterministic) {
   HB_INTERNAL_CHECK(dbias.is_cuda() && dbias.dim() == 4 && dbias.size(0) == 1 && dbias.is_contiguous())
       << "toeplitz_bias_backward: dbias must be a contiguous [1, H, Sq, Skv] CUDA tensor";
   HB_INTERNAL_CHECK(grad.scalar_type() == at::kFloat) << "toeplitz_bias_backward: grad must be float32";
@@ -92,6 +145,29 @@ void toeplitz_bias_backward(const at::Tensor& dbias, const ToeplitzIndex& ix, co
   if (dbias.numel() == 0) return;
   const dim3 blocks((Skv + kTile - 1) / kTile, (Sq + kTile - 1) / kTile, dbias.size(1));
   auto stream = at::cuda::getCurrentCUDAStream();
+  if (deterministic) {
+    const int64_t H = dbias.size(1), tiles_i = blocks.y, tiles_j = blocks.x;
+    at::Tensor partials = at::empty({H * tiles_i * tiles_j * (2 * kTile - 1)}, dbias.options().dtype(at::kFloat));
+    switch (dbias.scalar_type()) {
+      case at::kFloat:
+        diagonal_partials_kernel<<<blocks, 128, 0, stream>>>(dbias.data_ptr<float>(), partials.data_ptr<float>(), Sq, Skv);
+        break;
+      case at::kBFloat16:
+        diagonal_partials_kernel<<<blocks, 128, 0, stream>>>(dbias.data_ptr<c10::BFloat16>(), partials.data_ptr<float>(), Sq, Skv);
+        break;
+      case at::kHalf:
+        diagonal_partials_kernel<<<blocks, 128, 0, stream>>>(dbias.data_ptr<c10::Half>(), partials.data_ptr<float>(), Sq, Skv);
+        break;
+      default:
+        HB_INTERNAL_CHECK(false) << "toeplitz_bias_backward: dbias dtype " << dbias.scalar_type();
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const int64_t diagonals = Sq + Skv - 1;
+    diagonal_sum_kernel<<<static_cast<unsigned>((diagonals + 127) / 128), 128, 0, stream>>>(
+        partials.data_ptr<float>(), ix, grad.data_ptr<float>(), Sq, Skv, H, tiles_i, tiles_j);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
   switch (dbias.scalar_type()) {
     case at::kFloat:
       reduce_kernel<<<blocks, 256, 0, stream>>>(dbias.data_ptr<float>(), ix, grad.data_ptr<float>(), Sq, Skv);

@@ -26,6 +26,10 @@ void toeplitz_bias(const at::Tensor& buf, const ToeplitzIndex& ix, const at::Ten
 // grad: float32 with the table's element strides, zeroed by the caller; dbias: [1, H, Sq, Skv]
 // contiguous, float32, bfloat16 or float16. grad[r(i, j), h] += sum of dbias[0, h, i, j] over the
 // diagonal: each 64 x 64 tile sums its 127 diagonals in shared memory, then one atomic add each.
-void toeplitz_bias_backward(const at::Tensor& dbias, const ToeplitzIndex& ix, const at::Tensor& grad);
+// `deterministic` (hinted_context(deterministic=True)): no atomics, the same bits every run: each tile
+// writes its 127 diagonal sums to a partials buffer (H * tiles * 127 floats, 33 MB at H16 S4096), and
+// one thread per diagonal sums them in tile order.
+void toeplitz_bias_backward(const at::Tensor& dbias, const ToeplitzIndex& ix, const at::Tensor& grad,
+                            bool deterministic = false);
 
 }  // namespace hb::cuda

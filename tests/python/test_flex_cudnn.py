@@ -225,6 +225,42 @@ def test_kv_dependent_bias_matches_float64(tmp_path, bias, shape):
     assert layout in kernels, kernels
 
 
+@pytest.mark.parametrize("bias", ["relative", "relative_t"])
+@pytest.mark.parametrize("S", [256, 200])
+def test_deterministic_relative_bias_gradient_is_bitwise_repeatable(tmp_path, bias, S):
+    """deterministic=True: the learned table's gradient (cuDNN's dBias summed along diagonals) comes from
+    a reduction with no atomics, the same bits run after run, and as accurate as the default's."""
+    B, H, D = 2, 4, 64
+    buf_shape, _, _, make_mod = BIASES[bias]
+    torch.manual_seed(S)
+    q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    table = torch.randn(buf_shape(B, H, S), device="cuda")
+    bm = create_block_mask(causal, None, None, S, S, device="cuda")
+
+    def grad_of(dtype, compiled, deterministic):
+        buf = table.to(dtype).detach().clone().requires_grad_(True)
+
+        def attn(q, k, v):
+            with hinted_context(deterministic=deterministic):
+                return flex_attention(q, k, v, score_mod=make_mod(buf, S), block_mask=bm)
+
+        fn = attn
+        if compiled:
+            torch._dynamo.reset()
+            fn = torch.compile(attn, backend="hintbackend", options={"dump_dir": str(tmp_path / str(deterministic))})
+        fn(*(t.to(dtype) for t in (q, k, v))).backward(dout.to(dtype))
+        return buf.grad
+
+    first, second = grad_of(torch.float32, True, True), grad_of(torch.float32, True, True)
+    assert torch.equal(first, second)
+    default = grad_of(torch.float32, True, False)
+    ref, eager = grad_of(torch.float64, False, False), grad_of(torch.float32, False, False)
+    assert rel(first, ref) <= 4 * rel(eager, ref) + 1e-5  # the dBias-in-bf16 bound of the test above
+    torch.testing.assert_close(first, default, rtol=1e-4, atol=1e-4)  # the same sums in another order
+    kernels = "".join(open(os.path.join(tmp_path / "True", d, "kernels.txt")).read() for d in graph_dirs(tmp_path / "True"))
+    assert "toeplitz" in kernels and "deterministic" in kernels, kernels
+
+
 # score_mods cuDNN evaluates as pointwise nodes inside its kernel (no learned buffer). The backward runs
 # there too where the score_mod's derivative is 1 (score + t), and for a soft cap through cuDNN's own
 # Softcap modifier; a temperature or a where() keep the reference backward on cuDNN 9.19
