@@ -3,7 +3,7 @@ process (the issue-13 table). bf16, B4 H16 S4096, D64 and D128; TFLOP/s counted 
 (3.5 x 4*B*H*S^2*D for forward+backward, halved for causal), median of CUDA-event-timed steps; peak MiB
 above the inputs.
 
-    python benchmarks/flex.py [--s 4096] [--steps 20] [--rows none,causal,...] [--check] [--profile]
+    python benchmarks/flex.py [--s 4096] [--steps 20] [--rows none,causal,...] [--check] [--profile] [--deterministic]
 
 Rows: none, causal (mask); softcap; qbias, hbias (learned per-query / per-head bias, grad); relbias, relbias16
 (learned relative bias lb[q - kv + S - 1, h], fp32 / bf16 buffer, grad); dense (learned [1, H, S, S] fp32 bias,
@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from hintbackend import hinted_context
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from memory_models import measure  # noqa: E402  (peak above what was allocated before, median ms)
@@ -123,6 +125,8 @@ def main() -> None:
                    help="print the CUDA kernels of one step of each peer (torch.profiler), heaviest first")
     p.add_argument("--check", action="store_true",
                    help="first print hintbackend's and eager flex's error against float64 (B2 H4 S1024)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="also time hintbackend with hinted_context(deterministic=True) (column hb-det)")
     args = p.parse_args()
     if args.check:
         check(args)
@@ -157,8 +161,12 @@ def main() -> None:
             def attn(q, k, v):
                 return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
 
+            def attn_det(q, k, v):
+                with hinted_context(deterministic=True):
+                    return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+
             res = {}
-            for peer in ("inductor", "sdpa-cudnn", "hintbackend"):
+            for peer in ("inductor", "sdpa-cudnn", "hintbackend") + (("hb-det",) if args.deterministic else ()):
                 if peer == "sdpa-cudnn" and score_mod is not None and sdpa_mask is None:
                     res[peer] = None
                     continue
@@ -173,7 +181,8 @@ def main() -> None:
                                 F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask,
                                                                is_causal=row == "causal").backward(dout)
                     else:
-                        f = torch.compile(attn, backend="inductor" if peer == "inductor" else "hintbackend")
+                        f = torch.compile(attn_det if peer == "hb-det" else attn,
+                                          backend="inductor" if peer == "inductor" else "hintbackend")
 
                         def fn(f=f):
                             f(q, k, v).backward(dout)
@@ -201,7 +210,9 @@ def main() -> None:
         hb, ind, cu = res["hintbackend"], res["inductor"], res["sdpa-cudnn"]
         r1 = f"{hb[0] / ind[0]:.2f}" if isinstance(hb, tuple) and isinstance(ind, tuple) else "-"
         r2 = f"{hb[0] / cu[0]:.2f}" if isinstance(hb, tuple) and isinstance(cu, tuple) else "-"
-        print(f"{row:<10}{D:>5}{cell(ind):>22}{cell(cu):>22}{cell(hb):>22}{r1:>13}{r2:>9}")
+        det = res.get("hb-det")
+        r3 = f"  hb-det {cell(det)}, {det[0] / hb[0]:.2f}x hb" if isinstance(det, tuple) and isinstance(hb, tuple) else ""
+        print(f"{row:<10}{D:>5}{cell(ind):>22}{cell(cu):>22}{cell(hb):>22}{r1:>13}{r2:>9}{r3}")
 
 
 if __name__ == "__main__":
