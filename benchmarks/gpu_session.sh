@@ -55,7 +55,7 @@ if [ "$MODE" = dist ]; then
   timeout 240 $TR --attn-dtype bfloat16 --dfs --steps 10 > "$OUT/dist_check.log" 2>&1
   grep -E "^\[(ddp|fsdp2)\]|Error" "$OUT/dist_check.log" | head -60
   echo "== step time and per-rank peak: ${DIST_ARGS:-}"
-  timeout 420 $TR --bench --layers 4 --d 512 --heads 8 --seq 1024 --batch 4 --attn-dtype bfloat16 ${DIST_ARGS:-} \
+  timeout 420 $TR --bench --layers 4 --dim 512 --heads 8 --seq 1024 --batch 4 --attn-dtype bfloat16 ${DIST_ARGS:-} \
     > "$OUT/dist_bench.log" 2>&1
   grep -E "^\[(ddp|fsdp2)\]|Error" "$OUT/dist_bench.log" | head -60
 fi

@@ -3,7 +3,7 @@ block), compiled with ``backend="hintbackend"``, against the same model in eager
 
     torchrun --standalone --nproc-per-node 2 -m hintbackend.distributed_demo --device cpu      # gloo
     torchrun --standalone --nproc-per-node 2 -m hintbackend.distributed_demo --device cuda     # nccl
-    torchrun ... -m hintbackend.distributed_demo --device cuda --bench --layers 4 --d 512 --heads 8 \\
+    torchrun ... -m hintbackend.distributed_demo --device cuda --bench --layers 4 --dim 512 --heads 8 \\
         --seq 1024 --batch 4 --attn-dtype bfloat16      # step time and per-rank peak: eager/Inductor/hintbackend
 
 Default (check): trains --steps steps under each --modes wrapper, eager and hintbackend side by side
@@ -116,7 +116,7 @@ def _batches(args, rank: int, dev: torch.device):
 def _make_model(args, dev: torch.device, hints) -> nn.Module:
     torch.manual_seed(0)  # the same initial parameters on every rank and for every variant
     attn_dtype = None if args.attn_dtype == "float32" else getattr(torch, args.attn_dtype)
-    return TinyGPT(d=args.d, heads=args.heads, layers=args.layers, seq=args.seq, device=dev.type,
+    return TinyGPT(d=args.dim, heads=args.heads, layers=args.layers, seq=args.seq, device=dev.type,
                    attn_dtype=attn_dtype, attn_hints=hints, rel_bias=not args.no_rel_bias).to(dev)
 
 
@@ -215,7 +215,7 @@ def bench(args, mode: str, rank: int, world: int, dev: torch.device) -> None:
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
     if rank == 0:
-        print(f"\n[{mode}] {world} ranks, TinyGPT layers={args.layers} d={args.d} heads={args.heads} seq={args.seq} "
+        print(f"\n[{mode}] {world} ranks, TinyGPT layers={args.layers} d={args.dim} heads={args.heads} seq={args.seq} "
               f"batch={args.batch} per rank, attention in {args.attn_dtype}; median of {args.reps} steps")
         print(f"[{mode}] {'hint':>5} {'backend':>12} {'ms/step (rank 0)':>17} {'ms/step (max)':>14} "
               f"{'peak MiB per rank':>24} {'ms vs eager':>12}")
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=32)
-    p.add_argument("--d", type=int, default=128)
+    p.add_argument("--dim", type=int, default=128, help="model width")
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--attn-dtype", choices=["float32", "bfloat16", "float16"], default="float32")
