@@ -84,33 +84,51 @@ def profile(what: str, fn) -> None:
 
 
 def check(args) -> None:
-    """Relative error ||x - ref|| / ||ref|| of out, dq, dk, dv against a float64 reference, for hintbackend
-    (cuDNN where selected) and eager flex (its math path in bf16), on fresh random inputs."""
-    print("error against float64 (B2 H4 S1024 bf16): out dq dk dv, hintbackend | eager")
+    """Relative error ||x - ref|| / ||ref|| of out, dq, dk, dv (and the learned table's gradient, relbias)
+    against a float64 reference, for hintbackend (cuDNN where selected), hintbackend with
+    deterministic=True, and eager flex (its math path in bf16), on fresh random inputs."""
+    S = 1024
+    print(f"error against float64 (B2 H4 S{S} bf16): out dq dk dv [dtable], hintbackend | hb deterministic | eager")
     for D in (int(d) for d in args.dims.split(",")):
-        for row in ("none", "causal"):
+        for row in ("none", "causal", "relbias"):
             torch.manual_seed(D + len(row))
-            q, k, v, dout = (torch.randn(2, 4, 1024, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-            bm = create_block_mask(causal, None, None, 1024, 1024, device="cuda") if row == "causal" else None
+            q, k, v, dout = (torch.randn(2, 4, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            table = torch.randn(2 * S - 1, 4, device="cuda") if row == "relbias" else None
+            bm = create_block_mask(causal, None, None, S, S, device="cuda") if row != "none" else None
 
-            def attn(q, k, v):
-                return flex_attention(q, k, v, block_mask=bm)
+            def make(buf, deterministic):
+                def mod(score, b, h, qi, kv):
+                    return score + buf[qi - kv + S - 1, h]
 
-            def grads(fn, *t):
+                def attn(q, k, v):
+                    with hinted_context(deterministic=deterministic):
+                        return flex_attention(q, k, v, score_mod=mod if buf is not None else None, block_mask=bm)
+
+                return attn
+
+            def grads(compiled, deterministic, *t):
                 t = [x.detach().clone().requires_grad_(True) for x in t[:3]] + [t[3]]
+                buf = None
+                if table is not None:
+                    buf = table.to(torch.float64 if t[0].dtype == torch.float64 else torch.float32).detach().clone()
+                    buf.requires_grad_(True)
+                fn = make(buf, deterministic)
+                if compiled:
+                    torch._dynamo.reset()
+                    fn = torch.compile(fn, backend="hintbackend")
                 out = fn(*t[:3])
                 out.backward(t[3])
-                return [out] + [x.grad for x in t[:3]]
+                return [out] + [x.grad for x in t[:3]] + ([buf.grad] if buf is not None else [])
 
-            torch._dynamo.reset()
-            hb = grads(torch.compile(attn, backend="hintbackend"), q, k, v, dout)
-            eager = grads(attn, q, k, v, dout)
-            ref = grads(attn, q.double(), k.double(), v.double(), dout.double())
+            hb = grads(True, False, q, k, v, dout)
+            hb_det = grads(True, True, q, k, v, dout)
+            eager = grads(False, False, q, k, v, dout)
+            ref = grads(False, False, q.double(), k.double(), v.double(), dout.double())
 
             def errs(xs):
                 return " ".join(f"{((x.double() - r).norm() / r.norm()).item():.2e}" for x, r in zip(xs, ref))
 
-            print(f"  {row:<7} D{D:<4} {errs(hb)} | {errs(eager)}", flush=True)
+            print(f"  {row:<7} D{D:<4} {errs(hb)} | {errs(hb_det)} | {errs(eager)}", flush=True)
 
 
 def main() -> None:

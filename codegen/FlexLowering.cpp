@@ -344,11 +344,13 @@ bool score_pw_op(const std::string& target, ScorePw* op) {
 
 namespace {
 
-// One graph's check for score_pointwise: `bufs_from` is the placeholder position of the first buffer.
-bool pointwise_graph(const Graph& g, int bufs_from, const char* what, std::string* why) {
+// score_pointwise's check of score_mod(score, b, h, q_idx, kv_idx, *buffers).
+bool pointwise_score_mod(const Graph& g, std::string* why) {
+  constexpr int bufs_from = 5;  // the first buffer's placeholder position
+  const std::string what = "score_mod";
   const std::vector<int> ph = g.placeholders();
   if (static_cast<int>(ph.size()) < bufs_from) {
-    *why = std::string(what) + " has too few inputs";
+    *why = what + " has too few inputs";
     return false;
   }
   const auto users = g.users();
@@ -370,7 +372,7 @@ bool pointwise_graph(const Graph& g, int bufs_from, const char* what, std::strin
           const bool indexed = un.target == "aten::index.Tensor" && un.args.size() == 2 &&
                                un.args[0].kind == Arg::Kind::Ref && un.args[0].ref == i;
           if (p >= bufs_from ? !indexed : !index_arg) {
-            *why = std::string(what) + (p == 1 ? " reads the batch index" : p == 2 ? " reads the head index"
+            *why = what + (p == 1 ? " reads the batch index" : p == 2 ? " reads the head index"
                                                                              : " reads a captured buffer") +
                    " other than as buf[index] (" + un.target + ")";
             return false;
@@ -381,12 +383,12 @@ bool pointwise_graph(const Graph& g, int bufs_from, const char* what, std::strin
     }
     if (n.op == OpKind::Output) continue;
     if (n.op == OpKind::GetAttr) {
-      *why = std::string(what) + " reads a constant tensor";
+      *why = what + " reads a constant tensor";
       return false;
     }
     ScorePw op;
     if (!score_pw_op(n.target, &op)) {
-      *why = std::string(what) + " computes " + n.target + ", which has no cuDNN pointwise node here";
+      *why = what + " computes " + n.target + ", which has no cuDNN pointwise node here";
       return false;
     }
     if (op == ScorePw::Index) {
@@ -397,7 +399,7 @@ bool pointwise_graph(const Graph& g, int bufs_from, const char* what, std::strin
       const int ip = idx.size() == 1 && idx[0].kind == Arg::Kind::Ref ? ph_pos(idx[0].ref) : -1;
       const ValueType& bt = bp >= 0 ? g.nodes[b.ref].type : ValueType{};
       if (bp < bufs_from || ip < 1 || ip > 4 || bt.kind != ValueType::Kind::Tensor || bt.tensor.shape.size() != 1) {
-        *why = std::string(what) + " indexes other than a 1-d buffer by b, h, q_idx or kv_idx";
+        *why = what + " indexes other than a 1-d buffer by b, h, q_idx or kv_idx";
         return false;
       }
     }
@@ -408,7 +410,7 @@ bool pointwise_graph(const Graph& g, int bufs_from, const char* what, std::strin
 }  // namespace
 
 bool score_pointwise(const Graph& score_mod, const Graph* joint, std::string* why) {
-  if (!pointwise_graph(score_mod, 5, "score_mod", why)) return false;
+  if (!pointwise_score_mod(score_mod, why)) return false;
   if (!joint) return true;
   // joint(score, b, h, q_idx, kv_idx, grad, *buffers) -> (grad_score, None x4, *buffer grads): the
   // buffers must want no gradient (cuDNN's pointwise nodes cannot reduce into them).

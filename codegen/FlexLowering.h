@@ -84,8 +84,8 @@ struct FlexAnalysis {
   bool score_bias = false;
   bool bias_reads_b = false, bias_reads_h = false, bias_reads_q = false;  // (score_row_shift or score_bias)
   FlexBiasLayout bias_layout;  // score_bias: how t reads its buffer
-  // score_mod (and the backward's joint graph) translate to cuDNN pointwise nodes (softcap, ALiBi,
-  // relative position): cuDNN evaluates it inside the kernel, with the mask band applied after it.
+  // score_mod translates to cuDNN pointwise nodes (ALiBi, relative position): cuDNN evaluates it inside
+  // the kernel, with the mask band applied after it; a backward only where d score_mod / d score = 1.
   bool score_pointwise = false;
   std::string pointwise_why;   // why not (when !score_pointwise)
   // score_mod is c * tanh(score / c) (a logit soft cap): cuDNN's own Softcap modifier, forward and

@@ -89,7 +89,7 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
              : a.softcap > 0     ? ", score_mod is a soft cap " + std::to_string(a.softcap) + " * tanh(score / " +
                                        std::to_string(a.softcap) + ") (cuDNN's Softcap modifier)"
              : a.score_pointwise ? ", score_mod as cuDNN pointwise nodes (" + a.score_why.substr(a.score_why.find(' ') + 1) +
-                                       (backward ? "; its gradient from the joint graph" : "") + ")"
+                                       (backward ? "; d score_mod / d score = 1, cuDNN's default backward" : "") + ")"
                                  : ", score_mod adds a bias cuDNN takes materialized as [" +
                                        std::string(a.bias_reads_b ? "B" : "1") + ", H, Sq, Skv] (" +
                                        to_string(a.bias_layout) + ")" +

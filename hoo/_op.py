@@ -13,8 +13,10 @@ One implementation per dispatch key or mode, as torch/_higher_order_ops/hints_wr
   Functionalize         functionalize the body, redispatch below
   ProxyTorchDispatchMode inline under the annotation: ATen nodes, no HOP node, in the traced graph
   FakeTensorMode        run the body on fake tensors
-  CompositeExplicitAutograd (dense) run the body under the annotation (after a graph break in the
-                        body, Dynamo compiles the body's frames from here)
+  CompositeExplicitAutograd (dense) run the body
+Called eagerly while torch.compile runs (Dynamo could not trace the body: it broke the graph), the op
+skips dispatch and runs the body under the annotation with node-meta preservation on, so the frames
+Dynamo compiles inside the body carry the region's hints (annotated_between_graph_breaks).
 """
 
 from __future__ import annotations
@@ -56,12 +58,10 @@ def annotated_between_graph_breaks(payload: dict):
         yield
 
 
-def _region(payload: dict):
-    """The annotation for a body run now: plain under a tracer that records node metadata (AOT,
-    make_fx), with preservation turned on otherwise (eager, after the body broke Dynamo's graph)."""
-    if fx_traceback.has_preserved_node_meta():
-        return annotated(payload)
-    return annotated_between_graph_breaks(payload)
+# Truthy in eager code that torch.compile runs between graph breaks: Dynamo's frame callback is
+# installed, so the frames called from there are compiled. The builtin itself, called inline: a Python
+# function around it would be a frame Dynamo tries to compile.
+dynamo_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
 
 
 def _decode(hints: str) -> dict:
@@ -90,7 +90,7 @@ class HintedContextOp(BaseHOP):
             raise TypeError(f"hinted_context: the body must be callable, got {type(subgraph)}")
         if not isinstance(hints, str):
             raise TypeError(f"hinted_context: hints must be a JSON string, got {type(hints)}")
-        if not fx_traceback.has_preserved_node_meta() and torch._C._dynamo.eval_frame.get_eval_frame_callback():
+        if not fx_traceback.has_preserved_node_meta() and dynamo_callback():
             # Eager between graph breaks, no tracer below: every implementation would run the body
             # under the annotation, which is what this does, and Dynamo compiles the body's frames.
             with annotated_between_graph_breaks(_decode(hints)):
@@ -99,11 +99,8 @@ class HintedContextOp(BaseHOP):
         # implementation below only calls it.
         return HigherOrderOperator.__call__(self, subgraph, *operands, hints=hints)
 
-    # Dynamo must not trace the frames below itself (the annotation is an eager effect); with
-    # recursive=False it still compiles the body's frames called from them.
-    @torch._dynamo.disable(recursive=False)
     def _call_Autograd(self, subgraph, *operands, hints):
-        with _region(_decode(hints)):
+        with annotated(_decode(hints)):
             return _run_body(subgraph, operands)
 
     def _call_Functionalize(self, ctx, subgraph, *operands, hints):
@@ -120,12 +117,8 @@ class HintedContextOp(BaseHOP):
         with mode:
             return subgraph(*operands)
 
-    @torch._dynamo.disable(recursive=False)
     def _call_CompositeExplicitAutograd(self, subgraph, *operands, hints):
-        # Reached eagerly when Dynamo could not trace the body (it broke the graph): the frames
-        # Dynamo then compiles inside the body record the annotation like a traced body would.
-        with _region(_decode(hints)):
-            return subgraph(*operands)
+        return subgraph(*operands)
 
 
 # Registers itself as torch.ops.higher_order.hinted_context.

@@ -68,7 +68,7 @@ if _TORCH_PROBLEM is None:
     import torch._dynamo
 
     from . import _dynamo_support
-    from ._op import annotated, annotated_between_graph_breaks, hinted_context_op
+    from ._op import annotated, dynamo_callback, hinted_context_op
 
     _dynamo_support.install(__name__)
     _assume_constant_result = torch._dynamo.assume_constant_result
@@ -166,12 +166,6 @@ def _reenter_region(payload_json: str):
     return fx_traceback.annotate(_decode(payload_json))
 
 
-def _dynamo_is_watching() -> bool:
-    """True in eager code that torch.compile runs between graph breaks: Dynamo's frame callback is
-    installed, so the frames called from here are compiled."""
-    return bool(torch._C._dynamo.eval_frame.get_eval_frame_callback())
-
-
 # Eager regions on this thread, innermost last (merged hints, no ids): so that eager code raises the
 # same nesting errors as compiled code, which falls back to eager when a region's hints are bad.
 _eager = threading.local()
@@ -260,13 +254,10 @@ def hinted_context(*args: Any, **hints: Any) -> Any:
         if not torch.compiler.is_compiling():
             _eager_enter(hints)
             try:
-                if fx_traceback.has_preserved_node_meta():
+                # Under a tracer outside Dynamo (make_fx, export), or eagerly while torch.compile runs
+                # because the body broke Dynamo's graph: the op carries the hints (_op.py).
+                if fx_traceback.has_preserved_node_meta() or dynamo_callback():
                     return hinted_context_op(body, *operands, hints=json.dumps(_new_payload(hints)))
-                if _dynamo_is_watching():
-                    # Dynamo runs this call eagerly because the body broke the graph: the frames it
-                    # compiles inside the body (both sides of the break) carry the region's hints.
-                    with annotated_between_graph_breaks(_new_payload(hints)):
-                        return body(*operands)
                 return body(*operands)
             finally:
                 _eager_exit()
