@@ -2,7 +2,9 @@
 
 #include "backend/ir/Error.h"
 #include "backend/ir/SliceLoop.h"
+#include "codegen/FlexKernelGen.h"
 #include "codegen/FlexLowering.h"
+#include "codegen/HostCompiler.h"
 #include "codegen/PointwiseProgram.h"
 
 #include <set>
@@ -62,8 +64,26 @@ KernelChoice choose_fused(const Graph& g, const Node& n) {
   }
 }
 
+// Why the tiled kernel with generated score/mask code cannot run this flex node ("" = it can); on
+// success `src` holds the generated source. CPU only for now (the CUDA generator is issue 14's next step).
+std::string fused_why_not(const Graph& g, int node, FlexKernelSource* src) {
+  const Node& n = g.nodes[node];
+  const Arg& q = n.args.empty() ? Arg{} : n.args[0];
+  if (q.kind != Arg::Kind::Ref || g.nodes[q.ref].type.kind != ValueType::Kind::Tensor) return "q has no tensor type";
+  const TensorType& t = g.nodes[q.ref].type.tensor;
+  if (t.device.rfind("cpu", 0) != 0) return "on " + t.device + " (the generated kernel runs on the CPU so far)";
+  if (t.dtype != DType::Float16 && t.dtype != DType::BFloat16 && t.dtype != DType::Float32 && t.dtype != DType::Float64)
+    return std::string("q is ") + dtype_name(t.dtype);
+  std::string why;
+  std::optional<FlexKernelSource> s = generate_flex_kernel(g, node, &why);
+  if (!s) return why;
+  *src = std::move(*s);
+  return "";
+}
+
 // A flex node: cuDNN's SDPA when the target has it and it can run the node as flex defines it (and the
-// region's kernel= hint allows it), else the reference; the dump says which and why.
+// region's kernel= hint allows it), else the generated tiled kernel where the target can build it, else
+// the reference; the dump says which and why.
 void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c) {
   const Node& n = g.nodes[node];
   const bool backward = c.kind == KernelKind::FlexBackward;
@@ -79,9 +99,11 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
                                    << "cannot run this FlexAttention: " << why_not
                                    << ". Drop kernel=\"cudnn\" to run it on the reference kernel.";
   }
-  if (pref == KernelPref::Aten || pref == KernelPref::Custom) {
-    c.why += "; kernel=" + std::string(kernel_pref_name(*pref)) + " hint; " + what;
-  } else if (why_not.empty()) {
+  if (pref == KernelPref::Aten) {
+    c.why += "; kernel=aten hint; " + what;
+    return;
+  }
+  if (why_not.empty() && pref != KernelPref::Fused) {
     c.kind = backward ? KernelKind::FlexCudnnBackward : KernelKind::FlexCudnnForward;
     c.why = "cudnn: " + (a.band.unbounded() ? std::string("no mask") : to_string(a.band) + " band") +
             (a.score_identity    ? ", identity score_mod"
@@ -95,9 +117,32 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
                                        to_string(a.bias_layout) + ")" +
                                        (a.buffer_grads ? "; dBias scattered into its buffers' gradients" : "")) +
             (backward && n.hints.deterministic.value_or(false) ? ", deterministic" : "");
-  } else {
-    c.why += " (not cuDNN: " + why_not + "); " + what;
+    return;
   }
+  // The generated tiled kernel: built here, once, so a compiler failure falls back with its reason.
+  FlexKernelSource src;
+  std::string fused_not = fused_why_not(g, node, &src);
+  HostBuild build;
+  if (fused_not.empty() && !target.host.enabled()) fused_not = "no host C++ compiler is configured";
+  if (fused_not.empty()) {
+    build = build_host_module(src.source, target.host);
+    if (!build.module) fused_not = "building the generated kernel failed: " + build.error;
+  }
+  if (pref == KernelPref::Fused) {
+    HB_USER_CHECK(fused_not.empty()) << describe(g, node) << ": kernel=\"fused\" was asked for (hinted_context), but the "
+                                     << "generated kernel cannot run this FlexAttention: " << fused_not
+                                     << ". Drop kernel=\"fused\" to run it on " << (why_not.empty() ? "cuDNN" : "the reference kernel") << ".";
+  }
+  if (fused_not.empty()) {
+    c.kind = backward ? KernelKind::FlexFusedBackward : KernelKind::FlexFusedForward;
+    c.why = "fused: tiled over the block mask, generated code (" + src.summary + ")" +
+            (build.cache_hit ? "; from the kernel cache" : "; compiled in " + std::to_string(build.seconds).substr(0, 4) + " s") +
+            (pref == KernelPref::Fused ? "; kernel=fused hint" : "");
+    c.source = std::move(src.source);
+    c.module = std::move(build.module);
+    return;
+  }
+  c.why += " (not cuDNN: " + why_not + "; not fused: " + fused_not + "); " + what;
 }
 
 }  // namespace
@@ -143,6 +188,9 @@ std::string print_kernel_plan(const Graph& g, const KernelPlan& plan) {
     os << "\n";
   }
   os << "}\n";
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (!plan.nodes[i].source.empty())
+      os << "source of %" << g.nodes[i].name << " {\n" << plan.nodes[i].source << "}\n";
   for (const auto& kv : g.subgraphs) {
     auto it = plan.subgraphs.find(kv.first);
     HB_INTERNAL_CHECK(it != plan.subgraphs.end()) << "no kernel plan for subgraph '" << kv.first << "'";

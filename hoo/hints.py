@@ -23,7 +23,7 @@ from typing import Any, Mapping
 HINTS_KEY = "hintbackend"
 
 SCHEDULES = ("bfs", "dfs", "auto")
-KERNELS = ("auto", "cudnn", "custom", "aten")
+KERNELS = ("auto", "cudnn", "fused", "aten")
 HINT_NAMES = ("schedule", "slice_dims", "slices", "slice_size", "memory_budget", "kernel", "deterministic")
 
 # Pairs that set the same knob two ways: a region may give one of them, and an inner region's choice

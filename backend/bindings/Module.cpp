@@ -119,6 +119,8 @@ struct CompileSettings {
   bool memory_plan_in_place = true;
   bool arena = true;
   bool dump = false;  // print the IR after every pass, the kernels and the plan (else none is printed)
+  std::string host_compiler;  // builds generated CPU kernels ("" = none: the reference runs instead)
+  std::string cache_dir;      // the kernel cache's root (<cache_dir>/kernels)
 
   PassContext pass_context() const {
     PassContext ctx;
@@ -128,6 +130,7 @@ struct CompileSettings {
     ctx.memory.in_place = memory_plan_in_place;
     ctx.memory.arena = arena;
     ctx.memory.target = rt::runtime_target();  // plan exactly what this runtime places
+    ctx.memory.target.host = {host_compiler, cache_dir};
     return ctx;
   }
 };
@@ -218,7 +221,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("memory_plan_strategy", &hb::CompileSettings::memory_plan_strategy)
       .def_readwrite("memory_plan_in_place", &hb::CompileSettings::memory_plan_in_place)
       .def_readwrite("arena", &hb::CompileSettings::arena)
-      .def_readwrite("dump", &hb::CompileSettings::dump);
+      .def_readwrite("dump", &hb::CompileSettings::dump)
+      .def_readwrite("host_compiler", &hb::CompileSettings::host_compiler)
+      .def_readwrite("cache_dir", &hb::CompileSettings::cache_dir);
   py::class_<hb::CompiledGraph>(m, "CompiledGraph")
       .def(py::init<const std::string&, std::vector<at::Tensor>, const hb::CompileSettings&>(), py::arg("document"),
            py::arg("constants"), py::arg("settings"))

@@ -300,9 +300,9 @@ Hints parse_hints(const json& h, const Ctx& c) {
     const std::string k = h["kernel"].is_string() ? h["kernel"].get<std::string>() : h["kernel"].dump();
     if (k == "auto") out.kernel = KernelPref::Auto;
     else if (k == "cudnn") out.kernel = KernelPref::Cudnn;
-    else if (k == "custom") out.kernel = KernelPref::Custom;
+    else if (k == "fused" || k == "custom") out.kernel = KernelPref::Fused;
     else if (k == "aten") out.kernel = KernelPref::Aten;
-    else HB_USER_FAIL() << c.str() << ": hint kernel='" << k << "' is not one of \"auto\", \"cudnn\", \"custom\", \"aten\"";
+    else HB_USER_FAIL() << c.str() << ": hint kernel='" << k << "' is not one of \"auto\", \"cudnn\", \"fused\", \"aten\"";
   }
   if (h.contains("deterministic") && !h["deterministic"].is_null()) {
     HB_USER_CHECK(h["deterministic"].is_boolean()) << c.str() << ": hint 'deterministic' must be true or false";

@@ -106,7 +106,7 @@ const char* kernel_pref_name(KernelPref k) {
   switch (k) {
     case KernelPref::Auto: return "auto";
     case KernelPref::Cudnn: return "cudnn";
-    case KernelPref::Custom: return "custom";
+    case KernelPref::Fused: return "fused";
     case KernelPref::Aten: return "aten";
   }
   return "?";

@@ -10,7 +10,7 @@
 namespace hb {
 
 enum class Schedule { BFS, DFS, Auto };
-enum class KernelPref { Auto, Cudnn, Custom, Aten };
+enum class KernelPref { Auto, Cudnn, Fused, Aten };  // "custom" is read as Fused (its old name)
 const char* schedule_name(Schedule s);
 const char* kernel_pref_name(KernelPref k);
 

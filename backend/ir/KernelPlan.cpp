@@ -13,6 +13,8 @@ const char* kernel_kind_name(KernelKind k) {
     case KernelKind::FlexBackward: return "flex-attention-backward-reference";
     case KernelKind::FlexCudnnForward: return "flex-attention-cudnn";
     case KernelKind::FlexCudnnBackward: return "flex-attention-backward-cudnn";
+    case KernelKind::FlexFusedForward: return "flex-attention-fused";
+    case KernelKind::FlexFusedBackward: return "flex-attention-backward-fused";
     case KernelKind::ZerosAndScatter: return "zeros-and-scatter";
     case KernelKind::SliceLoop: return "slice-loop";
     case KernelKind::FusedPointwise: return "fused-pointwise";

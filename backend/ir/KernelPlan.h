@@ -19,6 +19,8 @@ enum class KernelKind {
   FlexBackward,     // higher_order::flex_attention_backward, C++ reference
   FlexCudnnForward,   // higher_order::flex_attention on cuDNN's SDPA (backend/runtime/CudnnFlexCall.cpp)
   FlexCudnnBackward,  // higher_order::flex_attention_backward on cuDNN's SDPA backward
+  FlexFusedForward,   // higher_order::flex_attention, tiled, with generated score/mask code (FlexFusedCall.cpp)
+  FlexFusedBackward,  // higher_order::flex_attention_backward, tiled, with the generated joint graph
   ZerosAndScatter,  // flex_lib::zeros_and_scatter: FlexAttention's captured-buffer gradient scatter
   SliceLoop,        // hintbackend::slice_loop: a DFS region run slice by slice (backend/ir/SliceLoop.h)
   FusedPointwise,   // hintbackend::fused_pointwise: one pointwise program (codegen/PointwiseProgram.h)
@@ -27,9 +29,18 @@ enum class KernelKind {
 };
 const char* kernel_kind_name(KernelKind k);
 
+class HostModule;  // codegen/HostCompiler.h
+
 struct KernelChoice {
   KernelKind kind = KernelKind::Unsupported;
   std::string why;  // for Unsupported: what is missing; otherwise a short note for the dump
+  // Generated kernels (FlexFused*): the source (printed by the kernels dump) and the library built from
+  // it, which the plan keeps loaded for the runtime.
+  std::string source;
+  std::shared_ptr<HostModule> module;
+
+  KernelChoice() = default;
+  KernelChoice(KernelKind k, std::string w) : kind(k), why(std::move(w)) {}
 };
 
 struct KernelPlan {

@@ -327,9 +327,9 @@ Hints parse_hints(Line& l) {
     } else if (key == "memory_budget") {
       h.memory_budget = num();
     } else if (key == "kernel") {
-      for (KernelPref k : {KernelPref::Auto, KernelPref::Cudnn, KernelPref::Custom, KernelPref::Aten})
+      for (KernelPref k : {KernelPref::Auto, KernelPref::Cudnn, KernelPref::Fused, KernelPref::Aten})
         if (v == kernel_pref_name(k)) h.kernel = k;
-      if (!h.kernel) bad("auto, cudnn, custom or aten");
+      if (!h.kernel) bad("auto, cudnn, fused or aten");
     } else if (key == "deterministic") {
       if (v != "true" && v != "false") bad("true or false");
       h.deterministic = v == "true";

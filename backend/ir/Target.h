@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/ir/Graph.h"
+#include "codegen/HostCompiler.h"
 
 namespace hb {
 
@@ -22,6 +23,9 @@ struct Target {
   // The runtime can run FlexAttention on cuDNN's SDPA (a CUDA build with cudnn-frontend): kernel
   // selection may pick it for nodes on CUDA devices.
   bool cudnn_attention = false;
+  // How generated CPU kernels are built (a host C++ compiler and the kernel cache): kernel selection
+  // generates and builds the tiled FlexAttention (kernel="fused") for CPU nodes when it is enabled.
+  HostCompileSettings host;
 
   std::string why_unplaceable(const Graph& g, int node) const { return unplaceable ? unplaceable(g, node) : ""; }
   int64_t workspace_bytes(const Graph& g, const Node& n) const { return workspace ? workspace(g, n) : 0; }

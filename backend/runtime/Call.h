@@ -55,6 +55,7 @@ std::shared_ptr<const Call> lower_slice_loop(const LowerContext& ctx);      // S
 std::shared_ptr<const Call> lower_fused_pointwise(const LowerContext& ctx); // FusedPointwiseCall.cpp
 std::shared_ptr<const Call> lower_zeros_and_scatter(const LowerContext& ctx);  // FlexAttentionCall.cpp
 std::shared_ptr<const Call> lower_cudnn_flex_attention(const LowerContext& ctx);  // CudnnFlexCall.cpp (fw and bw)
+std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx);  // FlexFusedCall.cpp (fw and bw)
 
 // The table (Calls.cpp): the lowering for kernel kind k, or null when the executor runs k itself
 // (inputs, constants, ATen ops, getitem, sym ops, the output).

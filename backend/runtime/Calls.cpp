@@ -11,6 +11,8 @@ Lowering find_lowering(KernelKind k) {
     case KernelKind::FlexBackward: return lower_flex_attention;
     case KernelKind::FlexCudnnForward:
     case KernelKind::FlexCudnnBackward: return lower_cudnn_flex_attention;
+    case KernelKind::FlexFusedForward:
+    case KernelKind::FlexFusedBackward: return lower_fused_flex_attention;
     case KernelKind::ZerosAndScatter: return lower_zeros_and_scatter;
     case KernelKind::SliceLoop: return lower_slice_loop;
     case KernelKind::FusedPointwise: return lower_fused_pointwise;

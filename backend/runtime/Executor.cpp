@@ -194,6 +194,7 @@ Executor::Executor(Program program, std::shared_ptr<const std::vector<at::Tensor
                       !aliases_without_annotation(n)) ||
                      s.kind == KernelKind::FlexForward || s.kind == KernelKind::FlexBackward ||
                      s.kind == KernelKind::FlexCudnnForward || s.kind == KernelKind::FlexCudnnBackward ||
+                     s.kind == KernelKind::FlexFusedForward || s.kind == KernelKind::FlexFusedBackward ||
                      s.kind == KernelKind::ZerosAndScatter;
     step_of[i] = static_cast<int>(steps_.size());
     steps_.push_back(std::move(s));

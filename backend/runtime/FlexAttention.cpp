@@ -72,20 +72,6 @@ at::Tensor broadcast_kv(const at::Tensor& kv, int64_t Bq, int64_t G) {
   return out.expand({Bq, out.size(1), out.size(2), out.size(3)});
 }
 
-void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "flex_attention expects 4-d q, k, v [B, H, S, D], got ", q.sizes(), ", ", k.sizes(), ", ",
-              v.sizes());
-  TORCH_CHECK(k.size(0) == v.size(0) && k.size(1) == v.size(1) && k.size(2) == v.size(2),
-              "flex_attention: k ", k.sizes(), " and v ", v.sizes(), " must agree in B, H and S");
-  TORCH_CHECK(q.size(3) == k.size(3), "flex_attention: q and k head dims differ: ", q.size(3), " vs ",
-              k.size(3));
-  TORCH_CHECK(q.size(0) == k.size(0) || (q.size(0) > 1 && k.size(0) == 1),
-              "Bq and Bkv must broadcast. Got Bq=", q.size(0), " and Bkv=", k.size(0));
-  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "flex_attention: Hq=", q.size(1),
-              " must be a multiple of Hkv=", k.size(1));
-}
-
 // _math_attention_inner: scaled scores before score_mod, and after score_mod with masked entries -inf.
 struct InnerScores {
   at::Tensor scores, post_mod, mask;  // mask undefined when there is none
@@ -100,27 +86,6 @@ InnerScores math_attention_inner(const at::Tensor& q, const at::Tensor& k, const
   at::Tensor keep = eval_mask(mask, g);
   if (keep.defined()) post_mod = post_mod.masked_fill(keep.logical_not(), -kInf);
   return {scores, post_mod, keep};
-}
-
-// _permute_strides: a copy of t whose dims are laid out in the same order as the strides of ref
-// (ties keep inner dims inner), with the last dim kept unit-stride. Matches the fake impl's layout.
-at::Tensor like_strides_of(const at::Tensor& t, at::IntArrayRef ref_strides) {
-  const int64_t n = t.dim();
-  std::vector<int64_t> fill(n);  // innermost dim first
-  std::iota(fill.begin(), fill.end(), 0);
-  std::stable_sort(fill.begin(), fill.end(), [&](int64_t a, int64_t b) { return ref_strides[a] > ref_strides[b]; });
-  std::reverse(fill.begin(), fill.end());
-  if (fill.front() != n - 1) {
-    fill.erase(std::find(fill.begin(), fill.end(), n - 1));
-    fill.insert(fill.begin(), n - 1);
-  }
-  std::vector<int64_t> strides(n);
-  int64_t running = 1;
-  for (int64_t d : fill) {
-    strides[d] = running;
-    running *= t.size(d);
-  }
-  return at::empty_strided(t.sizes(), strides, t.options()).copy_(t);
 }
 
 // Buffer gradients from the joint graph's trailing outputs, cast to each buffer's dtype and layout.
@@ -160,10 +125,45 @@ std::pair<at::Tensor, std::vector<c10::IValue>> eval_joint(const SubgraphFn& joi
 
 }  // namespace
 
+void check_flex_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "flex_attention expects 4-d q, k, v [B, H, S, D], got ", q.sizes(), ", ", k.sizes(), ", ",
+              v.sizes());
+  TORCH_CHECK(k.size(0) == v.size(0) && k.size(1) == v.size(1) && k.size(2) == v.size(2),
+              "flex_attention: k ", k.sizes(), " and v ", v.sizes(), " must agree in B, H and S");
+  TORCH_CHECK(q.size(3) == k.size(3), "flex_attention: q and k head dims differ: ", q.size(3), " vs ",
+              k.size(3));
+  TORCH_CHECK(q.size(0) == k.size(0) || (q.size(0) > 1 && k.size(0) == 1),
+              "Bq and Bkv must broadcast. Got Bq=", q.size(0), " and Bkv=", k.size(0));
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "flex_attention: Hq=", q.size(1),
+              " must be a multiple of Hkv=", k.size(1));
+}
+
+// _permute_strides: a copy of t whose dims are laid out in the same order as the strides of ref
+// (ties keep inner dims inner), with the last dim kept unit-stride. Matches the fake impl's layout.
+at::Tensor like_strides_of(const at::Tensor& t, at::IntArrayRef ref_strides) {
+  const int64_t n = t.dim();
+  std::vector<int64_t> fill(n);  // innermost dim first
+  std::iota(fill.begin(), fill.end(), 0);
+  std::stable_sort(fill.begin(), fill.end(), [&](int64_t a, int64_t b) { return ref_strides[a] > ref_strides[b]; });
+  std::reverse(fill.begin(), fill.end());
+  if (fill.front() != n - 1) {
+    fill.erase(std::find(fill.begin(), fill.end(), n - 1));
+    fill.insert(fill.begin(), n - 1);
+  }
+  std::vector<int64_t> strides(n);
+  int64_t running = 1;
+  for (int64_t d : fill) {
+    strides[d] = running;
+    running *= t.size(d);
+  }
+  return at::empty_strided(t.sizes(), strides, t.options()).copy_(t);
+}
+
 std::vector<at::Tensor> flex_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                const SubgraphFn& score_mod, const FlexMask& mask,
                                                double scale, const std::vector<at::Tensor>& score_buffers) {
-  check_shapes(q, k, v);
+  check_flex_shapes(q, k, v);
   const int64_t B = q.size(0), H = q.size(1), G = q.size(1) / k.size(1);
   const at::Tensor key = broadcast_kv(k, B, G), value = broadcast_kv(v, B, G);
   const IndexGrid g = make_index_grid(B, H, q.size(2), k.size(2), q.device());
@@ -185,7 +185,7 @@ FlexBackwardResult flex_attention_backward(const at::Tensor& q, const at::Tensor
                                            const SubgraphFn& fw_graph, const SubgraphFn& joint_graph,
                                            const FlexMask& mask, double scale,
                                            const std::vector<at::Tensor>& score_buffers) {
-  check_shapes(q, k, v);
+  check_flex_shapes(q, k, v);
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
               "Backward pass with mixed query, key, and value dtype is not supported, got ", q.scalar_type(),
               ", ", k.scalar_type(), ", ", v.scalar_type());

@@ -51,6 +51,14 @@ std::vector<at::Tensor> flex_buffer_grads(const SubgraphFn& joint_graph, const a
                                           const at::Tensor& grad_score, at::IntArrayRef bhqk,
                                           const std::vector<at::Tensor>& score_buffers);
 
+// The shape rules every FlexAttention kernel checks: 4-d q, k, v [B, H, S, D]; k and v agreeing; Bkv 1 or
+// Bq; Hq a multiple of Hkv (GQA).
+void check_flex_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// A copy of t whose dims are laid out in the order of ref_strides (flex's fake implementation's layout
+// for out, dq, dk, dv: _permute_strides).
+at::Tensor like_strides_of(const at::Tensor& t, at::IntArrayRef ref_strides);
+
 // flex_lib::zeros_and_scatter(shape, indices, values) = zeros(shape).index_put_(indices, values,
 // accumulate=True), with indices and values first broadcast to one shape (they arrive as broadcast
 // index tensors from the joint graph). The gradient scatter into captured buffers.

@@ -42,6 +42,13 @@ class Options:
     #: other graphs run as usual with a logged reason. mode="reduce-overhead" sets it.
     #: Also HINTBACKEND_CUDA_GRAPHS=0/1.
     cuda_graphs: bool = False
+    #: Where generated kernels are cached across processes (<cache_dir>/kernels, keyed by source, compiler
+    #: and CPU). Also HINTBACKEND_CACHE_DIR; default ~/.cache/hintbackend (XDG_CACHE_HOME respected).
+    cache_dir: Optional[str] = None
+    #: The C++ compiler that builds generated CPU kernels (FlexAttention's kernel="fused"), as a command
+    #: ("c++", "ccache g++"); "" turns generated CPU kernels off (the reference runs instead). Also
+    #: HINTBACKEND_HOST_COMPILER; default $CXX, else the first of c++, g++, clang++ on PATH.
+    host_compiler: Optional[str] = None
 
     def core_settings(self, dump: Optional[bool] = None) -> Any:
         """The C++ core's CompileSettings for these options (`dump`: print the IR after every pass and
@@ -55,16 +62,20 @@ class Options:
         s.memory_plan_in_place = self.memory_plan_in_place
         s.memory_plan_strategy = self.memory_plan_strategy
         s.dump = self.dump_dir is not None if dump is None else dump
+        s.host_compiler = self.host_compiler or ""
+        s.cache_dir = self.cache_dir or ""
         return s
 
 
 _TYPES = {"strict": bool, "dump_dir": (str, os.PathLike, type(None)), "disable_passes": (list, tuple),
           "verify_each_pass": bool, "arena": bool, "memory_plan_in_place": bool, "memory_plan_strategy": str,
-          "partition": str, "cuda_graphs": bool}
+          "partition": str, "cuda_graphs": bool, "cache_dir": (str, os.PathLike, type(None)),
+          "host_compiler": (str, type(None))}
 _WANT = {"strict": "a bool", "dump_dir": "a path string or None", "disable_passes": "a list of pass names",
          "verify_each_pass": "a bool", "arena": "a bool", "memory_plan_in_place": "a bool",
          "memory_plan_strategy": 'one of "", "greedy-by-size", "best-fit"',
-         "partition": 'one of "default", "min-cut"', "cuda_graphs": "a bool"}
+         "partition": 'one of "default", "min-cut"', "cuda_graphs": "a bool",
+         "cache_dir": "a path string or None", "host_compiler": 'a compiler command ("c++"), "" (off) or None'}
 STRATEGIES = ("", "greedy-by-size", "best-fit")
 PARTITIONS = ("default", "min-cut")
 # Options whose value is one of a few strings.
@@ -124,4 +135,29 @@ def parse_options(options: Optional[Mapping[str, Any]]) -> Options:
                              f"{', '.join(repr(x) for x in _CHOICES[key] if x)} (or unset)")
         if value and key not in values:
             values[key] = value
+    if values.get("cache_dir") is None:
+        values["cache_dir"] = os.environ.get("HINTBACKEND_CACHE_DIR") or default_cache_dir()
+    values["cache_dir"] = os.fspath(values["cache_dir"])
+    if values.get("host_compiler") is None:
+        env = os.environ.get("HINTBACKEND_HOST_COMPILER")
+        values["host_compiler"] = env if env is not None else default_host_compiler()
     return Options(**values)
+
+
+def default_cache_dir() -> str:
+    """~/.cache/hintbackend, under $XDG_CACHE_HOME when it is set."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "hintbackend")
+
+
+def default_host_compiler() -> str:
+    """$CXX, else the first C++ compiler on PATH, else "" (no generated CPU kernels)."""
+    import shutil
+
+    cxx = os.environ.get("CXX", "").strip()
+    if cxx:
+        return cxx
+    for name in ("c++", "g++", "clang++"):
+        if shutil.which(name):
+            return name
+    return ""

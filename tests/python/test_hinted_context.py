@@ -307,7 +307,7 @@ def test_functional_nested_in_context_and_context_nested_in_functional():
 def _flex_region(q, k, v):
     from torch.nn.attention.flex_attention import flex_attention
 
-    with hinted_context(schedule="dfs", slice_dims=[0, 1], kernel="custom"):
+    with hinted_context(schedule="dfs", slice_dims=[0, 1], kernel="fused"):
         o = flex_attention(q, k, v, score_mod=lambda s, b, h, qi, ki: s + (qi - ki) * 0.01)
     return o.sum()
 
@@ -346,7 +346,7 @@ def test_flex_attention_region_backward(monkeypatch):
     fw_flex = [n for n in calls(cap.fw[0]) if n.target is torch.ops.higher_order.flex_attention]
     bw_flex = [n for n in calls(cap.bw[0]) if n.target is torch.ops.higher_order.flex_attention_backward]
     assert len(fw_flex) == 1 and len(bw_flex) == 1
-    assert hints_of(bw_flex[0]) == hints_of(fw_flex[0]) and hints_of(bw_flex[0])["kernel"] == "custom"
+    assert hints_of(bw_flex[0]) == hints_of(fw_flex[0]) and hints_of(bw_flex[0])["kernel"] == "fused"
     check_backward_inherits(cap.fw, cap.bw)
     assert q.grad is not None and torch.isfinite(q.grad).all()
 

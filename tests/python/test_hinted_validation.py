@@ -19,7 +19,7 @@ BAD = [
      "memory_budget, kernel, deterministic)"),
     ({"schedule": "fast"}, "hinted_context: schedule='fast' is not one of \"bfs\", \"dfs\", \"auto\""),
     ({"schedule": None}, "hinted_context: schedule=None is not one of \"bfs\", \"dfs\", \"auto\""),
-    ({"kernel": "triton"}, "hinted_context: kernel='triton' is not one of \"auto\", \"cudnn\", \"custom\", \"aten\""),
+    ({"kernel": "triton"}, "hinted_context: kernel='triton' is not one of \"auto\", \"cudnn\", \"fused\", \"aten\""),
     ({"slices": 0}, "hinted_context: slices=0 must be an int >= 1"),
     ({"slices": True}, "hinted_context: slices=True must be an int >= 1"),
     ({"slices": 2.0}, "hinted_context: slices=2.0 must be an int >= 1"),

@@ -1,0 +1,106 @@
+// FlexAttention's forward and backward on the tiled CPU kernel with generated score/mask/joint code
+// (KernelKind::FlexFusedForward / FlexFusedBackward): kernel selection generated and built the code
+// (codegen/FlexKernelGen.h, codegen/HostCompiler.h) and keeps the library in the plan; the lowering
+// resolves its entry points and the arguments once, the tiled kernel (FlexTiledCpu.h) runs per call.
+#include "backend/ir/Error.h"
+#include "backend/runtime/Args.h"
+#include "backend/runtime/Call.h"
+#include "backend/runtime/FlexTiledCpu.h"
+#include "codegen/FlexKernelGen.h"
+#include "codegen/HostCompiler.h"
+
+namespace hb::rt {
+
+namespace {
+
+std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
+  std::vector<at::Tensor> out;
+  if (v.isNone()) return out;
+  for (const c10::IValue& x : v.toTupleRef().elements()) out.push_back(x.toTensor());
+  return out;
+}
+
+at::Tensor tensor_or_undefined(const c10::IValue& v) { return v.isTensor() ? v.toTensor() : at::Tensor(); }
+
+class FlexFusedCall : public Call {
+ public:
+  bool backward = false;
+  std::vector<ArgSpec> tensors;  // fw: q k v; bw: q k v out lse grad_out grad_lse
+  std::vector<ArgSpec> block_lists;  // kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices
+  int64_t q_block = 0, kv_block = 0;
+  double scale = 1.0;
+  ArgSpec score_buffers, mask_buffers;
+  std::shared_ptr<HostModule> module;  // keeps the generated code loaded
+  FlexKernelFns fns;
+  std::vector<bool> buffer_grads;
+
+  c10::IValue run(const std::vector<c10::IValue>& slots, const at::Tensor&, CallStats&) const override {
+    std::vector<at::Tensor> t;
+    for (const ArgSpec& a : tensors) t.push_back(tensor_or_undefined(build_arg(a, slots)));
+    FlexBlocks blocks;
+    blocks.kv_num = tensor_or_undefined(build_arg(block_lists[0], slots));
+    blocks.kv_idx = tensor_or_undefined(build_arg(block_lists[1], slots));
+    blocks.full_num = tensor_or_undefined(build_arg(block_lists[2], slots));
+    blocks.full_idx = tensor_or_undefined(build_arg(block_lists[3], slots));
+    blocks.q_block = q_block;
+    blocks.kv_block = kv_block;
+    const std::vector<at::Tensor> sbufs = tensors_of(build_arg(score_buffers, slots));
+    const std::vector<at::Tensor> mbufs = tensors_of(build_arg(mask_buffers, slots));
+    if (!backward) {
+      std::vector<at::Tensor> r = flex_tiled_forward(t[0], t[1], t[2], fns, blocks, scale, sbufs, mbufs);
+      return c10::ivalue::Tuple::create({r[0], r[1], r[2]});
+    }
+    std::optional<at::Tensor> grad_lse;
+    if (t[6].defined()) grad_lse = t[6];
+    FlexBackwardResult r = flex_tiled_backward(t[0], t[1], t[2], t[3], t[4], t[5], grad_lse, fns, blocks, scale, sbufs,
+                                               mbufs, buffer_grads);
+    std::vector<c10::IValue> grads;
+    for (const at::Tensor& x : r.buffer_grads) grads.push_back(x.defined() ? c10::IValue(x) : c10::IValue());
+    return c10::ivalue::Tuple::create({r.dq, r.dk, r.dv, c10::ivalue::Tuple::create(std::move(grads))});
+  }
+};
+
+template <typename F>
+F entry(const HostModule& m, const char* name, bool wanted, const std::string& where) {
+  if (!wanted) return nullptr;
+  void* f = m.symbol(name);
+  HB_INTERNAL_CHECK(f != nullptr) << where << ": the generated kernel " << m.path() << " has no " << name;
+  return reinterpret_cast<F>(f);
+}
+
+}  // namespace
+
+std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx) {
+  const Node& n = ctx.n();
+  const std::string& where = ctx.where;
+  const KernelChoice& choice = ctx.program.kernels->nodes[ctx.node];
+  HB_INTERNAL_CHECK(choice.module != nullptr) << where << ": a fused flex kernel was chosen but none was built";
+  std::string why;
+  const std::optional<FlexKernelSource> src = generate_flex_kernel(ctx.graph(), ctx.node, &why);
+  HB_INTERNAL_CHECK(src && src->source == choice.source) << where << ": the generated source changed since selection";
+  auto call = std::make_shared<FlexFusedCall>();
+  call->backward = n.target == "higher_order::flex_attention_backward";
+  const size_t ntensors = call->backward ? 7 : 3;
+  for (size_t k = 0; k < ntensors; ++k) call->tensors.push_back(convert_untyped(n.args[k], where));
+  const Arg& bm = n.args[call->backward ? 9 : 4];
+  const std::optional<FlexBlockMaskLayout> layout = flex_block_mask_layout(bm, &why);
+  HB_USER_CHECK(layout.has_value()) << where << ": " << why;
+  for (int i : {layout->kv_num_blocks, layout->kv_indices, layout->full_kv_num_blocks, layout->full_kv_indices})
+    call->block_lists.push_back(convert_untyped(bm.items[i], where));
+  call->q_block = layout->q_block;
+  call->kv_block = layout->kv_block;
+  call->scale = float_arg(n.args[call->backward ? 10 : 5], where);
+  call->score_buffers = convert_untyped(n.args[call->backward ? 12 : 7], where);
+  call->mask_buffers = convert_untyped(n.args[call->backward ? 13 : 8], where);
+  call->module = choice.module;
+  const HostModule& m = *choice.module;
+  call->fns.score_f32 = entry<FlexScoreF32>(m, "hb_flex_score_f32", src->score_mod, where);
+  call->fns.score_f64 = entry<FlexScoreF64>(m, "hb_flex_score_f64", src->score_mod, where);
+  call->fns.mask = entry<FlexMaskFn>(m, "hb_flex_mask", src->mask_mod, where);
+  call->fns.joint_f32 = entry<FlexJointF32>(m, "hb_flex_joint_f32", src->joint, where);
+  call->fns.joint_f64 = entry<FlexJointF64>(m, "hb_flex_joint_f64", src->joint, where);
+  call->buffer_grads = src->buffer_grads;
+  return call;
+}
+
+}  // namespace hb::rt

@@ -1,0 +1,55 @@
+// The interface between a generated FlexAttention kernel (codegen/FlexKernelGen.h writes its source) and
+// the code that calls it (backend/runtime/FlexTiledCpu.cpp): plain C structs and "C" entry points, so
+// the generated translation unit needs no hintbackend or torch header. The struct definitions are
+// written once, in the macro below: the host compiles them from here and the generator pastes the same
+// text into every kernel source (kFlexKernelAbiSource), so the two sides cannot drift apart.
+//
+// Entry points of a generated kernel (T = float "f32" or double "f64"; each present only when the node
+// needs it, see FlexKernelSource):
+//   void hb_flex_score_<T>(T* s, HbFlexTile* t)        s[i*ld + j] = score_mod(s[i*ld + j], b, h, q0+i, k0+j)
+//   void hb_flex_mask(unsigned char* keep, HbFlexTile* t) keep[i*ld + j] = mask_mod(b, h, q0+i, k0+j)
+//   void hb_flex_joint_<T>(const T* s, T* ds, HbFlexTile* t)
+//       ds[i*ld + j] = d score_mod / d score * ds[i*ld + j] at the pre-mod score s; the captured buffers'
+//       gradients are added into score_buffers[n].grad (dense double accumulators, buffer n's shape, row-major)
+// for i < nq, j < nk. A buffer read or scatter out of range sets t->error (kFlexErrorIndex) and the
+// index, and uses element 0 instead, so the caller can raise eager's IndexError after the tile.
+#pragma once
+
+#define HB_FLEX_KERNEL_ABI                                                                              \
+  struct HbFlexBuffer {                                                                                 \
+    const void* data;        /* the captured tensor, read through its strides */                        \
+    void* grad;              /* joint only: a dense double accumulator, or null */         \
+    long long sizes[8];                                                                                 \
+    long long strides[8];    /* in elements */                                                          \
+    int rank;                                                                                           \
+  };                                                                                                    \
+  struct HbFlexTile {                                                                                   \
+    long long b, h;          /* batch and query-head index */                                           \
+    long long q0, k0;        /* the tile's first query and key position */                             \
+    int nq, nk, ld;          /* rows, columns, row stride of the tile arrays */                         \
+    int error;               /* 0, or kFlexErrorIndex */                                                \
+    int error_buffer;        /* which buffer (score buffers first, then mask buffers) */                \
+    long long error_index;   /* the index that was out of range */                                      \
+    long long error_size;    /* the size of the dimension it indexed */                                 \
+    const HbFlexBuffer* score_buffers;                                                                  \
+    const HbFlexBuffer* mask_buffers;                                                                   \
+  };
+
+#define HB_FLEX_STR2(...) #__VA_ARGS__
+#define HB_FLEX_STR(...) HB_FLEX_STR2(__VA_ARGS__)
+
+namespace hb {
+
+HB_FLEX_KERNEL_ABI
+
+constexpr int kFlexErrorIndex = 1;
+// The definitions above as source text, for the generated translation unit.
+inline constexpr const char* kFlexKernelAbiSource = HB_FLEX_STR(HB_FLEX_KERNEL_ABI);
+
+using FlexScoreF32 = void (*)(float* s, HbFlexTile* t);
+using FlexScoreF64 = void (*)(double* s, HbFlexTile* t);
+using FlexMaskFn = void (*)(unsigned char* keep, HbFlexTile* t);
+using FlexJointF32 = void (*)(const float* s, float* ds, HbFlexTile* t);
+using FlexJointF64 = void (*)(const double* s, double* ds, HbFlexTile* t);
+
+}  // namespace hb

@@ -1,0 +1,681 @@
+#include "codegen/FlexKernelGen.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "codegen/FlexKernelAbi.h"
+
+namespace hb {
+
+namespace {
+
+// Helpers every kernel source carries after the ABI structs. HB_FN marks the inlined scalar functions
+// (a CUDA build of the same source makes them __device__).
+constexpr const char* kPrelude = R"(
+#include <cmath>
+#include <cstring>
+#ifdef __CUDACC__
+#define HB_FN static __device__ __forceinline__
+#else
+#define HB_FN static inline __attribute__((always_inline))
+#endif
+HB_FN float hb_bf16(unsigned short v) { unsigned int u = (unsigned int)v << 16; float f; memcpy(&f, &u, 4); return f; }
+HB_FN float hb_f16(unsigned short v) {
+  const unsigned int sign = (unsigned int)(v & 0x8000u) << 16, exp = (v >> 10) & 0x1f, man = v & 0x3ffu;
+  unsigned int u;
+  if (exp == 0x1f) u = sign | 0x7f800000u | (man << 13);
+  else if (exp != 0) u = sign | ((exp + 112) << 23) | (man << 13);
+  else if (man == 0) u = sign;
+  else { float f = (float)man * 5.9604644775390625e-8f; return sign ? -f : f; }
+  float f; memcpy(&f, &u, 4); return f;
+}
+HB_FN void hb_fail(HbFlexTile* t, int code, int buffer, long long index, long long size) {
+  if (!t->error) { t->error = code; t->error_buffer = buffer; t->error_index = index; t->error_size = size; }
+}
+// eager's indexing: a negative index counts from the end; out of range is an error (element 0 is read).
+HB_FN long long hb_index(long long i, long long size, HbFlexTile* t, int buffer) {
+  const long long w = i < 0 ? i + size : i;
+  if (w < 0 || w >= size) { hb_fail(t, 1, buffer, i, size); return 0; }
+  return w;
+}
+HB_FN long long hb_floordiv(long long a, long long b, HbFlexTile* t) {
+  if (b == 0) { hb_fail(t, 2, -1, a, 0); return 0; }
+  long long q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) --q; return q;
+}
+HB_FN long long hb_truncdiv(long long a, long long b, HbFlexTile* t) {
+  if (b == 0) { hb_fail(t, 2, -1, a, 0); return 0; }
+  return a / b;
+}
+HB_FN long long hb_mod(long long a, long long b, HbFlexTile* t) {
+  if (b == 0) { hb_fail(t, 2, -1, a, 0); return 0; }
+  long long r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r;
+}
+HB_FN long long hb_fmod(long long a, long long b, HbFlexTile* t) {
+  if (b == 0) { hb_fail(t, 2, -1, a, 0); return 0; }
+  return a % b;
+}
+template <typename T> HB_FN T hb_max(T a, T b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
+template <typename T> HB_FN T hb_min(T a, T b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
+template <typename T> HB_FN T hb_sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+template <typename T> HB_FN T hb_pymod(T a, T b) { const T r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+template <typename T> HB_FN T hb_sign(T x) { return (T)((x > T(0)) - (x < T(0))); }
+)";
+
+// The kind of a scalar value in the generated code.
+enum class K { T, Double, Int, Bool, Buffer, Scatter, None };
+
+const char* ctype(K k) {
+  switch (k) {
+    case K::T: return "T";
+    case K::Double: return "double";
+    case K::Int: return "long long";
+    case K::Bool: return "bool";
+    default: return "void";
+  }
+}
+bool floating(K k) { return k == K::T || k == K::Double; }
+
+struct Val {
+  K kind = K::None;
+  std::string expr;
+  int buffer = -1;          // K::Buffer: which buffer
+  bool const_true = false;  // a constant true (a noop mask)
+};
+
+std::string cast(const Val& v, K to) {
+  if (v.kind == to) return v.expr;
+  if (to == K::Bool) return "(" + v.expr + " != 0)";
+  return "((" + std::string(ctype(to)) + ")(" + v.expr + "))";
+}
+
+K promote(K a, K b) {
+  if (a == K::Double || b == K::Double) return K::Double;
+  if (a == K::T || b == K::T) return K::T;
+  if (a == K::Int || b == K::Int) return K::Int;
+  return K::Bool;
+}
+
+std::optional<K> kind_of_dtype(DType d) {
+  switch (d) {
+    case DType::Float64: return K::Double;
+    case DType::Float32: case DType::Float16: case DType::BFloat16: return K::T;
+    case DType::Int8: case DType::Int16: case DType::Int32: case DType::Int64: case DType::UInt8: return K::Int;
+    case DType::Bool: return K::Bool;
+    default: return std::nullopt;
+  }
+}
+
+// How a buffer element of dtype d is read at element offset `off` of buffer `buf` (an HbFlexBuffer).
+std::optional<std::string> load(DType d, const std::string& buf, const std::string& off) {
+  const std::string at = "[" + off + "]";
+  switch (d) {
+    case DType::Float32: return "((const float*)" + buf + ".data)" + at;
+    case DType::Float64: return "((const double*)" + buf + ".data)" + at;
+    case DType::BFloat16: return "hb_bf16(((const unsigned short*)" + buf + ".data)" + at + ")";
+    case DType::Float16: return "hb_f16(((const unsigned short*)" + buf + ".data)" + at + ")";
+    case DType::Int64: return "((const long long*)" + buf + ".data)" + at;
+    case DType::Int32: return "((const int*)" + buf + ".data)" + at;
+    case DType::Int16: return "((const short*)" + buf + ".data)" + at;
+    case DType::Int8: return "((const signed char*)" + buf + ".data)" + at;
+    case DType::UInt8: return "((const unsigned char*)" + buf + ".data)" + at;
+    case DType::Bool: return "(((const unsigned char*)" + buf + ".data)" + at + " != 0)";
+    default: return std::nullopt;
+  }
+}
+
+std::string float_literal(double v) {
+  if (std::isnan(v)) return "((T)NAN)";
+  if (std::isinf(v)) return v > 0 ? "((T)INFINITY)" : "(-(T)INFINITY)";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::string s = buf;
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return "((T)" + s + ")";
+}
+
+std::string op_name(const std::string& target, std::string* overload) {
+  const size_t ns = target.find("::");
+  const size_t start = ns == std::string::npos ? 0 : ns + 2;
+  const size_t dot = target.find('.', start);
+  *overload = dot == std::string::npos ? "" : target.substr(dot + 1);
+  return target.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+}
+
+const std::map<std::string, std::string>& unary_math() {
+  static const std::map<std::string, std::string> m = {
+      {"exp", "std::exp"}, {"exp2", "std::exp2"}, {"log", "std::log"}, {"log2", "std::log2"},
+      {"log10", "std::log10"}, {"log1p", "std::log1p"}, {"expm1", "std::expm1"}, {"tanh", "std::tanh"},
+      {"sin", "std::sin"}, {"cos", "std::cos"}, {"tan", "std::tan"}, {"sinh", "std::sinh"},
+      {"cosh", "std::cosh"}, {"asin", "std::asin"}, {"acos", "std::acos"}, {"atan", "std::atan"},
+      {"sqrt", "std::sqrt"}, {"erf", "std::erf"}, {"erfc", "std::erfc"}, {"floor", "std::floor"},
+      {"ceil", "std::ceil"}, {"trunc", "std::trunc"}, {"round", "std::nearbyint"}, {"abs", "std::fabs"},
+      {"sigmoid", "hb_sigmoid"}};
+  return m;
+}
+
+// Which placeholders a subgraph has, in order: the score and index arguments, then the buffers.
+enum class Role { Score, B, H, Q, KV, Grad, Buffer };
+
+// Translates one subgraph into the body of a scalar function. `buffers_expr`: "t->score_buffers" or
+// "t->mask_buffers"; `buffer_base`: the buffer's number in error reports.
+class Translator {
+ public:
+  Translator(const Graph& g, std::vector<Role> roles, std::string buffers_expr, int buffer_base, bool joint)
+      : g_(g), roles_(std::move(roles)), bufs_(std::move(buffers_expr)), buffer_base_(buffer_base), joint_(joint) {}
+
+  // Emits the statements; false with why_ set when something has no generated form.
+  bool run() {
+    vals_.assign(g_.nodes.size(), Val{});
+    if (joint_ && !map_scatters()) return false;
+    int placeholder = 0;
+    for (int i = 0; i < static_cast<int>(g_.nodes.size()); ++i) {
+      const Node& n = g_.nodes[i];
+      if (n.op == OpKind::Placeholder) {
+        if (!bind_placeholder(i, placeholder++)) return false;
+      } else if (n.op == OpKind::GetAttr) {
+        return fail(i, "reads a constant tensor");
+      } else if (n.op == OpKind::CallFunction) {
+        ++ops_;
+        if (!emit(i)) return false;
+      }
+    }
+    return true;
+  }
+
+  const std::string& why() const { return why_; }
+  std::string body() const { return body_.str(); }
+  int ops() const { return ops_; }
+  const Val& val(int node) const { return vals_[node]; }
+  // The output node's items (a single value or a tuple/list).
+  std::vector<Arg> outputs() const {
+    const int o = g_.output_node();
+    if (o < 0 || g_.nodes[o].args.empty()) return {};
+    const Arg& a = g_.nodes[o].args[0];
+    if (a.kind == Arg::Kind::Tuple || a.kind == Arg::Kind::List) return a.items;
+    return {a};
+  }
+  Val value(const Arg& a) const {
+    Val v;
+    switch (a.kind) {
+      case Arg::Kind::Ref: return vals_[a.ref];
+      case Arg::Kind::Int:
+        v.kind = K::Int;
+        v.expr = a.i == std::numeric_limits<int64_t>::min() ? "(-9223372036854775807LL - 1)" : std::to_string(a.i) + "LL";
+        return v;
+      case Arg::Kind::Float: v.kind = K::T; v.expr = float_literal(a.f); return v;
+      case Arg::Kind::Bool: v.kind = K::Bool; v.expr = a.b ? "true" : "false"; v.const_true = a.b; return v;
+      default: return v;  // K::None
+    }
+  }
+  std::set<int> scatter_buffers() const {
+    std::set<int> s;
+    for (const auto& kv : scatter_of_) s.insert(kv.second);
+    return s;
+  }
+
+ private:
+  bool fail(int node, const std::string& what) {
+    why_ = "%" + g_.nodes[node].name + " (" + g_.nodes[node].target + ") " + what;
+    return false;
+  }
+
+  bool bind_placeholder(int i, int p) {
+    Val& v = vals_[i];
+    if (p < static_cast<int>(roles_.size())) {
+      switch (roles_[p]) {
+        case Role::Score: v = {K::T, "score"}; return true;
+        case Role::Grad: v = {K::T, "grad"}; return true;
+        case Role::B: v = {K::Int, "b"}; return true;
+        case Role::H: v = {K::Int, "h"}; return true;
+        case Role::Q: v = {K::Int, "q"}; return true;
+        case Role::KV: v = {K::Int, "kv"}; return true;
+        case Role::Buffer: break;
+      }
+    }
+    v.kind = K::Buffer;
+    v.buffer = p - static_cast<int>(roles_.size());
+    const TensorType& t = g_.nodes[i].type.tensor;
+    if (g_.nodes[i].type.kind != ValueType::Kind::Tensor || t.shape.size() > 8)
+      return fail(i, "is a captured buffer of unknown type or rank above 8");
+    if (!load(t.dtype, "", "")) return fail(i, std::string("is a captured buffer of dtype ") + dtype_name(t.dtype));
+    buffer_types_[v.buffer] = t;
+    return true;
+  }
+
+  // zeros_and_scatter nodes -> the buffer whose gradient they are (from the joint's outputs).
+  bool map_scatters() {
+    const std::vector<Arg> outs = outputs();
+    for (size_t k = 5; k < outs.size(); ++k) {
+      if (outs[k].kind == Arg::Kind::None) continue;
+      if (outs[k].kind != Arg::Kind::Ref) return fail(g_.output_node(), "returns a buffer gradient that is not a value");
+      if (!collect_scatters(outs[k].ref, static_cast<int>(k) - 5)) return false;
+    }
+    return true;
+  }
+  bool collect_scatters(int node, int buffer) {
+    const Node& n = g_.nodes[node];
+    std::string ov;
+    const std::string op = op_name(n.target, &ov);
+    if (n.target == "flex_lib::zeros_and_scatter.default") {
+      scatter_of_[node] = buffer;
+      return true;
+    }
+    if (op == "add" && n.args.size() == 2 && n.args[0].kind == Arg::Kind::Ref && n.args[1].kind == Arg::Kind::Ref) {
+      sums_.insert(node);
+      return collect_scatters(n.args[0].ref, buffer) && collect_scatters(n.args[1].ref, buffer);
+    }
+    return fail(node, "is a buffer gradient that is not a sum of zeros_and_scatter");
+  }
+
+  // The element offset of buffer `b` at `indices` (strided read, or row-major for the gradient).
+  bool offset(int node, int buffer, const std::vector<Arg>& indices, bool dense, std::string* out) {
+    const TensorType& t = buffer_types_[buffer];
+    if (indices.size() != t.shape.size())
+      return fail(node, "indexes a rank-" + std::to_string(t.shape.size()) + " buffer with " +
+                            std::to_string(indices.size()) + " indices (only whole-element reads are generated)");
+    const std::string B = bufs_ + "[" + std::to_string(buffer) + "]";
+    std::string o = dense ? "0LL" : "";
+    for (size_t d = 0; d < indices.size(); ++d) {
+      const Val iv = value(indices[d]);
+      if (iv.kind != K::Int && iv.kind != K::Bool) return fail(node, "indexes with a non-integer index");
+      const std::string D = std::to_string(d);
+      const std::string idx = "hb_index(" + cast(iv, K::Int) + ", " + B + ".sizes[" + D + "], t, " +
+                              std::to_string(buffer_base_ + buffer) + ")";
+      if (dense) o = "(" + o + ") * " + B + ".sizes[" + D + "] + " + idx;
+      else o += (d ? " + " : "") + idx + " * " + B + ".strides[" + D + "]";
+    }
+    if (o.empty()) o = "0LL";
+    *out = o;
+    return true;
+  }
+
+  void def(int i, K kind, const std::string& expr) {
+    const std::string name = "v" + std::to_string(i);
+    body_ << "  const " << ctype(kind) << " " << name << " = " << expr << ";  // %" << g_.nodes[i].name << "\n";
+    vals_[i] = {kind, name};
+  }
+
+  bool emit(int i) {
+    const Node& n = g_.nodes[i];
+    std::string ov;
+    const std::string op = op_name(n.target, &ov);
+    if (scatter_of_.count(i)) return emit_scatter(i);
+    if (sums_.count(i) || n.target == "flex_lib::zeros_and_scatter.default") {  // a sum of scatters, or a dead one
+      vals_[i].kind = K::Scatter;
+      return true;
+    }
+    if (n.type.kind != ValueType::Kind::Tensor || !n.type.tensor.shape.empty())
+      return fail(i, "is not a scalar per score element");
+    const std::optional<K> rk = kind_of_dtype(n.type.tensor.dtype);
+    if (!rk) return fail(i, std::string("has dtype ") + dtype_name(n.type.tensor.dtype));
+    const K R = *rk;
+    std::vector<Val> a;
+    for (const Arg& x : n.args) a.push_back(value(x));
+    for (const Arg& x : n.args)
+      if (x.kind == Arg::Kind::Ref && (vals_[x.ref].kind == K::Scatter))
+        return fail(i, "uses a buffer gradient as a value");
+    auto kw = [&](const char* name) -> std::optional<Val> {
+      const Arg* x = n.kwarg(name);
+      if (!x || x->kind == Arg::Kind::None) return std::nullopt;
+      return value(*x);
+    };
+    auto scalar = [&](size_t k) { return k < a.size() && a[k].kind != K::None && a[k].kind != K::Buffer && a[k].kind != K::Scatter; };
+    const bool unary = scalar(0);
+    const bool binary = scalar(0) && scalar(1);
+    // Arithmetic in the result's kind; a boolean result computes on integers and tests != 0.
+    const K C = R == K::Bool ? K::Int : R;
+    auto wrap = [&](const std::string& e) { return R == K::Bool ? "(" + e + " != 0)" : e; };
+
+    if ((op == "add" || op == "sub") && binary) {
+      std::string y = cast(a[1], C);
+      std::optional<Val> alpha = a.size() > 2 && scalar(2) ? std::optional<Val>(a[2]) : kw("alpha");
+      if (alpha) y = cast(*alpha, C) + " * " + y;
+      def(i, R, wrap(cast(a[0], C) + (op == "add" ? " + " : " - ") + y));
+    } else if (op == "rsub" && binary) {
+      std::string x = cast(a[0], C);
+      std::optional<Val> alpha = a.size() > 2 && scalar(2) ? std::optional<Val>(a[2]) : kw("alpha");
+      if (alpha) x = cast(*alpha, C) + " * " + x;
+      def(i, R, wrap(cast(a[1], C) + " - " + x));
+    } else if (op == "mul" && binary) {
+      def(i, R, wrap(cast(a[0], C) + " * " + cast(a[1], C)));
+    } else if ((op == "div" || op == "true_divide") && binary) {
+      std::optional<std::string> mode;
+      const Arg* m = n.kwarg("rounding_mode");
+      if (m && m->kind == Arg::Kind::Str) mode = m->s;
+      if (ov == "Tensor_mode" && a.size() > 2 && n.args[2].kind == Arg::Kind::Str) mode = n.args[2].s;
+      if (R == K::Int || R == K::Bool) {
+        if (!mode) return fail(i, "divides integers into an integer without a rounding mode");
+        def(i, R, wrap(std::string(*mode == "floor" ? "hb_floordiv(" : "hb_truncdiv(") + cast(a[0], K::Int) + ", " +
+                       cast(a[1], K::Int) + ", t)"));
+      } else {
+        const std::string q = cast(a[0], R) + " / " + cast(a[1], R);
+        def(i, R, !mode ? q : (*mode == "floor" ? "std::floor(" : "std::trunc(") + q + ")");
+      }
+    } else if ((op == "maximum" || op == "minimum" || op == "fmax" || op == "fmin") && binary) {
+      const bool mx = op == "maximum" || op == "fmax";
+      if (floating(R)) def(i, R, std::string(mx ? "hb_max<" : "hb_min<") + ctype(R) + ">(" + cast(a[0], R) + ", " + cast(a[1], R) + ")");
+      else def(i, R, wrap("(" + cast(a[0], C) + (mx ? " > " : " < ") + cast(a[1], C) + " ? " + cast(a[0], C) + " : " + cast(a[1], C) + ")"));
+    } else if (op == "pow" && binary) {
+      if (!floating(R)) return fail(i, "raises integers to a power");
+      def(i, R, "std::pow(" + cast(a[0], R) + ", " + cast(a[1], R) + ")");
+    } else if ((op == "remainder" || op == "fmod" || op == "floor_divide") && binary) {
+      if (floating(R)) {
+        const std::string x = cast(a[0], R), y = cast(a[1], R);
+        def(i, R, op == "remainder" ? "hb_pymod<" + std::string(ctype(R)) + ">(" + x + ", " + y + ")"
+                  : op == "fmod"    ? "std::fmod(" + x + ", " + y + ")"
+                                    : "std::floor(" + x + " / " + y + ")");
+      } else {
+        def(i, R, wrap(std::string(op == "remainder" ? "hb_mod(" : op == "fmod" ? "hb_fmod(" : "hb_floordiv(") +
+                       cast(a[0], K::Int) + ", " + cast(a[1], K::Int) + ", t)"));
+      }
+    } else if ((op == "eq" || op == "ne" || op == "lt" || op == "le" || op == "gt" || op == "ge") && binary) {
+      static const std::map<std::string, std::string> sym = {{"eq", "=="}, {"ne", "!="}, {"lt", "<"},
+                                                             {"le", "<="}, {"gt", ">"}, {"ge", ">="}};
+      const K P = promote(a[0].kind, a[1].kind);
+      def(i, R, cast(Val{K::Bool, "(" + cast(a[0], P) + " " + sym.at(op) + " " + cast(a[1], P) + ")"}, R));
+    } else if ((op == "logical_and" || op == "logical_or" || op == "logical_xor") && binary) {
+      const std::string s = op == "logical_and" ? " && " : op == "logical_or" ? " || " : " != ";
+      def(i, R, cast(Val{K::Bool, "(" + cast(a[0], K::Bool) + s + cast(a[1], K::Bool) + ")"}, R));
+    } else if (op == "logical_not" && unary) {
+      def(i, R, cast(Val{K::Bool, "(!" + cast(a[0], K::Bool) + ")"}, R));
+    } else if ((op == "bitwise_and" || op == "bitwise_or" || op == "bitwise_xor" || op == "__and__" ||
+                op == "__or__" || op == "__xor__") && binary) {
+      if (floating(R)) return fail(i, "is a bitwise op on floating values");
+      const std::string s = (op == "bitwise_and" || op == "__and__") ? " & " : (op == "bitwise_or" || op == "__or__") ? " | " : " ^ ";
+      def(i, R, wrap("(" + cast(a[0], K::Int) + s + cast(a[1], K::Int) + ")"));
+    } else if (op == "bitwise_not" && unary) {
+      if (floating(R)) return fail(i, "is a bitwise op on floating values");
+      def(i, R, R == K::Bool ? "(!" + cast(a[0], K::Bool) + ")" : "(~" + cast(a[0], K::Int) + ")");
+    } else if (op == "where" && a.size() == 3 && scalar(0) && scalar(1) && scalar(2)) {
+      def(i, R, "(" + cast(a[0], K::Bool) + " ? " + cast(a[1], R) + " : " + cast(a[2], R) + ")");
+    } else if (op == "masked_fill" && a.size() == 3 && scalar(0) && scalar(1) && scalar(2)) {
+      def(i, R, "(" + cast(a[1], K::Bool) + " ? " + cast(a[2], R) + " : " + cast(a[0], R) + ")");
+    } else if ((op == "clamp" || op == "clamp_min" || op == "clamp_max") && unary) {
+      std::optional<Val> lo, hi;
+      if (op == "clamp_min") lo = a.size() > 1 ? std::optional<Val>(a[1]) : std::nullopt;
+      else if (op == "clamp_max") hi = a.size() > 1 ? std::optional<Val>(a[1]) : std::nullopt;
+      else {
+        if (a.size() > 1 && scalar(1)) lo = a[1];
+        else lo = kw("min");
+        if (a.size() > 2 && scalar(2)) hi = a[2];
+        else if (!hi) hi = kw("max");
+      }
+      if (!floating(R)) return fail(i, "clamps integers");
+      std::string e = cast(a[0], R);
+      if (lo && lo->kind != K::None) e = "hb_max<" + std::string(ctype(R)) + ">(" + e + ", " + cast(*lo, R) + ")";
+      if (hi && hi->kind != K::None) e = "hb_min<" + std::string(ctype(R)) + ">(" + e + ", " + cast(*hi, R) + ")";
+      def(i, R, e);
+    } else if (unary_math().count(op) && unary) {
+      if (floating(R)) def(i, R, unary_math().at(op) + "(" + cast(a[0], R) + ")");
+      else if (op == "abs") def(i, R, "(" + cast(a[0], K::Int) + " < 0 ? -" + cast(a[0], K::Int) + " : " + cast(a[0], K::Int) + ")");
+      else if (op == "floor" || op == "ceil" || op == "trunc" || op == "round") def(i, R, cast(a[0], R));
+      else return fail(i, "computes " + op + " into an integer");
+    } else if (op == "neg" && unary) {
+      def(i, R, wrap("(-" + cast(a[0], C) + ")"));
+    } else if ((op == "rsqrt" || op == "reciprocal") && unary && floating(R)) {
+      const std::string one = "((" + std::string(ctype(R)) + ")1)";
+      def(i, R, one + " / " + (op == "rsqrt" ? "std::sqrt(" + cast(a[0], R) + ")" : cast(a[0], R)));
+    } else if (op == "relu" && unary) {
+      const std::string x = cast(a[0], C);
+      def(i, R, wrap("(" + x + " < 0 ? (" + ctype(C) + ")0 : " + x + ")"));
+    } else if (op == "sign" && unary) {
+      def(i, R, floating(R) ? "hb_sign<" + std::string(ctype(R)) + ">(" + cast(a[0], R) + ")"
+                            : wrap("(long long)((" + cast(a[0], K::Int) + " > 0) - (" + cast(a[0], K::Int) + " < 0))"));
+    } else if ((op == "tanh_backward" || op == "sigmoid_backward") && binary && floating(R)) {
+      const std::string gr = cast(a[0], R), y = cast(a[1], R), one = "((" + std::string(ctype(R)) + ")1)";
+      def(i, R, op == "tanh_backward" ? gr + " * (" + one + " - " + y + " * " + y + ")"
+                                      : gr + " * (" + one + " - " + y + ") * " + y);
+    } else if ((op == "_to_copy" || op == "to" || op == "convert_element_type" || op == "clone" || op == "alias" ||
+                op == "detach" || op == "lift_fresh_copy" || op == "view" || op == "reshape" || op == "_unsafe_view" ||
+                op == "type_as" || op == "contiguous" || op == "positive") && unary) {
+      def(i, R, cast(a[0], R));
+      vals_[i].const_true = a[0].const_true;
+    } else if (op == "scalar_tensor" || op == "full" || op == "new_full" || op == "full_like" || op == "new_ones" ||
+               op == "ones" || op == "ones_like" || op == "new_zeros" || op == "zeros" || op == "zeros_like") {
+      Val fill;
+      if (op == "scalar_tensor") fill = a.empty() ? Val{} : a[0];
+      else if (op == "full") fill = a.size() > 1 ? a[1] : Val{};
+      else if (op == "new_full" || op == "full_like") fill = a.size() > (op == "new_full" ? 2u : 1u) ? a[op == "new_full" ? 2 : 1] : Val{};
+      else if (op.find("ones") != std::string::npos) fill = Val{K::Int, "1LL"};
+      else fill = Val{K::Int, "0LL"};
+      if (fill.kind == K::None || fill.kind == K::Buffer) return fail(i, "is a constant with no scalar value");
+      def(i, R, cast(fill, R));
+      vals_[i].const_true = R == K::Bool && (fill.expr == "1LL" || fill.expr == "true" || fill.expr == "((T)1.0)");
+    } else if (op == "index" && a.size() == 2 && a[0].kind == K::Buffer && n.args[1].kind == Arg::Kind::List) {
+      for (const Arg& x : n.args[1].items)
+        if (x.kind == Arg::Kind::None) return fail(i, "indexes with None (a slice): only whole-element reads are generated");
+      std::string off;
+      if (!offset(i, a[0].buffer, n.args[1].items, /*dense=*/false, &off)) return false;
+      const std::string B = bufs_ + "[" + std::to_string(a[0].buffer) + "]";
+      const TensorType& bt = buffer_types_[a[0].buffer];
+      const std::optional<K> bk = kind_of_dtype(bt.dtype);
+      def(i, R, cast(Val{bk ? *bk : K::T, *load(bt.dtype, B, off)}, R));
+    } else {
+      return fail(i, "has no generated form");
+    }
+    return true;
+  }
+
+  bool emit_scatter(int i) {
+    const Node& n = g_.nodes[i];
+    const int buffer = scatter_of_.at(i);
+    if (n.args.size() != 3 || n.args[1].kind != Arg::Kind::List) return fail(i, "is a malformed zeros_and_scatter");
+    // The scattered buffer: the joint's placeholder number (roles_ first).
+    auto it = buffer_types_.find(buffer);
+    if (it == buffer_types_.end()) return fail(i, "scatters into buffer " + std::to_string(buffer) + ", which the joint does not take");
+    for (const Arg& x : n.args[1].items)
+      if (x.kind == Arg::Kind::None) return fail(i, "scatters with None (a slice)");
+    std::string off;
+    if (!offset(i, buffer, n.args[1].items, /*dense=*/true, &off)) return false;
+    const Val v = value(n.args[2]);
+    if (v.kind == K::None || v.kind == K::Buffer || v.kind == K::Scatter) return fail(i, "scatters no scalar value");
+    const std::string B = bufs_ + "[" + std::to_string(buffer) + "]";
+    body_ << "  if (" << B << ".grad) ((double*)" << B << ".grad)[" << off << "] += " << cast(v, K::Double) << ";  // %" << n.name
+          << "\n";
+    vals_[i].kind = K::Scatter;
+    return true;
+  }
+
+  const Graph& g_;
+  std::vector<Role> roles_;
+  std::string bufs_;
+  int buffer_base_ = 0;
+  bool joint_ = false;
+  std::vector<Val> vals_;
+  std::map<int, TensorType> buffer_types_;
+  std::map<int, int> scatter_of_;  // zeros_and_scatter node -> buffer
+  std::set<int> sums_;             // add nodes that only sum scatters
+  std::ostringstream body_;
+  std::string why_;
+  int ops_ = 0;
+};
+
+const Graph* subgraph(const Graph& g, const Arg& a) {
+  if (a.kind != Arg::Kind::Graph) return nullptr;
+  auto it = g.subgraphs.find(a.s);
+  return it == g.subgraphs.end() ? nullptr : it->second.get();
+}
+
+std::string plural(int n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); }
+
+}  // namespace
+
+std::optional<FlexBlockMaskLayout> flex_block_mask_layout(const Arg& bm, std::string* why) {
+  if ((bm.kind != Arg::Kind::Tuple && bm.kind != Arg::Kind::List)) {
+    *why = "the block mask is not a tuple";
+    return std::nullopt;
+  }
+  const int n = static_cast<int>(bm.items.size());
+  FlexBlockMaskLayout l;
+  int base = -1;
+  if (n == 13 || n == 17) base = 2;  // (Q_LEN, KV_LEN, kv_num_blocks, ...): torch 2.11, newer main
+  else if (n == 11) base = 0;        // torch 2.5
+  if (base < 0) {
+    *why = "the block mask has " + std::to_string(n) + " entries (11, 13 or 17 are known)";
+    return std::nullopt;
+  }
+  l.kv_num_blocks = base;
+  l.kv_indices = base + 1;
+  l.full_kv_num_blocks = base + 2;
+  l.full_kv_indices = base + 3;
+  if (bm.items[base].kind != Arg::Kind::Ref || bm.items[base + 1].kind != Arg::Kind::Ref) {
+    *why = "the block mask's kv_num_blocks/kv_indices are not tensors";
+    return std::nullopt;
+  }
+  const Arg& qb = bm.items[n - 3];
+  const Arg& kb = bm.items[n - 2];
+  if (qb.kind != Arg::Kind::Int || kb.kind != Arg::Kind::Int || qb.i <= 0 || kb.i <= 0) {
+    *why = "the block mask's block sizes are not constant positive integers";
+    return std::nullopt;
+  }
+  l.q_block = qb.i;
+  l.kv_block = kb.i;
+  return l;
+}
+
+std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, std::string* why) {
+  const Node& n = g.nodes[node];
+  const bool backward = n.target == "higher_order::flex_attention_backward";
+  if (!backward && n.target != "higher_order::flex_attention") {
+    *why = "not a flex_attention node";
+    return std::nullopt;
+  }
+  if (n.args.size() != (backward ? 14u : 9u)) {
+    *why = "unexpected argument count";
+    return std::nullopt;
+  }
+  const Graph* score = subgraph(g, n.args[backward ? 7 : 3]);
+  const Graph* joint = backward ? subgraph(g, n.args[8]) : nullptr;
+  const Arg& bm = n.args[backward ? 9 : 4];
+  if (!flex_block_mask_layout(bm, why)) return std::nullopt;
+  const Graph* mask = subgraph(g, bm.items.back());
+  if (!score || !mask || (backward && !joint)) {
+    *why = "a score_mod, mask_mod or joint subgraph is missing";
+    return std::nullopt;
+  }
+  auto count_tuple = [](const Arg& a) {
+    return (a.kind == Arg::Kind::Tuple || a.kind == Arg::Kind::List) ? static_cast<int>(a.items.size()) : 0;
+  };
+  const int nscore = count_tuple(n.args[backward ? 12 : 7]);
+
+  using R = Role;
+  Translator ts(*score, {R::Score, R::B, R::H, R::Q, R::KV}, "t->score_buffers", 0, false);
+  if (!ts.run()) {
+    *why = "score_mod: " + ts.why();
+    return std::nullopt;
+  }
+  Translator tm(*mask, {R::B, R::H, R::Q, R::KV}, "t->mask_buffers", nscore, false);
+  if (!tm.run()) {
+    *why = "mask_mod: " + tm.why();
+    return std::nullopt;
+  }
+  std::optional<Translator> tj;
+  if (backward) {
+    tj.emplace(*joint, std::vector<Role>{R::Score, R::B, R::H, R::Q, R::KV, R::Grad}, "t->score_buffers", 0, true);
+    if (!tj->run()) {
+      *why = "joint graph: " + tj->why();
+      return std::nullopt;
+    }
+  }
+
+  FlexKernelSource out;
+  std::ostringstream src;
+  src << "// Generated by hintbackend (codegen/FlexKernelGen.cpp) for %" << n.name << " (" << n.target << ").\n"
+      << kFlexKernelAbiSource << "\n" << kPrelude;
+
+  // score_mod: the identity when it returns its score placeholder.
+  const std::vector<Arg> so = ts.outputs();
+  if (so.empty()) {
+    *why = "score_mod returns nothing";
+    return std::nullopt;
+  }
+  const Val sv = ts.value(so[0]);
+  if (sv.kind == K::None || sv.kind == K::Buffer || sv.kind == K::Scatter) {
+    *why = "score_mod returns no scalar";
+    return std::nullopt;
+  }
+  out.score_mod = sv.expr != "score";
+  if (out.score_mod) {
+    src << "\ntemplate <typename T>\nHB_FN T hb_score_mod(T score, long long b, long long h, long long q, long long kv, "
+           "HbFlexTile* t) {\n"
+        << ts.body() << "  return " << cast(sv, K::T) << ";\n}\n"
+        << "template <typename T>\nstatic void hb_score_tile(T* s, HbFlexTile* t) {\n"
+        << "  const long long b = t->b, h = t->h;\n"
+        << "  for (int i = 0; i < t->nq; ++i) {\n    T* row = s + (long long)i * t->ld;\n"
+        << "    const long long q = t->q0 + i;\n"
+        << "    for (int j = 0; j < t->nk; ++j) row[j] = hb_score_mod<T>(row[j], b, h, q, t->k0 + j, t);\n  }\n}\n"
+        << "extern \"C\" void hb_flex_score_f32(float* s, HbFlexTile* t) { hb_score_tile<float>(s, t); }\n"
+        << "extern \"C\" void hb_flex_score_f64(double* s, HbFlexTile* t) { hb_score_tile<double>(s, t); }\n";
+  }
+
+  const std::vector<Arg> mo = tm.outputs();
+  const Val mv = mo.empty() ? Val{} : tm.value(mo[0]);
+  if (mv.kind == K::None || mv.kind == K::Buffer || mv.kind == K::Scatter) {
+    *why = "mask_mod returns no scalar";
+    return std::nullopt;
+  }
+  out.mask_mod = !mv.const_true;
+  if (out.mask_mod) {
+    src << "\nHB_FN bool hb_mask_mod(long long b, long long h, long long q, long long kv, HbFlexTile* t) {\n"
+        << "  typedef float T;\n" << tm.body() << "  return " << cast(mv, K::Bool) << ";\n}\n"
+        << "extern \"C\" void hb_flex_mask(unsigned char* keep, HbFlexTile* t) {\n"
+        << "  const long long b = t->b, h = t->h;\n"
+        << "  for (int i = 0; i < t->nq; ++i) {\n    unsigned char* row = keep + (long long)i * t->ld;\n"
+        << "    const long long q = t->q0 + i;\n"
+        << "    for (int j = 0; j < t->nk; ++j) row[j] = hb_mask_mod(b, h, q, t->k0 + j, t);\n  }\n}\n";
+  }
+
+  out.buffer_grads.assign(nscore, false);
+  if (backward) {
+    const std::vector<Arg> jo = tj->outputs();
+    if (jo.size() != 5u + nscore) {
+      *why = "joint graph returns " + std::to_string(jo.size()) + " values, expected 5 + " + std::to_string(nscore);
+      return std::nullopt;
+    }
+    for (int b : tj->scatter_buffers())
+      if (b < nscore) out.buffer_grads[b] = true;
+    const Val gv = tj->value(jo[0]);
+    out.joint_grad_zero = gv.kind == K::None;
+    const bool any_grad = std::find(out.buffer_grads.begin(), out.buffer_grads.end(), true) != out.buffer_grads.end();
+    // The identity's joint returns its grad: nothing to call.
+    out.joint = out.joint_grad_zero || gv.expr != "grad" || any_grad;
+    if (out.joint) {
+      if (!out.joint_grad_zero && (gv.kind == K::Buffer || gv.kind == K::Scatter)) {
+        *why = "joint graph returns no scalar score gradient";
+        return std::nullopt;
+      }
+      src << "\ntemplate <typename T>\nHB_FN T hb_joint(T score, long long b, long long h, long long q, long long kv, "
+             "T grad, HbFlexTile* t) {\n"
+          << tj->body() << "  return " << (out.joint_grad_zero ? "(T)0" : cast(gv, K::T)) << ";\n}\n"
+          << "template <typename T>\nstatic void hb_joint_tile(const T* s, T* ds, HbFlexTile* t) {\n"
+          << "  const long long b = t->b, h = t->h;\n"
+          << "  for (int i = 0; i < t->nq; ++i) {\n"
+          << "    const T* srow = s + (long long)i * t->ld;\n    T* drow = ds + (long long)i * t->ld;\n"
+          << "    const long long q = t->q0 + i;\n"
+          << "    for (int j = 0; j < t->nk; ++j) drow[j] = hb_joint<T>(srow[j], b, h, q, t->k0 + j, drow[j], t);\n"
+          << "  }\n}\n"
+          << "extern \"C\" void hb_flex_joint_f32(const float* s, float* ds, HbFlexTile* t) { hb_joint_tile<float>(s, ds, t); }\n"
+          << "extern \"C\" void hb_flex_joint_f64(const double* s, double* ds, HbFlexTile* t) { hb_joint_tile<double>(s, ds, t); }\n";
+    }
+  }
+  out.source = src.str();
+  std::ostringstream sum;
+  sum << "score_mod: " << (out.score_mod ? plural(ts.ops(), "op") : "identity")
+      << "; mask_mod: " << (out.mask_mod ? plural(tm.ops(), "op") : "none");
+  if (backward) {
+    sum << "; joint: " << (out.joint ? plural(tj->ops(), "op") : "identity");
+    std::string scat;
+    for (int b = 0; b < nscore; ++b)
+      if (out.buffer_grads[b]) scat += (scat.empty() ? "" : ", ") + std::to_string(b);
+    if (!scat.empty()) sum << ", gradient scattered into buffer " << scat;
+  }
+  out.summary = sum.str();
+  return out;
+}
+
+}  // namespace hb

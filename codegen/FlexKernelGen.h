@@ -1,0 +1,49 @@
+// The FlexAttention kernel generator: turns a flex node's score_mod, mask_mod and (backward) joint graph
+// into C++ that a tiled attention kernel inlines in its inner loop (issue 14's `kernel="fused"`).
+// Plain C++: it reads the IR and writes source text; codegen/HostCompiler.h builds it, the runtime's
+// tiled kernels (backend/runtime/FlexTiledCpu.cpp) call it through codegen/FlexKernelAbi.h.
+//
+// Every subgraph value is a scalar per score element: the score (the working type T: float, double for
+// float64 q/k/v), the indices b, h, q_idx, kv_idx (long long), booleans, and reads of captured buffers
+// (`aten::index.Tensor(buf, [i0, ..., i(rank-1)])`, any dtype, read through the buffer's strides with
+// eager's negative-index wrap and an out-of-range check). Results take the dtype the IR gives each node:
+// floating values compute in T (double for a float64 node), integers in long long, as eager's type
+// promotion says. The joint graph's `flex_lib::zeros_and_scatter` becomes an add into the buffer's
+// gradient accumulator, one per indexing (several indexings of one buffer are several adds).
+//
+// What it cannot express (an op outside its table, a partial indexing that yields a tensor, a
+// non-scalar intermediate) makes generate_flex_kernel return nullopt with the reason, and kernel
+// selection keeps the reference for that node, saying why.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/ir/Graph.h"
+
+namespace hb {
+
+struct FlexKernelSource {
+  std::string source;          // the translation unit (kFlexKernelAbiSource + the functions)
+  bool score_mod = false;      // hb_flex_score_* exist (false: the identity)
+  bool mask_mod = false;       // hb_flex_mask exists (false: mask_mod is constant true)
+  bool joint = false;          // hb_flex_joint_* exist (backward with a score_mod)
+  bool joint_grad_zero = false;  // the joint returns no score gradient (score_mod ignores the score)
+  std::vector<bool> buffer_grads;  // per score buffer: the joint scatters a gradient into it
+  std::string summary;         // "score_mod: 9 ops; mask_mod: 1 op; joint: 12 ops, scatters into buffer 0"
+};
+
+// The kernel source for flex node `node` of g (flex_attention or flex_attention_backward), or nullopt
+// with `why` ("score_mod: aten::cumsum.default has no generated form").
+std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, std::string* why);
+
+// The block mask's layout in a flex node's block_mask tuple: where kv_num_blocks, kv_indices,
+// full_kv_num_blocks and full_kv_indices sit, and the block sizes. torch 2.11 writes 13 entries
+// (Q_LEN, KV_LEN first), 2.5 wrote 11, newer main 17; the block sizes are [-3] and [-2] in all.
+struct FlexBlockMaskLayout {
+  int kv_num_blocks = -1, kv_indices = -1, full_kv_num_blocks = -1, full_kv_indices = -1;
+  int64_t q_block = 0, kv_block = 0;
+};
+std::optional<FlexBlockMaskLayout> flex_block_mask_layout(const Arg& block_mask, std::string* why);
+
+}  // namespace hb

@@ -1,0 +1,186 @@
+#include "codegen/HostCompiler.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+namespace hb {
+
+namespace {
+
+constexpr const char* kFlags = "-O3 -march=native -fPIC -shared -std=c++17 -fno-math-errno -w";
+
+uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// Runs a shell command, returning its exit status and combined output. Without LD_PRELOAD: a library
+// preloaded into this process (a sanitizer runtime under .ci/sanitize) must not run inside the compiler.
+int run(const std::string& cmd, std::string* output) {
+  FILE* p = popen(("env -u LD_PRELOAD " + cmd + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) output->append(buf.data(), n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+bool read_file(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+bool make_dirs(const std::string& dir) {
+  std::string cur;
+  std::istringstream parts(dir);
+  for (std::string p; std::getline(parts, p, '/');) {
+    cur += p + "/";
+    if (p.empty()) continue;
+    if (mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return false;
+  }
+  return true;
+}
+
+// What the key must change with besides the source: the compiler's identity and the CPU's features.
+std::string machine_identity(const std::string& compiler) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> memo;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = memo.find(compiler);
+  if (it != memo.end()) return it->second;
+  std::string version;
+  run(compiler + " --version", &version);
+  std::string cpu, line;
+  std::ifstream info("/proc/cpuinfo");
+  while (std::getline(info, line))
+    if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) {
+      cpu = line;
+      break;
+    }
+  return memo[compiler] = version + "\n" + cpu;
+}
+
+// Libraries this process loaded, by path: a second graph with the same kernel shares it.
+std::mutex g_loaded_mu;
+std::map<std::string, std::weak_ptr<HostModule>> g_loaded;
+
+std::shared_ptr<HostModule> open(const std::string& path, std::string* error) {
+  std::lock_guard<std::mutex> lock(g_loaded_mu);
+  auto it = g_loaded.find(path);
+  if (it != g_loaded.end())
+    if (auto m = it->second.lock()) return m;
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* e = dlerror();
+    *error = e ? e : "dlopen failed";
+    return nullptr;
+  }
+  auto m = std::make_shared<HostModule>(h, path);
+  g_loaded[path] = m;
+  return m;
+}
+
+}  // namespace
+
+HostModule::~HostModule() {
+  if (handle_) dlclose(handle_);
+}
+
+void* HostModule::symbol(const char* name) const { return dlsym(handle_, name); }
+
+HostBuild build_host_module(const std::string& source, const HostCompileSettings& s) {
+  HostBuild r;
+  if (!s.enabled()) {
+    r.error = "no host C++ compiler is configured";
+    return r;
+  }
+  const std::string dir = s.cache_dir + "/kernels";
+  const std::string cmd = s.compiler + " " + kFlags;
+  const std::string key = hex(fnv1a(source, fnv1a(cmd + "\n" + machine_identity(s.compiler))));
+  const std::string so = dir + "/" + key + ".so", cpp = dir + "/" + key + ".cpp";
+  r.path = so;
+
+  std::string cached;
+  if (read_file(cpp, &cached) && cached == source) {
+    std::string err;
+    if ((r.module = open(so, &err))) {
+      r.cache_hit = true;
+      return r;
+    }
+    // A corrupt or foreign library: rebuild it below.
+  }
+  if (!make_dirs(dir)) {
+    r.error = "cannot create the kernel cache directory " + dir;
+    return r;
+  }
+  const std::string tmp = dir + "/" + key + ".tmp" + std::to_string(getpid()) + "." +
+                          hex(fnv1a(std::to_string(std::chrono::steady_clock::now().time_since_epoch().count())));
+  {
+    std::ofstream out(tmp + ".cpp", std::ios::binary);
+    out << source;
+    if (!out) {
+      r.error = "cannot write " + tmp + ".cpp";
+      return r;
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string output;
+  const int rc = run(cmd + " -o " + quote(tmp + ".so") + " " + quote(tmp + ".cpp"), &output);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (rc != 0) {
+    std::remove((tmp + ".cpp").c_str());
+    std::remove((tmp + ".so").c_str());
+    if (output.size() > 2000) output = output.substr(0, 2000) + "...";
+    r.error = "`" + s.compiler + "` failed (exit " + std::to_string(rc) + "): " + output;
+    return r;
+  }
+  // The library first, then the source that validates it: a reader that sees the source sees all.
+  if (std::rename((tmp + ".so").c_str(), so.c_str()) != 0 || std::rename((tmp + ".cpp").c_str(), cpp.c_str()) != 0) {
+    std::remove((tmp + ".cpp").c_str());
+    std::remove((tmp + ".so").c_str());
+    r.error = "cannot move the built kernel into " + dir;
+    return r;
+  }
+  {
+    // A library of the same path loaded before (a corrupt one) must not be reused.
+    std::lock_guard<std::mutex> lock(g_loaded_mu);
+    g_loaded.erase(so);
+  }
+  std::string err;
+  r.module = open(so, &err);
+  if (!r.module) r.error = "cannot load " + so + ": " + err;
+  return r;
+}
+
+}  // namespace hb

@@ -1,0 +1,263 @@
+// The FlexAttention kernel generator (codegen/FlexKernelGen.h) and the host compiler's cache
+// (codegen/HostCompiler.h). The generated code is built with the machine's C++ compiler and run on
+// tiles; expected values are computed here from the score_mod's definition (not from the generator).
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "backend/ir/Parser.h"
+#include "codegen/FlexKernelAbi.h"
+#include "codegen/FlexKernelGen.h"
+#include "codegen/HostCompiler.h"
+
+namespace hb {
+namespace {
+
+// flex_attention_backward with the learned relative bias under a soft cap, and a causal mask:
+// score_mod(s) = 30 * tanh(s / 30) + lb[q - kv + 7, h], lb f32[15, 2]; the joint as AOT writes it.
+const char* kBackward = R"(graph backward {
+  %q: f32[1, 2, 8, 16] = placeholder
+  %k: f32[1, 2, 8, 16] = placeholder
+  %v: f32[1, 2, 8, 16] = placeholder
+  %out: f32[1, 2, 8, 16] = placeholder
+  %lse: f32[1, 2, 8] = placeholder
+  %dout: f32[1, 2, 8, 16] = placeholder
+  %lb: f32[15, 2] = placeholder
+  %kvn: i32[1, 1, 1] = placeholder
+  %kvi: i32[1, 1, 1, 1] = placeholder
+  %fb: (f32[1, 2, 8, 16], f32[1, 2, 8, 16], f32[1, 2, 8, 16], (f32[15, 2])) = higher_order::flex_attention_backward(%q, %k, %v, %out, %lse, %dout, none, @fw0, @joint0, (8, 8, %kvn, %kvi, none, none, none, none, none, none, 128, 128, @mask0), 0.25, {}, (%lb,), ())
+  %dq: f32[1, 2, 8, 16] = operator::getitem(%fb, 0)
+  return (%dq,)
+}
+graph fw0 {
+  %s: f32[] = placeholder
+  %b: i32[] = placeholder
+  %h: i32[] = placeholder
+  %qi: i32[] = placeholder
+  %ki: i32[] = placeholder
+  %lb: f32[15, 2] = placeholder
+  %div: f32[] = aten::div.Tensor(%s, 30)
+  %tanh: f32[] = aten::tanh.default(%div)
+  %mul: f32[] = aten::mul.Tensor(%tanh, 30)
+  %sub: i32[] = aten::sub.Tensor(%qi, %ki)
+  %add: i32[] = aten::add.Tensor(%sub, 7)
+  %index: f32[] = aten::index.Tensor(%lb, [%add, %h])
+  %add_1: f32[] = aten::add.Tensor(%mul, %index)
+  return %add_1
+}
+graph joint0 {
+  %s: f32[] = placeholder
+  %b: i32[] = placeholder
+  %h: i32[] = placeholder
+  %qi: i32[] = placeholder
+  %ki: i32[] = placeholder
+  %g: f32[] = placeholder
+  %lb: f32[15, 2] = placeholder
+  %div: f32[] = aten::div.Tensor(%s, 30)
+  %tanh: f32[] = aten::tanh.default(%div)
+  %sub: i32[] = aten::sub.Tensor(%qi, %ki)
+  %add: i32[] = aten::add.Tensor(%sub, 7)
+  %scatter: f32[15, 2] = flex_lib::zeros_and_scatter.default([15, 2], [%add, %h], %g)
+  %mul_1: f32[] = aten::mul.Tensor(%g, 30)
+  %tb: f32[] = aten::tanh_backward.default(%mul_1, %tanh)
+  %div_1: f32[] = aten::div.Tensor(%tb, 30)
+  return [%div_1, none, none, none, none, %scatter]
+}
+graph mask0 {
+  %b: i32[] = placeholder
+  %h: i32[] = placeholder
+  %qi: i32[] = placeholder
+  %ki: i32[] = placeholder
+  %ge: b8[] = aten::ge.Tensor(%qi, %ki)
+  return (%ge,)
+}
+)";
+
+FlexKernelSource generate(const std::string& ir) {
+  auto g = parse_graph(ir);
+  int node = -1;
+  for (int i = 0; i < static_cast<int>(g->nodes.size()); ++i)
+    if (g->nodes[i].target.rfind("higher_order::flex_attention", 0) == 0) node = i;
+  std::string why;
+  std::optional<FlexKernelSource> s = generate_flex_kernel(*g, node, &why);
+  EXPECT_TRUE(s.has_value()) << why;
+  return s ? *s : FlexKernelSource{};
+}
+
+std::string refusal(const std::string& ir) {
+  auto g = parse_graph(ir);
+  int node = -1;
+  for (int i = 0; i < static_cast<int>(g->nodes.size()); ++i)
+    if (g->nodes[i].target.rfind("higher_order::flex_attention", 0) == 0) node = i;
+  std::string why;
+  EXPECT_FALSE(generate_flex_kernel(*g, node, &why).has_value());
+  return why;
+}
+
+std::string replace(std::string s, const std::string& from, const std::string& to) {
+  const size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return at == std::string::npos ? s : s.replace(at, from.size(), to);
+}
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/hb_kernel_cache_XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  EXPECT_NE(d, nullptr);
+  return d ? d : "/tmp";
+}
+
+bool have_compiler() { return std::system("c++ --version > /dev/null 2>&1") == 0; }
+
+TEST(flex_kernel_gen, writes_each_node_as_a_scalar_statement) {
+  const FlexKernelSource s = generate(kBackward);
+  EXPECT_TRUE(s.score_mod && s.mask_mod && s.joint);
+  EXPECT_EQ(s.buffer_grads, std::vector<bool>{true});
+  EXPECT_EQ(s.summary, "score_mod: 7 ops; mask_mod: 1 op; joint: 8 ops, gradient scattered into buffer 0");
+  for (const char* line : {
+           "const T v6 = score / ((T)(30LL));  // %div",
+           "const T v7 = std::tanh(v6);  // %tanh",
+           "const long long v10 = v9 + 7LL;  // %add",
+           "const bool v4 = (q >= kv);  // %ge",
+           "const T v13 = v12 * (((T)1) - v8 * v8);  // %tb",
+           "extern \"C\" void hb_flex_joint_f64(",
+       })
+    EXPECT_NE(s.source.find(line), std::string::npos) << line << "\n" << s.source;
+}
+
+TEST(flex_kernel_gen, the_identity_and_the_noop_mask_generate_nothing_to_call) {
+  std::string ir = replace(kBackward, "  return %add_1\n", "  return %s\n");
+  ir = replace(ir, "  %ge: b8[] = aten::ge.Tensor(%qi, %ki)\n  return (%ge,)",
+               "  %ones: b8[] = aten::new_ones.default(%b, [])\n  return (%ones,)");
+  ir = replace(ir, "return [%div_1, none, none, none, none, %scatter]", "return [%g, none, none, none, none, none]");
+  const FlexKernelSource s = generate(ir);
+  EXPECT_FALSE(s.score_mod);
+  EXPECT_FALSE(s.mask_mod);
+  EXPECT_FALSE(s.joint);
+  EXPECT_EQ(s.source.find("hb_flex_"), std::string::npos);
+}
+
+TEST(flex_kernel_gen, refuses_what_it_cannot_express_naming_the_node) {
+  EXPECT_EQ(refusal(replace(kBackward, "%tanh: f32[] = aten::tanh.default(%div)\n  %mul",
+                            "%tanh: f32[] = aten::special_bessel_j0.default(%div)\n  %mul")),
+            "score_mod: %tanh (aten::special_bessel_j0.default) has no generated form");
+  EXPECT_EQ(refusal(replace(kBackward, "%index: f32[] = aten::index.Tensor(%lb, [%add, %h])",
+                            "%index: f32[] = aten::index.Tensor(%lb, [%add])")),
+            "score_mod: %index (aten::index.Tensor) indexes a rank-2 buffer with 1 indices (only whole-element reads "
+            "are generated)");
+  EXPECT_EQ(refusal(replace(kBackward, "return [%div_1, none, none, none, none, %scatter]",
+                            "return [%div_1, none, none, none, none, %mul_1]")),
+            "joint graph: %mul_1 (aten::mul.Tensor) is a buffer gradient that is not a sum of zeros_and_scatter");
+}
+
+// Builds the generated source and runs it on one 8 x 8 tile at (b=0, h=1), comparing with the definition.
+TEST(flex_kernel_gen, the_built_kernel_computes_the_score_mod_its_mask_and_its_gradient) {
+  if (!have_compiler()) GTEST_SKIP() << "no c++ on PATH";
+  const FlexKernelSource s = generate(kBackward);
+  const HostBuild build = build_host_module(s.source, {"c++", temp_dir()});
+  ASSERT_TRUE(build.module) << build.error;
+  auto score = reinterpret_cast<FlexScoreF64>(build.module->symbol("hb_flex_score_f64"));
+  auto mask = reinterpret_cast<FlexMaskFn>(build.module->symbol("hb_flex_mask"));
+  auto joint = reinterpret_cast<FlexJointF64>(build.module->symbol("hb_flex_joint_f64"));
+  ASSERT_TRUE(score && mask && joint);
+
+  std::vector<float> lb(15 * 2);
+  for (size_t i = 0; i < lb.size(); ++i) lb[i] = 0.1f * static_cast<float>(i) - 1.0f;
+  HbFlexBuffer buf{};
+  buf.data = lb.data();
+  buf.rank = 2;
+  buf.sizes[0] = 15, buf.sizes[1] = 2, buf.strides[0] = 2, buf.strides[1] = 1;
+  std::vector<double> grad(lb.size(), 0.0);
+  buf.grad = grad.data();
+  HbFlexTile t{};
+  t.b = 0, t.h = 1, t.q0 = 0, t.k0 = 0, t.nq = 8, t.nk = 8, t.ld = 8;
+  t.score_buffers = &buf;
+
+  std::vector<double> sc(64), pre(64), ds(64, 1.0);
+  for (int e = 0; e < 64; ++e) pre[e] = sc[e] = std::sin(e) * 40;  // large enough for the cap to matter
+  score(sc.data(), &t);
+  std::vector<unsigned char> keep(64);
+  mask(keep.data(), &t);
+  joint(pre.data(), ds.data(), &t);
+  ASSERT_EQ(t.error, 0);
+  std::vector<double> want_grad(lb.size(), 0.0);
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < 8; ++j) {
+      const double s0 = pre[i * 8 + j];
+      const double th = std::tanh(static_cast<float>(s0 / 30));
+      EXPECT_NEAR(sc[i * 8 + j], 30 * th + lb[(i - j + 7) * 2 + 1], 1e-5) << i << "," << j;
+      EXPECT_EQ(keep[i * 8 + j], i >= j ? 1 : 0);
+      EXPECT_NEAR(ds[i * 8 + j], 1 - th * th, 1e-6);  // d/ds of 30 tanh(s/30)
+      want_grad[(i - j + 7) * 2 + 1] += 1.0;         // the incoming gradient, scattered by diagonal
+    }
+  EXPECT_EQ(grad, want_grad);
+}
+
+TEST(flex_kernel_gen, an_out_of_range_read_reports_the_index) {
+  if (!have_compiler()) GTEST_SKIP() << "no c++ on PATH";
+  const FlexKernelSource s = generate(kBackward);
+  const HostBuild build = build_host_module(s.source, {"c++", temp_dir()});
+  ASSERT_TRUE(build.module) << build.error;
+  auto score = reinterpret_cast<FlexScoreF32>(build.module->symbol("hb_flex_score_f32"));
+  std::vector<float> lb(4 * 2, 1.0f);  // too short for q - kv + 7
+  HbFlexBuffer buf{};
+  buf.data = lb.data();
+  buf.rank = 2;
+  buf.sizes[0] = 4, buf.sizes[1] = 2, buf.strides[0] = 2, buf.strides[1] = 1;
+  HbFlexTile t{};
+  t.h = 0, t.nq = 2, t.nk = 2, t.ld = 2;
+  t.score_buffers = &buf;
+  std::vector<float> sc(4, 0.f);
+  score(sc.data(), &t);
+  EXPECT_EQ(t.error, kFlexErrorIndex);
+  EXPECT_EQ(t.error_buffer, 0);
+  EXPECT_EQ(t.error_index, 7);  // q=0, kv=0: 0 - 0 + 7
+  EXPECT_EQ(t.error_size, 4);
+}
+
+TEST(host_compiler, caches_by_source_and_rebuilds_what_it_cannot_trust) {
+  if (!have_compiler()) GTEST_SKIP() << "no c++ on PATH";
+  const std::string dir = temp_dir();
+  const std::string src = "extern \"C\" int hb_answer() { return 42; }\n";
+  HostBuild a = build_host_module(src, {"c++", dir});
+  ASSERT_TRUE(a.module) << a.error;
+  EXPECT_FALSE(a.cache_hit);
+  EXPECT_EQ(reinterpret_cast<int (*)()>(a.module->symbol("hb_answer"))(), 42);
+  const std::string path = a.path;
+  a = {};  // unloaded: the next build must come from the disk
+  HostBuild b = build_host_module(src, {"c++", dir});
+  ASSERT_TRUE(b.module) << b.error;
+  EXPECT_TRUE(b.cache_hit);
+  EXPECT_EQ(b.path, path);
+  b = {};
+  // A corrupt library is rebuilt, not trusted.
+  std::ofstream(path, std::ios::binary) << "garbage";
+  HostBuild c = build_host_module(src, {"c++", dir});
+  ASSERT_TRUE(c.module) << c.error;
+  EXPECT_FALSE(c.cache_hit);
+  EXPECT_EQ(reinterpret_cast<int (*)()>(c.module->symbol("hb_answer"))(), 42);
+  c = {};
+  // A source that does not match its entry (a stale or foreign one) is rebuilt too.
+  std::ofstream(path.substr(0, path.size() - 3) + ".cpp", std::ios::binary) << "// something else\n";
+  HostBuild d = build_host_module(src, {"c++", dir});
+  ASSERT_TRUE(d.module) << d.error;
+  EXPECT_FALSE(d.cache_hit);
+}
+
+TEST(host_compiler, a_failed_build_says_why) {
+  if (!have_compiler()) GTEST_SKIP() << "no c++ on PATH";
+  const HostBuild r = build_host_module("this is not C++\n", {"c++", temp_dir()});
+  EXPECT_FALSE(r.module);
+  EXPECT_NE(r.error.find("`c++` failed"), std::string::npos) << r.error;
+  EXPECT_EQ(build_host_module("int x;\n", {"", "/tmp"}).error, "no host C++ compiler is configured");
+}
+
+}  // namespace
+}  // namespace hb

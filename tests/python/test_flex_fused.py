@@ -1,0 +1,304 @@
+"""FlexAttention on the generated tiled CPU kernel (kernel selection's "fused" choice, the CPU default
+where a C++ compiler is found): outputs, logsumexp, q/k/v gradients and captured-buffer gradients
+against an independent float64 reference (dense attention with torch's own autograd, on fresh random
+inputs), no worse than twice the error of the low-precision baseline (eager flex's math path; for buffer
+gradients, which eager flex does not give on CPU, hintbackend's reference kernel, which mirrors it).
+Also: the kernels dump names the fused kernel and shows the generated source; deterministic results run
+to run; out-of-range buffer reads raise IndexError; kernel="fused" that cannot be honoured is an error;
+host_compiler="" falls back to the reference with the reason."""
+
+import math
+import os
+import zlib
+
+import pytest
+import torch
+from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
+from torch.nn.attention import flex_attention as _fa
+from torch.nn.attention.flex_attention import create_block_mask
+
+from helpers import graph_dirs
+from hintbackend import hinted_context
+
+pytestmark = pytest.mark.skipif(not (os.environ.get("CXX") or any(
+    os.path.exists(os.path.join(p, c)) for p in os.environ.get("PATH", "").split(os.pathsep)
+    for c in ("c++", "g++", "clang++"))), reason="needs a host C++ compiler")
+
+LN2 = math.log(2)
+
+
+def hop(q, k, v, score_mod=None, block_mask=None, scale=None):
+    """The higher-order-op call the public API makes (which refuses backward on CPU): (out, lse base 2)."""
+    score_mod = _fa._identity if score_mod is None else score_mod
+    block_mask = _fa._create_empty_block_mask(q, k) if block_mask is None else block_mask
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    opts = _fa._apply_kernel_options(q, k, v, False, None, None)
+    out, lse, _ = flex_hop(q, k, v, score_mod, block_mask.as_tuple(), scale, opts)
+    return out, lse
+
+
+def dense(q, k, v, score_mod=None, mask_mod=None, scale=None):
+    """Attention over the whole score matrix with plain torch ops: the float64 reference."""
+    B, Hq, S, D = q.shape
+    G = Hq // k.size(1)
+    k = k.repeat_interleave(G, 1).expand(B, -1, -1, -1)
+    v = v.repeat_interleave(G, 1).expand(B, -1, -1, -1)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = (q @ k.transpose(-2, -1)) * scale
+    b, h = torch.arange(B).view(B, 1, 1, 1), torch.arange(Hq).view(1, Hq, 1, 1)
+    qi, ki = torch.arange(S).view(1, 1, S, 1), torch.arange(k.size(2)).view(1, 1, 1, -1)
+    if score_mod is not None:
+        s = score_mod(s, b, h, qi, ki).expand(s.shape)
+    if mask_mod is not None:
+        s = s.masked_fill(~mask_mod(b, h, qi, ki).expand(s.shape), -math.inf)
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1) / LN2
+
+
+def causal(b, h, q, kv):
+    return q >= kv
+
+
+def window(b, h, q, kv):
+    return (q >= kv) & (q - kv < 48)
+
+
+def rel(x, ref):
+    """Relative error; absolute where the reference is near zero (a bias that only shifts softmax rows
+    has a zero gradient)."""
+    return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1.0)).item()
+
+
+def kernels_text(path):
+    return "".join(open(os.path.join(path, d, "kernels.txt")).read() for d in graph_dirs(path))
+
+
+# name -> (buffer shape from (B, H, S) or None, buffer wants grad, score_mod(buf, S))
+SCORE_MODS = {
+    "identity": (None, False, None),
+    "softcap": (None, False, lambda buf, S: lambda s, b, h, q, kv: 20 * torch.tanh(s / 20)),
+    "relpos": (None, False, lambda buf, S: lambda s, b, h, q, kv: s + (q - kv) * 0.01),
+    "alibi": (lambda B, H, S: (H,), False, lambda buf, S: lambda s, b, h, q, kv: s + buf[h] * (kv - q)),
+    "relative": (lambda B, H, S: (2 * S - 1, H), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q - kv + S - 1, h]),
+    "softcap_relative": (lambda B, H, S: (2 * S - 1, H), True,
+                         lambda buf, S: lambda s, b, h, q, kv: 20 * torch.tanh(s / 20) + buf[q - kv + S - 1, h]),
+    "query": (lambda B, H, S: (S,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q]),
+    "head": (lambda B, H, S: (H,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[h]),
+    "dense": (lambda B, H, S: (B, H, S, S), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[b, h, q, kv]),
+    # two indexings of one buffer (Inductor refuses this)
+    "two_reads": (lambda B, H, S: (S,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q] * buf[kv]),
+    # a multiplicative, score-dependent use of a buffer: its gradient depends on the score
+    "scaled": (lambda B, H, S: (H,), True, lambda buf, S: lambda s, b, h, q, kv: s * torch.sigmoid(buf[h])),
+}
+MASKS = {"none": None, "causal": causal, "window": window}
+
+
+def run_case(tmp_path, score, mask, dtype=torch.float32, shape=(2, 4, 4, 200, 32), buf_dtype=torch.float32,
+             with_lse_grad=False, options=None):
+    """Compiled hintbackend, the low-precision baselines and the float64 reference for one case; asserts
+    the error bound and returns the kernels dump."""
+    B, Hq, Hkv, S, D = shape
+    buf_shape, wants_grad, make_mod = SCORE_MODS[score]
+    torch.manual_seed(zlib.crc32(repr((score, mask, dtype, shape, buf_dtype, with_lse_grad)).encode()))
+    q = torch.randn(B, Hq, S, D, dtype=torch.float64)
+    k, v = (torch.randn(B, Hkv, S, D, dtype=torch.float64) for _ in range(2))
+    dout = torch.randn(B, Hq, S, D, dtype=torch.float64)
+    dlse = torch.randn(B, Hq, S, dtype=torch.float64)
+    table = torch.randn(buf_shape(B, Hq, S), dtype=torch.float64) if buf_shape else None
+    mask_mod = MASKS[mask]
+    bm = create_block_mask(mask_mod, None, None, S, S, device="cpu", BLOCK_SIZE=64) if mask_mod else None
+
+    def step(fn, dt, bdt):
+        buf = table.detach().to(bdt).clone().requires_grad_(wants_grad) if table is not None else None
+        qq, kk, vv = (t.detach().to(dt).clone().requires_grad_(True) for t in (q, k, v))
+        out, lse = fn(qq, kk, vv, make_mod(buf, S) if make_mod else None)
+        loss = (out.double() * dout).sum()
+        if with_lse_grad:
+            loss = loss + (lse.double() * dlse).sum()
+        loss.backward()
+        grads = [qq.grad, kk.grad, vv.grad] + ([buf.grad] if wants_grad else [])
+        return [out.detach(), lse.detach()] + grads
+
+    def flex(qq, kk, vv, sm):
+        return hop(qq, kk, vv, sm, bm)
+
+    def reference(qq, kk, vv, sm):
+        return dense(qq, kk, vv, sm, mask_mod)
+
+    def compiled(kernel):
+        def f(qq, kk, vv, sm):
+            with hinted_context(kernel=kernel):
+                return hop(qq, kk, vv, sm, bm)
+
+        def call(qq, kk, vv, sm):
+            torch._dynamo.reset()
+            opts = {"dump_dir": str(tmp_path / kernel)}
+            opts.update(options or {})
+            return torch.compile(f, backend="hintbackend", options=opts)(qq, kk, vv, sm)
+        return call
+
+    ref = step(reference, torch.float64, torch.float64)
+    got = step(compiled("auto"), dtype, buf_dtype)
+    base = step(compiled("aten"), dtype, buf_dtype)  # the reference kernel: eager flex's math
+    eager = step(flex, dtype, buf_dtype) if not wants_grad else None
+    floor = {torch.float64: 1e-12, torch.float32: 2e-6}.get(dtype, 1e-4)
+    names = ["out", "lse", "dq", "dk", "dv", "dbuf"]
+    for i, (g, r) in enumerate(zip(got, ref)):
+        err = rel(g, r)
+        baseline = rel(base[i], r)
+        if eager is not None and i < 5:
+            baseline = max(baseline, rel(eager[i], r))
+        if r.double().norm() < 1e-9:  # zero in exact arithmetic (a row shift's gradient): both are rounding
+            baseline = max(baseline, {torch.float32: 1e-5, torch.float64: 1e-12}.get(dtype, 1e-2))
+        assert err <= 2 * baseline + floor, f"{names[i]}: {err:.3g} vs baseline {baseline:.3g}"
+    return kernels_text(tmp_path / "auto")
+
+
+@pytest.mark.parametrize("score", list(SCORE_MODS))
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_fused_matches_float64(tmp_path, score, mask):
+    kernels = run_case(tmp_path, score, mask)
+    assert "flex-attention-fused" in kernels and "flex-attention-backward-fused" in kernels, kernels
+    assert "source of %flex_attention" in kernels  # the dumps show the generated code
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("score", ["softcap_relative", "alibi"])
+def test_fused_dtypes(tmp_path, dtype, score):
+    run_case(tmp_path, score, "causal", dtype=dtype)
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 2, 130, 16), (1, 2, 1, 67, 128), (2, 2, 2, 96, 256)])  # GQA/MQA, odd S, D
+def test_fused_shapes(tmp_path, shape):
+    run_case(tmp_path, "relative", "window", shape=shape)
+
+
+def test_fused_bf16_buffer_and_logsumexp_gradient(tmp_path):
+    run_case(tmp_path, "relative", "causal", dtype=torch.bfloat16, buf_dtype=torch.bfloat16)
+    run_case(tmp_path, "head", "none", with_lse_grad=True)  # the per-head bias's gradient is the lse's
+
+
+def test_fused_document_mask_reads_a_buffer(tmp_path):
+    """A mask_mod that reads a captured buffer (document ids), with a score_mod on top."""
+    torch.manual_seed(3)
+    B, H, S, D = 2, 2, 160, 32
+    doc = torch.sort(torch.randint(0, 4, (S,))).values
+
+    def mask_mod(b, h, q, kv):
+        return (doc[q] == doc[kv]) & (q >= kv)
+
+    bm = create_block_mask(mask_mod, None, None, S, S, device="cpu", BLOCK_SIZE=32)
+    q, k, v = (torch.randn(B, H, S, D, dtype=torch.float64) for _ in range(3))
+
+    def f(q, k, v):
+        return hop(q, k, v, lambda s, b, h, qi, ki: s - 0.1 * (qi - ki), bm)
+
+    torch._dynamo.reset()
+    qs = [t.float().requires_grad_(True) for t in (q, k, v)]
+    out, lse = torch.compile(f, backend="hintbackend", options={"dump_dir": str(tmp_path)})(*qs)
+    out.sum().backward()
+    rs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ro, rl = dense(*rs, lambda s, b, h, qi, ki: s - 0.1 * (qi - ki), mask_mod)
+    ro.sum().backward()
+    for g, r in zip([out, lse] + [t.grad for t in qs], [ro, rl] + [t.grad for t in rs]):
+        assert rel(g, r) < 2e-5
+    assert "flex-attention-backward-fused" in kernels_text(tmp_path)
+
+
+def test_fused_is_deterministic(tmp_path):
+    torch.manual_seed(0)
+    S = 128
+    lb = torch.randn(2 * S - 1, 4, requires_grad=True)
+    q, k, v = (torch.randn(2, 4, S, 32, requires_grad=True) for _ in range(3))
+
+    def f(q, k, v):
+        with hinted_context(deterministic=True):
+            return hop(q, k, v, lambda s, b, h, qi, ki: s + lb[qi - ki + S - 1, h])[0]
+
+    fn = torch.compile(f, backend="hintbackend")
+    runs = []
+    for _ in range(2):
+        for t in (q, k, v, lb):
+            t.grad = None
+        fn(q, k, v).sum().backward()
+        runs.append([t.grad.clone() for t in (q, k, v, lb)])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_out_of_range_buffer_read_raises_index_error():
+    S = 64
+    table = torch.randn(S)  # read at q + kv: out of range for most pairs
+
+    def f(q, k, v):
+        return hop(q, k, v, lambda s, b, h, qi, ki: s + table[qi + ki])[0]
+
+    q, k, v = (torch.randn(1, 1, S, 16) for _ in range(3))
+    with pytest.raises(IndexError, match="score_mod indexes captured buffer 0 out of range"):
+        torch.compile(f, backend="hintbackend")(q, k, v)
+
+
+def test_no_host_compiler_falls_back_to_the_reference(tmp_path):
+    q, k, v = (torch.randn(1, 2, 64, 16) for _ in range(3))
+
+    def f(q, k, v):
+        return hop(q, k, v, lambda s, b, h, qi, ki: s * 0.5)[0]
+
+    out = torch.compile(f, backend="hintbackend", options={"dump_dir": str(tmp_path), "host_compiler": ""})(q, k, v)
+    torch.testing.assert_close(out.double(), dense(q.double(), k.double(), v.double(), lambda s, *a: s * 0.5)[0],
+                               rtol=1e-5, atol=1e-5)
+    kernels = kernels_text(tmp_path)
+    assert "flex-attention-reference" in kernels and "not fused: no host C++ compiler is configured" in kernels
+
+    def g(q, k, v):
+        with hinted_context(kernel="fused"):
+            return hop(q, k, v)[0]
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match='kernel="fused" was asked for .* no host C\\+\\+ compiler'):
+        torch.compile(g, backend="hintbackend", options={"host_compiler": ""})(q, k, v)
+
+
+def test_a_broken_compiler_falls_back_with_its_error(tmp_path):
+    q, k, v = (torch.randn(1, 2, 64, 16) for _ in range(3))
+
+    def f(q, k, v):
+        return hop(q, k, v, lambda s, b, h, qi, ki: s * 0.25)[0]
+
+    opts = {"dump_dir": str(tmp_path / "dump"), "host_compiler": "false", "cache_dir": str(tmp_path / "cache")}
+    out = torch.compile(f, backend="hintbackend", options=opts)(q, k, v)
+    assert torch.isfinite(out).all()
+    assert "not fused: building the generated kernel failed: `false` failed" in kernels_text(tmp_path / "dump")
+
+
+CACHE_SCRIPT = """
+import sys, torch
+torch.manual_seed(0)
+from torch.nn.attention import flex_attention as _fa
+from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
+q, k, v = (torch.randn(1, 2, 64, 16) for _ in range(3))
+def f(q, k, v):
+    opts = _fa._apply_kernel_options(q, k, v, False, None, None)
+    return flex_hop(q, k, v, lambda s, b, h, qi, ki: s * 0.75 + 0.125, _fa._create_empty_block_mask(q, k).as_tuple(),
+                    0.25, opts)[0]
+compiled = torch.compile(f, backend="hintbackend", options={"dump_dir": sys.argv[1], "cache_dir": sys.argv[2]})
+torch.save(compiled(q, k, v), sys.argv[1] + "/out.pt")
+"""
+
+
+def test_a_second_process_takes_the_kernel_from_the_cache(tmp_path):
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    texts, outs = [], []
+    for tag in ("first", "second"):
+        d = tmp_path / tag
+        d.mkdir()
+        subprocess.run([sys.executable, "-c", CACHE_SCRIPT, str(d), str(cache)], check=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        texts.append(kernels_text(d))
+        outs.append(torch.load(d / "out.pt"))
+    assert "compiled in" in texts[0], texts[0]
+    assert "from the kernel cache" in texts[1], texts[1]
+    assert len(list((cache / "kernels").glob("*.so"))) == 1
+    assert torch.equal(outs[0], outs[1])
