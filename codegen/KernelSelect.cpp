@@ -64,6 +64,16 @@ KernelChoice choose_fused(const Graph& g, const Node& n) {
   }
 }
 
+}  // namespace
+
+bool fused_row_shift(const Graph& g, int node, const FlexAnalysis& a) {
+  const Node& n = g.nodes[node];
+  return n.target == "higher_order::flex_attention_backward" && a.score_row_shift && n.args.size() > 6 &&
+         n.args[6].kind == Arg::Kind::None;
+}
+
+namespace {
+
 // Why the tiled kernel with generated score/mask code cannot run this flex node ("" = it can); on
 // success `src` holds the generated source. CPU only for now (the CUDA generator is issue 14's next step).
 std::string fused_why_not(const Graph& g, int node, FlexKernelSource* src) {
@@ -136,6 +146,9 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
   if (fused_not.empty()) {
     c.kind = backward ? KernelKind::FlexFusedBackward : KernelKind::FlexFusedForward;
     c.why = "fused: tiled over the block mask, generated code (" + src.summary + ")" +
+            (backward && fused_row_shift(g, node, a) ? "; score_mod only shifts softmax rows (no logsumexp gradient): "
+                                                       "the joint is skipped, its buffer gradients are zero"
+                                                     : "") +
             (build.cache_hit ? "; from the kernel cache" : "; compiled in " + std::to_string(build.seconds).substr(0, 4) + " s") +
             (pref == KernelPref::Fused ? "; kernel=fused hint" : "");
     c.source = std::move(src.source);

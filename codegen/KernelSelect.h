@@ -25,6 +25,12 @@ KernelChoice select_kernel(const Graph& g, int node, const Target& target = {});
 KernelKind op_kernel_kind(const Node& n);
 std::string print_kernel_plan(const Graph& g, const KernelPlan& plan);
 
+struct FlexAnalysis;  // codegen/FlexLowering.h
+// A flex backward whose score_mod only shifts softmax rows (score + t, t independent of kv_idx) and that
+// gets no logsumexp gradient: the score gradient is the incoming one and the bias's gradient is exactly
+// zero, so the fused kernel skips the joint graph (FlexFusedCall.cpp).
+bool fused_row_shift(const Graph& g, int node, const FlexAnalysis& a);
+
 // The Python operators and sym functions the runtime evaluates natively (SymOp).
 bool is_native_sym_op(const std::string& target);
 

@@ -7,6 +7,8 @@
 #include "backend/runtime/Call.h"
 #include "backend/runtime/FlexTiledCpu.h"
 #include "codegen/FlexKernelGen.h"
+#include "codegen/FlexLowering.h"
+#include "codegen/KernelSelect.h"
 #include "codegen/HostCompiler.h"
 
 namespace hb::rt {
@@ -97,8 +99,10 @@ std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx) 
   call->fns.score_f32 = entry<FlexScoreF32>(m, "hb_flex_score_f32", src->score_mod, where);
   call->fns.score_f64 = entry<FlexScoreF64>(m, "hb_flex_score_f64", src->score_mod, where);
   call->fns.mask = entry<FlexMaskFn>(m, "hb_flex_mask", src->mask_mod, where);
-  call->fns.joint_f32 = entry<FlexJointF32>(m, "hb_flex_joint_f32", src->joint, where);
-  call->fns.joint_f64 = entry<FlexJointF64>(m, "hb_flex_joint_f64", src->joint, where);
+  // A row shift's joint is skipped: the score gradient passes through, the buffers' gradients stay zero.
+  const bool joint = src->joint && !fused_row_shift(ctx.graph(), ctx.node, analyze_flex(ctx.graph(), ctx.node));
+  call->fns.joint_f32 = entry<FlexJointF32>(m, "hb_flex_joint_f32", joint, where);
+  call->fns.joint_f64 = entry<FlexJointF64>(m, "hb_flex_joint_f64", joint, where);
   call->buffer_grads = src->buffer_grads;
   return call;
 }

@@ -150,13 +150,13 @@ def run_case(tmp_path, score, mask, dtype=torch.float32, shape=(2, 4, 4, 200, 32
         if r.double().norm() < 1e-9:  # zero in exact arithmetic (a row shift's gradient): both are rounding
             baseline = max(baseline, {torch.float32: 1e-5, torch.float64: 1e-12}.get(dtype, 1e-2))
         assert err <= 2 * baseline + floor, f"{names[i]}: {err:.3g} vs baseline {baseline:.3g}"
-    return kernels_text(tmp_path / "auto")
+    return kernels_text(tmp_path / "auto"), got
 
 
 @pytest.mark.parametrize("score", list(SCORE_MODS))
 @pytest.mark.parametrize("mask", list(MASKS))
 def test_fused_matches_float64(tmp_path, score, mask):
-    kernels = run_case(tmp_path, score, mask)
+    kernels, got = run_case(tmp_path, score, mask)
     assert "flex-attention-fused" in kernels and "flex-attention-backward-fused" in kernels, kernels
     assert "source of %flex_attention" in kernels  # the dumps show the generated code
 
@@ -175,6 +175,29 @@ def test_fused_shapes(tmp_path, shape):
 def test_fused_bf16_buffer_and_logsumexp_gradient(tmp_path):
     run_case(tmp_path, "relative", "causal", dtype=torch.bfloat16, buf_dtype=torch.bfloat16)
     run_case(tmp_path, "head", "none", with_lse_grad=True)  # the per-head bias's gradient is the lse's
+
+
+@pytest.mark.parametrize("score", ["query", "head"])
+def test_a_row_shift_costs_nothing_and_its_gradient_is_zero(tmp_path, score):
+    """score + t with t independent of kv_idx, only the output used: the joint is skipped and the bias's
+    gradient is exactly zero (the float64 reference agrees to rounding)."""
+    torch.manual_seed(5)
+    B, H, S, D = 2, 4, 96, 16
+    buf = torch.randn(S if score == "query" else H, requires_grad=True)
+    mod = (lambda s, b, h, qi, ki: s + buf[qi]) if score == "query" else (lambda s, b, h, qi, ki: s + buf[h])
+    q, k, v = (torch.randn(B, H, S, D, requires_grad=True) for _ in range(3))
+    out = torch.compile(lambda q, k, v: hop(q, k, v, mod)[0], backend="hintbackend",
+                        options={"dump_dir": str(tmp_path)})(q, k, v)
+    out.square().sum().backward()
+    assert "the joint is skipped, its buffer gradients are zero" in kernels_text(tmp_path)
+    assert torch.equal(buf.grad, torch.zeros_like(buf))
+    ref_buf = buf.detach().double().requires_grad_(True)
+    rmod = (lambda s, b, h, qi, ki: s + ref_buf[qi]) if score == "query" else (lambda s, b, h, qi, ki: s + ref_buf[h])
+    rq, rk, rv = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    dense(rq, rk, rv, rmod)[0].square().sum().backward()
+    assert ref_buf.grad.abs().max() < 1e-9
+    for g, r in zip((q.grad, k.grad, v.grad), (rq.grad, rk.grad, rv.grad)):
+        assert rel(g, r) < 1e-5
 
 
 def test_fused_document_mask_reads_a_buffer(tmp_path):
