@@ -5,13 +5,14 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <exception>
 #include <mutex>
 #include <string>
+#include <thread>
 
 namespace hb::rt {
 
@@ -20,23 +21,40 @@ namespace {
 constexpr double kLn2 = 0.693147180559945309417232121458176568;
 
 // ---- tile products: row-major C[M, N] = alpha * op(A) op(B) + beta * C, through the BLAS libtorch
-// carries (its Fortran sgemm_/dgemm_), or plain loops where there is none.
-using SgemmFn = void (*)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
-                         const int*, const float*, const int*, const float*, float*, const int*);
-using DgemmFn = void (*)(const char*, const char*, const int*, const int*, const int*, const double*, const double*,
-                         const int*, const double*, const int*, const double*, double*, const int*);
+// carries (its Fortran sgemm_/dgemm_, MKL in the x86 wheels), or plain loops where it exports none. Weak
+// references: resolved from libtorch_cpu when the module loads, null where absent.
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
+            const float*, const int*, const float*, float*, const int*) __attribute__((weak));
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*, const int*,
+            const double*, const int*, const double*, double*, const int*) __attribute__((weak));
+int MKL_Set_Num_Threads_Local(int) __attribute__((weak));  // the C form (mkl_set_num_threads_local is Fortran)
+void vsExp(int, const float*, float*) __attribute__((weak));  // MKL's vector math: exp over an array
+void vdExp(int, const double*, double*) __attribute__((weak));
+}
+
+// y[e] = exp(x[e]) in place over n values: MKL's vector exp where libtorch carries it (exp(-inf) = 0).
+template <typename T>
+void exp_inplace(T* x, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (vsExp) return vsExp(static_cast<int>(n), x, x);
+  } else {
+    if (vdExp) return vdExp(static_cast<int>(n), x, x);
+  }
+  for (int64_t e = 0; e < n; ++e) x[e] = std::exp(x[e]);
+}
 
 template <typename T>
-void* blas_symbol() {
-  static void* f = dlsym(RTLD_DEFAULT, std::is_same_v<T, float> ? "sgemm_" : "dgemm_");
-  return f;
+bool have_blas() {
+  if constexpr (std::is_same_v<T, float>) return sgemm_ != nullptr;
+  else return dgemm_ != nullptr;
 }
 
 template <typename T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
           int64_t ldb, T beta, T* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  if (void* f = blas_symbol<T>()) {
+  if (have_blas<T>()) {
     // Column-major BLAS on row-major data: C^T = op(B)^T op(A)^T.
     const char ca = ta ? 'T' : 'N', cb = tb ? 'T' : 'N';
     const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
@@ -47,9 +65,9 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A
       return;
     }
     if constexpr (std::is_same_v<T, float>)
-      reinterpret_cast<SgemmFn>(f)(&cb, &ca, &m, &n, &k, &alpha, B, &la, A, &lb, &beta, C, &lc);
+      sgemm_(&cb, &ca, &m, &n, &k, &alpha, B, &la, A, &lb, &beta, C, &lc);
     else
-      reinterpret_cast<DgemmFn>(f)(&cb, &ca, &m, &n, &k, &alpha, B, &la, A, &lb, &beta, C, &lc);
+      dgemm_(&cb, &ca, &m, &n, &k, &alpha, B, &la, A, &lb, &beta, C, &lc);
     return;
   }
   for (int64_t i = 0; i < M; ++i)
@@ -59,6 +77,33 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A
         acc += (ta ? A[p * lda + i] : A[i * lda + p]) * (tb ? B[j * ldb + p] : B[p * ldb + j]);
       C[i * ldc + j] = alpha * acc + (beta == T(0) ? T(0) : beta * C[i * ldc + j]);
     }
+}
+
+// ---- threads: task i runs on worker i % nt, nt = torch's intra-op thread count (std::thread, not
+// at::parallel_for: its OpenMP form is header code that runs serially in a library built without
+// -fopenmp, and a second OpenMP runtime beside torch's is worse). The assignment is fixed for a given
+// thread count, so per-worker partial sums, added in worker order, are deterministic. Errors thrown by
+// a worker are rethrown here.
+template <typename F>
+void for_each_task(int64_t n, const F& f) {  // f(worker, first task, stride)
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
+  std::vector<std::exception_ptr> errors(nt);
+  auto work = [&](int64_t w) {
+    // One BLAS thread per worker: the workers are the parallelism (MKL would start its own per call).
+    const int before = MKL_Set_Num_Threads_Local ? MKL_Set_Num_Threads_Local(1) : 0;
+    try {
+      f(w, w, nt);
+    } catch (...) {
+      errors[w] = std::current_exception();
+    }
+    if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(before);
+  };
+  std::vector<std::thread> threads;
+  for (int64_t w = 1; w < nt; ++w) threads.emplace_back(work, w);
+  work(0);
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 // ---- the generated functions, by working type
@@ -248,10 +293,10 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& q, const at::Tensor& k, c
   const int64_t ntiles = static_cast<int64_t>(tiles.size());
   const T scale = static_cast<T>(scale_d), ninf = -std::numeric_limits<T>::infinity();
   ErrorSink errors;
-  at::parallel_for(0, s.B * s.Hq * ntiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> S(s.Tq * s.Tk), acc(s.Tq * s.Dv), m(s.Tq), l(s.Tq);
+  for_each_task(s.B * s.Hq * ntiles, [&](int64_t, int64_t first, int64_t stride) {
+    std::vector<T> S(s.Tq * s.Tk), acc(s.Tq * s.Dv), m(s.Tq), l(s.Tq), mnew(s.Tq);
     std::vector<unsigned char> keep(s.Tq * s.Tk);
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = first; task < s.B * s.Hq * ntiles; task += stride) {
       const QTile& qt = tiles[task % ntiles];
       const int64_t bh = task / ntiles, b = bh / s.Hq, h = bh % s.Hq;
       const int64_t bk = s.Bkv == 1 ? 0 : b, hk = h / s.G;
@@ -272,23 +317,24 @@ std::vector<at::Tensor> forward_impl(const at::Tensor& q, const at::Tensor& k, c
           fns.mask(keep.data(), &tile);
           apply_mask(S.data(), keep.data(), qt.nq * nk, ninf);
         }
+        // Online softmax: the new row maxima, the scores shifted by them, one vector exp over the tile.
         for (int64_t i = 0; i < qt.nq; ++i) {
           T* row = S.data() + i * nk;
           T rmax = ninf;
           for (int64_t j = 0; j < nk; ++j) rmax = std::max(rmax, row[j]);
-          const T mnew = std::max(m[i], rmax);
-          if (mnew == ninf) {  // everything masked so far: contributes nothing
-            std::fill(row, row + nk, T(0));
-            continue;
-          }
-          const T corr = std::exp(m[i] - mnew);
+          mnew[i] = std::max(m[i], rmax);
+          const T shift = mnew[i] == ninf ? T(0) : mnew[i];  // everything masked so far: exp(-inf) = 0
+          for (int64_t j = 0; j < nk; ++j) row[j] -= shift;
+        }
+        exp_inplace(S.data(), qt.nq * nk);
+        for (int64_t i = 0; i < qt.nq; ++i) {
+          const T* row = S.data() + i * nk;
           T sum = 0;
-          for (int64_t j = 0; j < nk; ++j) {
-            row[j] = std::exp(row[j] - mnew);
-            sum += row[j];
-          }
+          for (int64_t j = 0; j < nk; ++j) sum += row[j];
+          if (mnew[i] == ninf) continue;
+          const T corr = std::exp(m[i] - mnew[i]);
           l[i] = l[i] * corr + sum;
-          m[i] = mnew;
+          m[i] = mnew[i];
           if (corr != T(1))
             for (int64_t d = 0; d < s.Dv; ++d) acc[i * s.Dv + d] *= corr;
         }
@@ -333,13 +379,13 @@ FlexBackwardResult backward_impl(const at::Tensor& q, const at::Tensor& k, const
   const T scale = static_cast<T>(scale_d), ninf = -std::numeric_limits<T>::infinity();
   const bool joint = Fns<T>::has_joint(fns);
 
-  // Buffer gradients: one dense double accumulator per chunk of tasks, summed in chunk order afterwards.
+  // Buffer gradients: one dense double accumulator per worker, summed in worker order afterwards.
   const int64_t ntasks = s.B * s.Hkv;
-  std::vector<std::vector<std::vector<double>>> partial(ntasks);  // [chunk begin][buffer] -> accumulator
+  std::vector<std::vector<std::vector<double>>> partial(ntasks);  // [worker][buffer] -> accumulator
   ErrorSink errors;
-  at::parallel_for(0, ntasks, 1, [&](int64_t begin, int64_t end) {
+  for_each_task(ntasks, [&](int64_t worker, int64_t first, int64_t stride) {
     std::vector<HbFlexBuffer> my = sbuf;
-    std::vector<std::vector<double>>& acc_bufs = partial[begin];
+    std::vector<std::vector<double>>& acc_bufs = partial[worker];
     acc_bufs.resize(sbuf.size());
     for (size_t i = 0; i < sbuf.size(); ++i)
       if (i < buffer_grads.size() && buffer_grads[i]) {
@@ -349,7 +395,7 @@ FlexBackwardResult backward_impl(const at::Tensor& q, const at::Tensor& k, const
     std::vector<T> S0(s.Tq * s.Tk), P(s.Tq * s.Tk), dP(s.Tq * s.Tk), dQ(s.Tq * s.D), delta(s.Tq), lse(s.Tq),
         dlse(s.Tq), dK(s.Skv * s.D), dV(s.Skv * s.Dv);
     std::vector<unsigned char> keep(s.Tq * s.Tk);
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = first; task < ntasks; task += stride) {
       const int64_t b = task / s.Hkv, hk = task % s.Hkv, bk = s.Bkv == 1 ? 0 : b;
       const T* K = Kp + (bk * s.Hkv + hk) * s.Skv * s.D;
       const T* V = Vp + (bk * s.Hkv + hk) * s.Skv * s.Dv;
@@ -384,11 +430,13 @@ FlexBackwardResult backward_impl(const at::Tensor& q, const at::Tensor& k, const
               fns.mask(keep.data(), &tile);
               apply_mask(P.data(), keep.data(), n, ninf);
             }
-            for (int64_t i = 0; i < qt.nq; ++i)
-              for (int64_t j = 0; j < nk; ++j) {
-                T& p = P[i * nk + j];
-                p = (lse[i] == ninf || p == ninf) ? T(0) : std::exp(p - lse[i]);
-              }
+            // P = exp(score - lse): rows the forward fully masked (lse = -inf) are zero.
+            for (int64_t i = 0; i < qt.nq; ++i) {
+              T* row = P.data() + i * nk;
+              const T shift = lse[i] == ninf ? T(0) : lse[i];
+              for (int64_t j = 0; j < nk; ++j) row[j] = lse[i] == ninf ? ninf : row[j] - shift;
+            }
+            exp_inplace(P.data(), n);
             gemm<T>(true, false, nk, s.Dv, qt.nq, T(1), P.data(), nk, dO, s.Dv, T(1), dV.data() + k0 * s.Dv, s.Dv);
             gemm<T>(false, true, qt.nq, nk, s.Dv, T(1), dO, s.Dv, V + k0 * s.Dv, s.Dv, T(0), dP.data(), nk);
             for (int64_t i = 0; i < qt.nq; ++i)
@@ -426,7 +474,7 @@ FlexBackwardResult backward_impl(const at::Tensor& q, const at::Tensor& k, const
     }
     at::Tensor total = at::zeros(score_buffers[i].sizes(), qf.options().dtype(at::kDouble));
     double* t = total.data_ptr<double>();
-    for (const auto& chunk : partial)  // chunk order: fixed for a given thread count
+    for (const auto& chunk : partial)  // worker order: fixed for a given thread count
       if (!chunk.empty() && !chunk[i].empty())
         for (size_t e = 0; e < chunk[i].size(); ++e) t[e] += chunk[i][e];
     r.buffer_grads.push_back(total.to(score_buffers[i].scalar_type()));

@@ -2,11 +2,11 @@
 // blocks the BlockMask lists (masked-out blocks are skipped, full blocks skip mask_mod), with the user's
 // score_mod, mask_mod and joint graph as generated code (codegen/FlexKernelGen.h, called per tile through
 // codegen/FlexKernelAbi.h). The tile products go to the BLAS that libtorch carries; everything runs in
-// float (double for float64 q/k/v), threaded with at::parallel_for. Extra memory is O(B*H*S*D) (working
+// float (double for float64 q/k/v), threaded over torch's intra-op thread count. Extra memory is O(B*H*S*D) (working
 // copies of q/k/v, the gradient accumulators) plus one tile per task.
 //
 // Results follow the reference (backend/runtime/FlexAttention.h): the same outputs, dtypes, layouts and
-// base-2 logsumexp; buffer gradients are accumulated in double per chunk of tasks and summed in a fixed order, so
+// base-2 logsumexp; buffer gradients are accumulated in double per worker thread and summed in a fixed order, so
 // two runs with the same thread count give bitwise-equal results (deterministic=True holds by design).
 #pragma once
 #include <ATen/core/Tensor.h>
