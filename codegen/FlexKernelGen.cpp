@@ -239,6 +239,17 @@ class Translator {
     }
     v.kind = K::Buffer;
     v.buffer = p - static_cast<int>(roles_.size());
+    // A captured number (a SymInt of a dynamic shape): the runtime passes it as a 0-dim tensor of int64,
+    // float64 or bool (backend/runtime/FlexAttention.h, captured_tensors).
+    const ValueType::Kind vk = g_.nodes[i].type.kind;
+    if (vk == ValueType::Kind::Int || vk == ValueType::Kind::SymInt || vk == ValueType::Kind::Float ||
+        vk == ValueType::Kind::Bool) {
+      const std::string data = bufs_ + "[" + std::to_string(v.buffer) + "].data";
+      if (vk == ValueType::Kind::Float) v = {K::Double, "(*(const double*)" + data + ")"};
+      else if (vk == ValueType::Kind::Bool) v = {K::Bool, "(*(const bool*)" + data + ")"};
+      else v = {K::Int, "(*(const long long*)" + data + ")"};
+      return true;
+    }
     const TensorType& t = g_.nodes[i].type.tensor;
     if (g_.nodes[i].type.kind != ValueType::Kind::Tensor || t.shape.size() > 8)
       return fail(i, "is a captured buffer of unknown type or rank above 8");

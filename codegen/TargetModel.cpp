@@ -1,11 +1,13 @@
 #include "codegen/TargetModel.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
 #include <utility>
 
 #include "backend/ir/Aliasing.h"
+#include "codegen/FlexKernelGen.h"
 #include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
 #include "codegen/PointwiseProgram.h"
@@ -102,7 +104,7 @@ std::string placement_table(const Graph& g, const Target& t) {
   return out;
 }
 
-int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attention) {
+int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attention, bool fused_cpu) {
   const bool fw = n.target == "higher_order::flex_attention";
   if ((!fw && n.target != "higher_order::flex_attention_backward") || n.args.size() < 2) return 0;
   const int node = static_cast<int>(&n - g.nodes.data());
@@ -113,12 +115,17 @@ int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attenti
   };
   const std::vector<Dim>*q = shape(n.args[0]), *k = shape(n.args[1]);
   if (!q || !k || q->size() != 4 || k->size() != 4) return 0;
-  int64_t scores = 1;
-  for (const Dim& d : {(*q)[0], (*q)[1], (*q)[2], (*k)[2]}) {
+  for (const Dim& d : {(*q)[0], (*q)[1], (*q)[2], (*q)[3], (*k)[2]})
     if (!d.is_static()) return 0;  // symbolic: counted as 0, like symbolic values
-    scores *= d.value;
+  const TensorType& qt = g.nodes[n.args[0].ref].type.tensor;
+  std::string why;
+  if (fused_cpu && qt.device.rfind("cpu", 0) == 0 && generate_flex_kernel(g, node, &why)) {
+    const int64_t elem = qt.dtype == DType::Float64 ? 8 : 4;
+    const int64_t copy = (*q)[0].value * (*q)[1].value * std::max((*q)[2].value, (*k)[2].value) * (*q)[3].value;
+    return copy * elem * (fw ? kFlexFusedForwardCopies : kFlexFusedBackwardCopies);
   }
-  return scores * (fw ? kFlexForwardWorkspace : kFlexBackwardWorkspace);
+  return (*q)[0].value * (*q)[1].value * (*q)[2].value * (*k)[2].value *
+         (fw ? kFlexForwardWorkspace : kFlexBackwardWorkspace);
 }
 
 }  // namespace hb

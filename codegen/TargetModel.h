@@ -38,10 +38,15 @@ std::string placement_table(const Graph& g, const Target& t);
 // B4 H16 S4096: BFS forward 13312 MB, forward+backward 28868 MB, for 2^30 scores): kFlexForwardWorkspace
 // and kFlexBackwardWorkspace bytes. 0 for every other node, and for a flex node cuDNN runs when
 // `cudnn_attention` (its workspace is known once its graph is built, at run time; it is small, not S^2).
+// A flex node the generated tiled CPU kernel runs (`fused_cpu`: the target builds generated kernels) takes
+// working copies of q/k/v (and, backward, out/grad_out and the gradients) in float: about
+// kFlexFused{Forward,Backward}Copies [B, Hq, S, D] tensors of 4 bytes (8 for float64), no S^2.
 // Library workspaces are not modelled.
 constexpr int64_t kFlexForwardWorkspace = 13;
 constexpr int64_t kFlexBackwardWorkspace = 28;
-int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attention = false);
+constexpr int64_t kFlexFusedForwardCopies = 4;
+constexpr int64_t kFlexFusedBackwardCopies = 9;
+int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attention = false, bool fused_cpu = false);
 
 // "cuda" -> "cuda:0"; other devices as they are (the arena's device names).
 std::string normalize_device(const std::string& device);

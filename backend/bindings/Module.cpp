@@ -129,8 +129,7 @@ struct CompileSettings {
     ctx.memory.strategy = memory_plan_strategy;
     ctx.memory.in_place = memory_plan_in_place;
     ctx.memory.arena = arena;
-    ctx.memory.target = rt::runtime_target();  // plan exactly what this runtime places
-    ctx.memory.target.host = {host_compiler, cache_dir};
+    ctx.memory.target = rt::runtime_target({host_compiler, cache_dir});  // plan exactly what this runtime runs
     return ctx;
   }
 };

@@ -10,6 +10,7 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/broadcast_tensors.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
@@ -237,6 +238,27 @@ std::vector<at::Tensor> flex_buffer_grads(const SubgraphFn& joint_graph, const a
   TORCH_CHECK(bhqk.size() == 4, "flex_buffer_grads: [B, H, Sq, Skv] expected");
   const IndexGrid g = make_index_grid(bhqk[0], bhqk[1], bhqk[2], bhqk[3], grad_score.device());
   return collect_buffer_grads(eval_joint(joint_graph, scores, grad_score, g, score_buffers).second, score_buffers);
+}
+
+std::vector<at::Tensor> captured_tensors(const c10::IValue& tuple) {
+  std::vector<at::Tensor> out;
+  if (tuple.isNone()) return out;
+  for (const c10::IValue& x : tuple.toTupleRef().elements()) {
+    if (x.isTensor()) out.push_back(x.toTensor());
+    else if (x.isInt() || x.isSymInt()) out.push_back(at::scalar_tensor(x.isInt() ? x.toInt() : x.toSymInt().guard_int(__FILE__, __LINE__), at::kLong));
+    else if (x.isDouble()) out.push_back(at::scalar_tensor(x.toDouble(), at::kDouble));
+    else if (x.isBool()) out.push_back(at::scalar_tensor(x.toBool(), at::kBool));
+    else TORCH_CHECK(false, "flex_attention: a captured value of type ", x.tagKind(), " is not supported");
+  }
+  return out;
+}
+
+SubgraphFn with_captured(SubgraphFn fn, size_t base, std::vector<c10::IValue> captured) {
+  if (!fn) return fn;
+  return [fn = std::move(fn), base, captured = std::move(captured)](std::vector<c10::IValue> in) {
+    for (size_t k = 0; k < captured.size() && base + k < in.size(); ++k) in[base + k] = captured[k];
+    return fn(std::move(in));
+  };
 }
 
 at::Tensor zeros_and_scatter(at::IntArrayRef shape, const std::vector<at::Tensor>& indices,

@@ -59,6 +59,14 @@ void check_flex_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 // for out, dq, dk, dv: _permute_strides).
 at::Tensor like_strides_of(const at::Tensor& t, at::IntArrayRef ref_strides);
 
+// A flex node's captured values (the score_mod's or mask_mod's tuple) as tensors: tensors as they are, the
+// Python numbers a dynamic-shape score_mod captures (SymInts: a sequence length) as 0-dim CPU tensors of
+// int64, float64 or bool. None gives none.
+std::vector<at::Tensor> captured_tensors(const c10::IValue& tuple);
+// `fn` with its inputs from `base` on replaced by `captured` as they are (numbers stay numbers): the
+// reference's subgraphs take the captured values in the types they were traced with.
+SubgraphFn with_captured(SubgraphFn fn, size_t base, std::vector<c10::IValue> captured);
+
 // flex_lib::zeros_and_scatter(shape, indices, values) = zeros(shape).index_put_(indices, values,
 // accumulate=True), with indices and values first broadcast to one shape (they arrive as broadcast
 // index tensors from the joint graph). The gradient scatter into captured buffers.

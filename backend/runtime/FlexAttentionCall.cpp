@@ -10,11 +10,10 @@ namespace hb::rt {
 
 namespace {
 
-std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
-  std::vector<at::Tensor> out;
-  if (v.isNone()) return out;
-  for (const c10::IValue& x : v.toTupleRef().elements()) out.push_back(x.toTensor());
-  return out;
+std::vector<c10::IValue> values_of(const c10::IValue& v) {
+  if (v.isNone()) return {};
+  const auto& e = v.toTupleRef().elements();
+  return std::vector<c10::IValue>(e.begin(), e.end());  // not {..}: that would be two IValues made of pointers
 }
 
 SubgraphFn as_fn(const std::shared_ptr<Executor>& e) {
@@ -35,16 +34,20 @@ class FlexAttentionCall : public Call {
       c10::IValue v = build_arg(a, slots);
       t.push_back(v.isNone() ? at::Tensor() : v.toTensor());
     }
-    FlexMask mask{as_fn(mask_mod), tensors_of(build_arg(mask_buffers, slots))};
-    const std::vector<at::Tensor> score_bufs = tensors_of(build_arg(score_buffers, slots));
+    // Captured values go to the subgraphs as they are (a SymInt stays a number); the typed API sees tensors.
+    const c10::IValue mask_values = build_arg(mask_buffers, slots), score_values = build_arg(score_buffers, slots);
+    FlexMask mask{with_captured(as_fn(mask_mod), 4, values_of(mask_values)), captured_tensors(mask_values)};
+    const std::vector<at::Tensor> score_bufs = captured_tensors(score_values);
+    const SubgraphFn score_fn = with_captured(as_fn(score_mod), 5, values_of(score_values));
     if (!backward) {
-      std::vector<at::Tensor> r = flex_attention_forward(t[0], t[1], t[2], as_fn(score_mod), mask, scale, score_bufs);
+      std::vector<at::Tensor> r = flex_attention_forward(t[0], t[1], t[2], score_fn, mask, scale, score_bufs);
       return c10::ivalue::Tuple::create({r[0], r[1], r[2]});
     }
     c10::optional<at::Tensor> grad_lse;
     if (t[6].defined()) grad_lse = t[6];
-    FlexBackwardResult r = flex_attention_backward(t[0], t[1], t[2], t[3], t[4], t[5], grad_lse, as_fn(score_mod),
-                                                   as_fn(joint), mask, scale, score_bufs);
+    FlexBackwardResult r = flex_attention_backward(t[0], t[1], t[2], t[3], t[4], t[5], grad_lse, score_fn,
+                                                   with_captured(as_fn(joint), 6, values_of(score_values)), mask,
+                                                   scale, score_bufs);
     std::vector<c10::IValue> grads;
     for (const at::Tensor& x : r.buffer_grads) grads.push_back(x.defined() ? c10::IValue(x) : c10::IValue());
     return c10::ivalue::Tuple::create({r.dq, r.dk, r.dv, c10::ivalue::Tuple::create(std::move(grads))});

@@ -15,13 +15,6 @@ namespace hb::rt {
 
 namespace {
 
-std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
-  std::vector<at::Tensor> out;
-  if (v.isNone()) return out;
-  for (const c10::IValue& x : v.toTupleRef().elements()) out.push_back(x.toTensor());
-  return out;
-}
-
 at::Tensor tensor_or_undefined(const c10::IValue& v) { return v.isTensor() ? v.toTensor() : at::Tensor(); }
 
 class FlexFusedCall : public Call {
@@ -46,8 +39,8 @@ class FlexFusedCall : public Call {
     blocks.full_idx = tensor_or_undefined(build_arg(block_lists[3], slots));
     blocks.q_block = q_block;
     blocks.kv_block = kv_block;
-    const std::vector<at::Tensor> sbufs = tensors_of(build_arg(score_buffers, slots));
-    const std::vector<at::Tensor> mbufs = tensors_of(build_arg(mask_buffers, slots));
+    const std::vector<at::Tensor> sbufs = captured_tensors(build_arg(score_buffers, slots));
+    const std::vector<at::Tensor> mbufs = captured_tensors(build_arg(mask_buffers, slots));
     if (!backward) {
       std::vector<at::Tensor> r = flex_tiled_forward(t[0], t[1], t[2], fns, blocks, scale, sbufs, mbufs);
       return c10::ivalue::Tuple::create({r[0], r[1], r[2]});

@@ -138,11 +138,13 @@ void keep_out_of_arena(c10::IValue& v, const c10::StorageImpl* arena) {
   }
 }
 
-Target runtime_target() {
+Target runtime_target(const HostCompileSettings& host) {
   Target t = make_target("runtime", op_unplaceable);
+  t.host = host;
 #ifdef HB_WITH_CUDNN
   t.cudnn_attention = true;
-  t.workspace = [](const Graph& g, const Node& n) { return kernel_workspace_bytes(g, n, true); };
+  const bool fused = host.enabled();
+  t.workspace = [fused](const Graph& g, const Node& n) { return kernel_workspace_bytes(g, n, true, fused); };
 #endif
   return t;
 }

@@ -227,6 +227,25 @@ def test_fused_document_mask_reads_a_buffer(tmp_path):
     assert "flex-attention-backward-fused" in kernels_text(tmp_path)
 
 
+@pytest.mark.parametrize("kernel", ["auto", "aten"])
+def test_dynamic_shapes_with_captured_sizes(tmp_path, kernel):
+    """dynamic=True: the score_mod's graphs capture symbolic sizes (SymInts) beside its buffers; both the
+    generated kernel and the reference take them, for every sequence length."""
+    table = torch.randn(4)
+
+    def f(q, k, v):
+        with hinted_context(kernel=kernel):
+            return hop(q, k, v, lambda s, b, h, qi, ki: s + table[h] - 0.01 * (qi - ki).abs())[0]
+
+    compiled = torch.compile(f, backend="hintbackend", dynamic=True, options={"dump_dir": str(tmp_path)})
+    for S in (64, 96, 130):
+        q, k, v = (torch.randn(2, 4, S, 16, dtype=torch.float64) for _ in range(3))
+        want = dense(q, k, v, lambda s, b, h, qi, ki: s + table.double()[h] - 0.01 * (qi - ki).abs())[0]
+        torch.testing.assert_close(compiled(q, k, v), want, rtol=1e-9, atol=1e-9)
+    kernels = kernels_text(tmp_path)
+    assert ("flex-attention-fused" if kernel == "auto" else "flex-attention-reference") in kernels, kernels
+
+
 def test_fused_is_deterministic(tmp_path):
     torch.manual_seed(0)
     S = 128

@@ -16,6 +16,7 @@
 #include "codegen/FlexKernelAbi.h"
 #include "codegen/FlexKernelGen.h"
 #include "codegen/HostCompiler.h"
+#include "codegen/TargetModel.h"
 
 namespace hb {
 namespace {
@@ -142,6 +143,15 @@ TEST(flex_kernel_gen, the_identity_and_the_noop_mask_generate_nothing_to_call) {
   EXPECT_FALSE(s.mask_mod);
   EXPECT_FALSE(s.joint);
   EXPECT_EQ(s.source.find("hb_flex_"), std::string::npos);
+}
+
+TEST(flex_kernel_gen, the_memory_model_counts_working_copies_not_scores) {
+  // B1 H2 S8 D16 float32: the reference materializes 1*2*8*8 scores at 28 bytes each; the generated kernel
+  // takes kFlexFusedBackwardCopies float copies of [1, 2, 8, 16].
+  auto g = parse_graph(kBackward);
+  const Node& n = g->nodes[g->find("fb")];
+  EXPECT_EQ(kernel_workspace_bytes(*g, n, false, false), 1 * 2 * 8 * 8 * kFlexBackwardWorkspace);
+  EXPECT_EQ(kernel_workspace_bytes(*g, n, false, true), 1 * 2 * 8 * 16 * 4 * kFlexFusedBackwardCopies);
 }
 
 TEST(flex_kernel_gen, refuses_what_it_cannot_express_naming_the_node) {
