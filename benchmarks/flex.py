@@ -4,6 +4,10 @@ process (the issue-13 table). bf16, B4 H16 S4096, D64 and D128; TFLOP/s counted 
 above the inputs.
 
     python benchmarks/flex.py [--s 4096] [--steps 20] [--rows none,causal,...] [--check] [--profile] [--deterministic]
+                              [--fused]
+
+--fused adds the column hb-fused: hintbackend with hinted_context(kernel="fused"), the generated tiled CUDA
+kernels (issue 14) instead of cuDNN.
 
 Rows: none, causal (mask); softcap; qbias, hbias (learned per-query / per-head bias, grad); relbias, relbias16
 (learned relative bias lb[q - kv + S - 1, h], fp32 / bf16 buffer, grad); dense (learned [1, H, S, S] fp32 bias,
@@ -145,6 +149,9 @@ def main() -> None:
                    help="first print hintbackend's and eager flex's error against float64 (B2 H4 S1024)")
     p.add_argument("--deterministic", action="store_true",
                    help="also time hintbackend with hinted_context(deterministic=True) (column hb-det)")
+    p.add_argument("--fused", action="store_true",
+                   help='also time hintbackend with hinted_context(kernel="fused") (column hb-fused)')
+    p.add_argument("--peers", default="inductor,sdpa-cudnn,hintbackend", help="which of the default peers to time")
     args = p.parse_args()
     if args.check:
         check(args)
@@ -183,8 +190,13 @@ def main() -> None:
                 with hinted_context(deterministic=True):
                     return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
 
-            res = {}
-            for peer in ("inductor", "sdpa-cudnn", "hintbackend") + (("hb-det",) if args.deterministic else ()):
+            def attn_fused(q, k, v):
+                with hinted_context(kernel="fused"):
+                    return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+
+            res = {"inductor": None, "sdpa-cudnn": None, "hintbackend": None}
+            for peer in tuple(args.peers.split(",")) + (("hb-det",) if args.deterministic else ()) + \
+                    (("hb-fused",) if args.fused else ()):
                 if peer == "sdpa-cudnn" and score_mod is not None and sdpa_mask is None:
                     res[peer] = None
                     continue
@@ -199,7 +211,7 @@ def main() -> None:
                                 F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask,
                                                                is_causal=row == "causal").backward(dout)
                     else:
-                        f = torch.compile(attn_det if peer == "hb-det" else attn,
+                        f = torch.compile({"hb-det": attn_det, "hb-fused": attn_fused}.get(peer, attn),
                                           backend="inductor" if peer == "inductor" else "hintbackend")
 
                         def fn(f=f):
@@ -230,6 +242,10 @@ def main() -> None:
         r2 = f"{hb[0] / cu[0]:.2f}" if isinstance(hb, tuple) and isinstance(cu, tuple) else "-"
         det = res.get("hb-det")
         r3 = f"  hb-det {cell(det)}, {det[0] / hb[0]:.2f}x hb" if isinstance(det, tuple) and isinstance(hb, tuple) else ""
+        fu = res.get("hb-fused")
+        if "hb-fused" in res:
+            r3 += f"  hb-fused {cell(fu)}" + (f", {fu[0] / ind[0]:.2f}x inductor" if isinstance(fu, tuple) and
+                                             isinstance(ind, tuple) else "")
         print(f"{row:<10}{D:>5}{cell(ind):>22}{cell(cu):>22}{cell(hb):>22}{r1:>13}{r2:>9}{r3}")
 
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Calls on the GPU machine: build hintbackend there (its Python is 3.12, so nothing built here can be
 # carried), run the test corpus on CUDA, the demo, and the benchmarks. Logs go to $OUT.
-#   run: bash benchmarks/gpu_session.sh [all|tests|bench|dist|none]  (default all; each mode builds first,
+#   run: bash benchmarks/gpu_session.sh [all|tests|bench|dist|fused|none]  (default all; each mode builds first,
 #        reusing the build folder a warm machine kept; none only builds; dist needs 2 GPUs: the
-#        DDP/FSDP2 check against eager and the step-time/peak table, DIST_ARGS adds to the table's flags)
+#        DDP/FSDP2 check against eager and the step-time/peak table, DIST_ARGS adds to the table's flags;
+#        fused: the generated CUDA FlexAttention kernels' tests (FUSED_K: a pytest -k filter) and, with
+#        FUSED_BENCH set, benchmarks/flex.py --fused $FUSED_BENCH)
 set -uo pipefail
 MODE="${1:-all}"
 OUT="${OUT:-/tmp/hb-out}"; mkdir -p "$OUT"
@@ -12,6 +14,13 @@ PY=python3
 # The GPU machine's Python lacks the nvidia-cudnn-frontend wheel: carry its headers in .cfe/include
 # (an ignored folder: mkdir -p .cfe && unzip the wheel's include/ there; name .cfe in the run's carry).
 [ -f .cfe/include/cudnn_frontend.h ] && export HB_CUDNN_FRONTEND_INCLUDE=$PWD/.cfe/include
+# Nor the nvidia-cutlass wheel (CUTLASS/CuTe headers for the generated CUDA kernels): carry it in .whl/
+# (an ignored folder; name .whl in the run's carry) and unpack its headers.
+for w in .whl/nvidia_cutlass-*.whl; do
+  [ -f "$w" ] || continue
+  $PY -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); [z.extract(n, '/tmp/cutlass') for n in z.namelist() if '/source/include/' in n]" "$w"
+  export HINTBACKEND_CUTLASS_INCLUDE=/tmp/cutlass/cutlass_library/source/include
+done
 # The image's default CMake compiler is /opt/gcc/bin/g++, whose libstdc++ differs from the system one
 # the process loads at run time: a module built with it segfaults in std::ostream (seen 2026-11-21).
 # Build with the system compiler, the one that matches /lib/x86_64-linux-gnu/libstdc++.so.6.
@@ -47,6 +56,17 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
   done
   echo "== slicing benchmark, flex_attention region"
   timeout 240 $PY "$SRC/benchmarks/slicing.py" --region flex > "$OUT/slicing_flex.log" 2>&1; tail -16 "$OUT/slicing_flex.log"
+fi
+if [ "$MODE" = fused ]; then
+  echo "== generated CUDA FlexAttention kernels: tests ${FUSED_K:+(-k $FUSED_K)}"
+  HINTBACKEND_TEST_DEVICE=cuda timeout ${FUSED_TIMEOUT:-300} $PY -m pytest -q -rfE --tb=short -p no:cacheprovider \
+    ${FUSED_K:+-k "$FUSED_K"} "$SRC/tests/python/test_flex_fused_cuda.py" > "$OUT/pytest_fused.log" 2>&1
+  grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/pytest_fused.log" | head -40
+  if [ -n "${FUSED_BENCH:-}" ]; then
+    echo "== benchmarks/flex.py --fused $FUSED_BENCH"
+    timeout ${FUSED_BENCH_TIMEOUT:-240} $PY "$SRC/benchmarks/flex.py" --fused $FUSED_BENCH > "$OUT/flex_fused.log" 2>&1
+    tail -${FUSED_TAIL:-20} "$OUT/flex_fused.log"
+  fi
 fi
 if [ "$MODE" = dist ]; then
   NGPU=$(nvidia-smi -L | wc -l)

@@ -15,6 +15,7 @@
 // index, and uses element 0 instead, so the caller can raise eager's IndexError after the tile.
 #pragma once
 
+#define HB_FLEX_MAX_BUFFERS 6  /* captured buffers per score_mod / mask_mod on CUDA */
 #define HB_FLEX_KERNEL_ABI                                                                              \
   struct HbFlexBuffer {                                                                                 \
     const void* data;        /* the captured tensor, read through its strides */                        \
@@ -33,6 +34,35 @@
     long long error_size;    /* the size of the dimension it indexed */                                 \
     const HbFlexBuffer* score_buffers;                                                                  \
     const HbFlexBuffer* mask_buffers;                                                                   \
+  };                                                                                                    \
+  /* One of a BlockMask's block lists: num [bm, hm, rows] counts, idx [bm, hm, rows, cols] indices,  */ \
+  /* int32, contiguous; bm, hm are 1 (broadcast) or B, H. num == 0: the mask has no such list.       */ \
+  struct HbFlexBlockList {                                                                              \
+    const int* num;                                                                                     \
+    const int* idx;                                                                                     \
+    long long bm, hm, rows, cols;                                                                       \
+  };                                                                                                    \
+  /* The CUDA kernels' arguments (codegen/cuda/FlexTiledKernel.cuh), passed by value. Pointers are   */ \
+  /* device pointers; strides are in elements for (batch, head, sequence), the last dim contiguous.  */ \
+  struct HbFlexCudaArgs {                                                                               \
+    const void* q; const void* k; const void* v;                                                        \
+    long long q_strides[3], k_strides[3], v_strides[3];                                                 \
+    void* out; long long o_strides[3];  /* forward: written; backward: read */                          \
+    float* lse;                         /* [B, Hq, Sq] base 2; forward: written; backward: read */      \
+    float* max_scores;                  /* forward: [B, Hq, Sq] base 2 */                               \
+    const void* dout; long long do_strides[3];  /* backward */                                          \
+    const float* dlse;                  /* backward: [B, Hq, Sq], or null */                            \
+    float* delta;                       /* backward: [B, Hq, Sq] workspace */                           \
+    float* dq;                          /* backward: [B, Hq, Sq, D] float, zeroed */                    \
+    void* dk; void* dv;                 /* backward: [B, Hkv, Skv, D] */                                \
+    long long B, Hq, Sq, Bkv, Hkv, Skv;                                                                 \
+    float scale;                                                                                        \
+    long long q_block, kv_block;                                                                        \
+    HbFlexBlockList kv_list, kv_full_list, q_list, q_full_list;                                         \
+    HbFlexBuffer score_buffers[HB_FLEX_MAX_BUFFERS];                                                    \
+    HbFlexBuffer mask_buffers[HB_FLEX_MAX_BUFFERS];                                                     \
+    long long* error;  /* device: [code, buffer, index, size, b, h], zeroed; the first error */         \
+    int run_joint;     /* backward: 0 skips the joint (a row shift: the buffers' gradients are 0) */    \
   };
 
 #define HB_FLEX_STR2(...) #__VA_ARGS__
@@ -44,12 +74,17 @@ HB_FLEX_KERNEL_ABI
 
 constexpr int kFlexErrorIndex = 1;
 // The definitions above as source text, for the generated translation unit.
-inline constexpr const char* kFlexKernelAbiSource = HB_FLEX_STR(HB_FLEX_KERNEL_ABI);
+inline constexpr const char* kFlexKernelAbiSource =
+    "#define HB_FLEX_MAX_BUFFERS " HB_FLEX_STR(HB_FLEX_MAX_BUFFERS) "\n" HB_FLEX_STR(HB_FLEX_KERNEL_ABI);
+constexpr int kFlexMaxCudaBuffers = HB_FLEX_MAX_BUFFERS;
 
 using FlexScoreF32 = void (*)(float* s, HbFlexTile* t);
 using FlexScoreF64 = void (*)(double* s, HbFlexTile* t);
 using FlexMaskFn = void (*)(unsigned char* keep, HbFlexTile* t);
 using FlexJointF32 = void (*)(const float* s, float* ds, HbFlexTile* t);
 using FlexJointF64 = void (*)(const double* s, double* ds, HbFlexTile* t);
+// The CUDA entry points: 0 or a cudaError_t code (a launch failure); hb_flex_cuda_error_string names it.
+using FlexCudaLaunch = int (*)(const HbFlexCudaArgs* a, void* stream);
+using FlexCudaErrorString = const char* (*)(int code);
 
 }  // namespace hb

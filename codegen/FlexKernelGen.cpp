@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "codegen/FlexKernelAbi.h"
+#include "codegen/FlexTiledKernelText.h"
 
 namespace hb {
 
@@ -64,6 +65,13 @@ template <typename T> HB_FN T hb_min(T a, T b) { return (a != a || b != b) ? a +
 template <typename T> HB_FN T hb_sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
 template <typename T> HB_FN T hb_pymod(T a, T b) { const T r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 template <typename T> HB_FN T hb_sign(T x) { return (T)((x > T(0)) - (x < T(0))); }
+// The joint's gradient scatter: a double accumulator per CPU worker; a float accumulator on CUDA, added
+// to atomically.
+#ifdef __CUDACC__
+HB_FN void hb_scatter(void* grad, long long off, double v) { atomicAdd((float*)grad + off, (float)v); }
+#else
+HB_FN void hb_scatter(void* grad, long long off, double v) { ((double*)grad)[off] += v; }
+#endif
 )";
 
 // The kind of a scalar value in the generated code.
@@ -486,7 +494,7 @@ class Translator {
     const Val v = value(n.args[2]);
     if (v.kind == K::None || v.kind == K::Buffer || v.kind == K::Scatter) return fail(i, "scatters no scalar value");
     const std::string B = bufs_ + "[" + std::to_string(buffer) + "]";
-    body_ << "  if (" << B << ".grad) ((double*)" << B << ".grad)[" << off << "] += " << cast(v, K::Double) << ";  // %" << n.name
+    body_ << "  if (" << B << ".grad) hb_scatter(" << B << ".grad, " << off << ", " << cast(v, K::Double) << ");  // %" << n.name
           << "\n";
     vals_[i].kind = K::Scatter;
     return true;
@@ -534,6 +542,10 @@ std::optional<FlexBlockMaskLayout> flex_block_mask_layout(const Arg& bm, std::st
   l.kv_indices = base + 1;
   l.full_kv_num_blocks = base + 2;
   l.full_kv_indices = base + 3;
+  l.q_num_blocks = base + 4;
+  l.q_indices = base + 5;
+  l.full_q_num_blocks = base + 6;
+  l.full_q_indices = base + 7;
   if (bm.items[base].kind != Arg::Kind::Ref || bm.items[base + 1].kind != Arg::Kind::Ref) {
     *why = "the block mask's kv_num_blocks/kv_indices are not tensors";
     return std::nullopt;
@@ -549,7 +561,46 @@ std::optional<FlexBlockMaskLayout> flex_block_mask_layout(const Arg& bm, std::st
   return l;
 }
 
-std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, std::string* why) {
+namespace {
+
+// Why the CUDA kernels cannot take flex node n ("" = they can): dtypes, head dims, block sizes.
+std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const FlexBlockMaskLayout& l, int nscore,
+                         int nmask, int* head_dim, bool* half) {
+  auto tensor = [&](const Arg& a) -> const TensorType* {
+    if (a.kind != Arg::Kind::Ref || g.nodes[a.ref].type.kind != ValueType::Kind::Tensor) return nullptr;
+    return &g.nodes[a.ref].type.tensor;
+  };
+  const TensorType *q = tensor(n.args[0]), *k = tensor(n.args[1]), *v = tensor(n.args[2]);
+  if (!q || !k || !v || q->shape.size() != 4 || k->shape.size() != 4 || v->shape.size() != 4)
+    return "q, k, v are not 4-d tensors";
+  if (q->dtype != DType::BFloat16 && q->dtype != DType::Float16)
+    return std::string("q is ") + dtype_name(q->dtype) + " (the CUDA kernel takes bfloat16 and float16)";
+  if (k->dtype != q->dtype || v->dtype != q->dtype) return "q, k and v differ in dtype";
+  const Dim& dq = q->shape[3];
+  const Dim& dv = v->shape[3];
+  if (!dq.is_static() || !dv.is_static()) return "the head dim is symbolic";
+  const int64_t D = dq.value;
+  if (dv.value != D) return "the value head dim " + std::to_string(dv.value) + " differs from q's " + std::to_string(D);
+  const bool ok = D == 16 || D == 32 || D == 64 || D == 128 || (!backward && D == 256);
+  if (!ok)
+    return "head dim " + std::to_string(D) + (backward ? " (the CUDA backward takes 16, 32, 64, 128)"
+                                                       : " (the CUDA forward takes 16, 32, 64, 128, 256)");
+  if (nscore > kFlexMaxCudaBuffers || nmask > kFlexMaxCudaBuffers)
+    return "more than " + std::to_string(kFlexMaxCudaBuffers) + " captured buffers";
+  // The tiles must nest in the BlockMask's blocks (the forward's 64 query rows and 64 (D 256: 32) key
+  // rows, the backward's 128 query rows and 64 key rows).
+  const int64_t qt = backward ? 128 : 64, kt = backward || D <= 128 ? 64 : 32;
+  if (l.q_block % qt != 0 || l.kv_block % kt != 0)
+    return "block sizes " + std::to_string(l.q_block) + " x " + std::to_string(l.kv_block) + " (the CUDA " +
+           (backward ? "backward" : "forward") + " needs multiples of " + std::to_string(qt) + " x " + std::to_string(kt) + ")";
+  *head_dim = static_cast<int>(D);
+  *half = q->dtype == DType::Float16;
+  return "";
+}
+
+}  // namespace
+
+std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, std::string* why, FlexKernelDevice device) {
   const Node& n = g.nodes[node];
   const bool backward = n.target == "higher_order::flex_attention_backward";
   if (!backward && n.target != "higher_order::flex_attention") {
@@ -563,7 +614,8 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
   const Graph* score = subgraph(g, n.args[backward ? 7 : 3]);
   const Graph* joint = backward ? subgraph(g, n.args[8]) : nullptr;
   const Arg& bm = n.args[backward ? 9 : 4];
-  if (!flex_block_mask_layout(bm, why)) return std::nullopt;
+  const std::optional<FlexBlockMaskLayout> layout = flex_block_mask_layout(bm, why);
+  if (!layout) return std::nullopt;
   const Graph* mask = subgraph(g, bm.items.back());
   if (!score || !mask || (backward && !joint)) {
     *why = "a score_mod, mask_mod or joint subgraph is missing";
@@ -573,6 +625,19 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
     return (a.kind == Arg::Kind::Tuple || a.kind == Arg::Kind::List) ? static_cast<int>(a.items.size()) : 0;
   };
   const int nscore = count_tuple(n.args[backward ? 12 : 7]);
+  const int nmask = count_tuple(n.args[backward ? 13 : 8]);
+  const bool cuda = device == FlexKernelDevice::Cuda;
+  int head_dim = 0;
+  bool half = false;
+  if (cuda) {
+    *why = cuda_why_not(g, n, backward, *layout, nscore, nmask, &head_dim, &half);
+    if (!why->empty()) return std::nullopt;
+    if (backward && (layout->q_num_blocks < 0 || bm.items[layout->q_num_blocks].kind != Arg::Kind::Ref ||
+                     bm.items[layout->q_indices].kind != Arg::Kind::Ref)) {
+      *why = "the block mask has no q block lists (the CUDA backward walks them)";
+      return std::nullopt;
+    }
+  }
 
   using R = Role;
   Translator ts(*score, {R::Score, R::B, R::H, R::Q, R::KV}, "t->score_buffers", 0, false);
@@ -595,8 +660,9 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
   }
 
   FlexKernelSource out;
-  std::ostringstream src;
-  src << "// Generated by hintbackend (codegen/FlexKernelGen.cpp) for %" << n.name << " (" << n.target << ").\n"
+  std::ostringstream src, wrap;  // the scalar functions; the CPU tile wrappers
+  src << "// Generated by hintbackend (codegen/FlexKernelGen.cpp) for %" << n.name << " (" << n.target << ")"
+      << (cuda ? ", CUDA" : "") << ".\n"
       << kFlexKernelAbiSource << "\n" << kPrelude;
 
   // score_mod: the identity when it returns its score placeholder.
@@ -614,14 +680,14 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
   if (out.score_mod) {
     src << "\ntemplate <typename T>\nHB_FN T hb_score_mod(T score, long long b, long long h, long long q, long long kv, "
            "HbFlexTile* t) {\n"
-        << ts.body() << "  return " << cast(sv, K::T) << ";\n}\n"
-        << "template <typename T>\nstatic void hb_score_tile(T* s, HbFlexTile* t) {\n"
-        << "  const long long b = t->b, h = t->h;\n"
-        << "  for (int i = 0; i < t->nq; ++i) {\n    T* row = s + (long long)i * t->ld;\n"
-        << "    const long long q = t->q0 + i;\n"
-        << "    for (int j = 0; j < t->nk; ++j) row[j] = hb_score_mod<T>(row[j], b, h, q, t->k0 + j, t);\n  }\n}\n"
-        << "extern \"C\" void hb_flex_score_f32(float* s, HbFlexTile* t) { hb_score_tile<float>(s, t); }\n"
-        << "extern \"C\" void hb_flex_score_f64(double* s, HbFlexTile* t) { hb_score_tile<double>(s, t); }\n";
+        << ts.body() << "  return " << cast(sv, K::T) << ";\n}\n";
+    wrap << "template <typename T>\nstatic void hb_score_tile(T* s, HbFlexTile* t) {\n"
+         << "  const long long b = t->b, h = t->h;\n"
+         << "  for (int i = 0; i < t->nq; ++i) {\n    T* row = s + (long long)i * t->ld;\n"
+         << "    const long long q = t->q0 + i;\n"
+         << "    for (int j = 0; j < t->nk; ++j) row[j] = hb_score_mod<T>(row[j], b, h, q, t->k0 + j, t);\n  }\n}\n"
+         << "extern \"C\" void hb_flex_score_f32(float* s, HbFlexTile* t) { hb_score_tile<float>(s, t); }\n"
+         << "extern \"C\" void hb_flex_score_f64(double* s, HbFlexTile* t) { hb_score_tile<double>(s, t); }\n";
   }
 
   const std::vector<Arg> mo = tm.outputs();
@@ -633,12 +699,12 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
   out.mask_mod = !mv.const_true;
   if (out.mask_mod) {
     src << "\nHB_FN bool hb_mask_mod(long long b, long long h, long long q, long long kv, HbFlexTile* t) {\n"
-        << "  typedef float T;\n" << tm.body() << "  return " << cast(mv, K::Bool) << ";\n}\n"
-        << "extern \"C\" void hb_flex_mask(unsigned char* keep, HbFlexTile* t) {\n"
-        << "  const long long b = t->b, h = t->h;\n"
-        << "  for (int i = 0; i < t->nq; ++i) {\n    unsigned char* row = keep + (long long)i * t->ld;\n"
-        << "    const long long q = t->q0 + i;\n"
-        << "    for (int j = 0; j < t->nk; ++j) row[j] = hb_mask_mod(b, h, q, t->k0 + j, t);\n  }\n}\n";
+        << "  typedef float T;\n" << tm.body() << "  return " << cast(mv, K::Bool) << ";\n}\n";
+    wrap << "extern \"C\" void hb_flex_mask(unsigned char* keep, HbFlexTile* t) {\n"
+         << "  const long long b = t->b, h = t->h;\n"
+         << "  for (int i = 0; i < t->nq; ++i) {\n    unsigned char* row = keep + (long long)i * t->ld;\n"
+         << "    const long long q = t->q0 + i;\n"
+         << "    for (int j = 0; j < t->nk; ++j) row[j] = hb_mask_mod(b, h, q, t->k0 + j, t);\n  }\n}\n";
   }
 
   out.buffer_grads.assign(nscore, false);
@@ -662,20 +728,35 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
       }
       src << "\ntemplate <typename T>\nHB_FN T hb_joint(T score, long long b, long long h, long long q, long long kv, "
              "T grad, HbFlexTile* t) {\n"
-          << tj->body() << "  return " << (out.joint_grad_zero ? "(T)0" : cast(gv, K::T)) << ";\n}\n"
-          << "template <typename T>\nstatic void hb_joint_tile(const T* s, T* ds, HbFlexTile* t) {\n"
-          << "  const long long b = t->b, h = t->h;\n"
-          << "  for (int i = 0; i < t->nq; ++i) {\n"
-          << "    const T* srow = s + (long long)i * t->ld;\n    T* drow = ds + (long long)i * t->ld;\n"
-          << "    const long long q = t->q0 + i;\n"
-          << "    for (int j = 0; j < t->nk; ++j) drow[j] = hb_joint<T>(srow[j], b, h, q, t->k0 + j, drow[j], t);\n"
-          << "  }\n}\n"
-          << "extern \"C\" void hb_flex_joint_f32(const float* s, float* ds, HbFlexTile* t) { hb_joint_tile<float>(s, ds, t); }\n"
-          << "extern \"C\" void hb_flex_joint_f64(const double* s, double* ds, HbFlexTile* t) { hb_joint_tile<double>(s, ds, t); }\n";
+          << tj->body() << "  return " << (out.joint_grad_zero ? "(T)0" : cast(gv, K::T)) << ";\n}\n";
+      wrap << "template <typename T>\nstatic void hb_joint_tile(const T* s, T* ds, HbFlexTile* t) {\n"
+           << "  const long long b = t->b, h = t->h;\n"
+           << "  for (int i = 0; i < t->nq; ++i) {\n"
+           << "    const T* srow = s + (long long)i * t->ld;\n    T* drow = ds + (long long)i * t->ld;\n"
+           << "    const long long q = t->q0 + i;\n"
+           << "    for (int j = 0; j < t->nk; ++j) drow[j] = hb_joint<T>(srow[j], b, h, q, t->k0 + j, drow[j], t);\n"
+           << "  }\n}\n"
+           << "extern \"C\" void hb_flex_joint_f32(const float* s, float* ds, HbFlexTile* t) { hb_joint_tile<float>(s, ds, t); }\n"
+           << "extern \"C\" void hb_flex_joint_f64(const double* s, double* ds, HbFlexTile* t) { hb_joint_tile<double>(s, ds, t); }\n";
     }
+  }
+  auto fails = [](const std::string& body) {
+    for (const char* f : {"hb_index(", "hb_floordiv(", "hb_truncdiv(", "hb_mod(", "hb_fmod("})
+      if (body.find(f) != std::string::npos) return true;
+    return false;
+  };
+  out.may_fail = fails(ts.body()) || fails(tm.body()) || (tj && fails(tj->body()));
+  if (cuda) {
+    src << "\n#define HB_D " << head_dim << "\n#define HB_HALF " << (half ? 1 : 0) << "\n#define HB_SCORE_MOD "
+        << (out.score_mod ? 1 : 0) << "\n#define HB_MASK_MOD " << (out.mask_mod ? 1 : 0) << "\n#define HB_JOINT "
+        << (out.joint ? 1 : 0) << "\n"
+        << kFlexTemplateMarker << "\n" << kFlexCudaKernelTemplate;
+  } else {
+    src << wrap.str();
   }
   out.source = src.str();
   std::ostringstream sum;
+  if (cuda) sum << "CUDA, head dim " << head_dim << ", " << (half ? "float16" : "bfloat16") << "; ";
   sum << "score_mod: " << (out.score_mod ? plural(ts.ops(), "op") : "identity")
       << "; mask_mod: " << (out.mask_mod ? plural(tm.ops(), "op") : "none");
   if (backward) {

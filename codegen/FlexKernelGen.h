@@ -30,18 +30,29 @@ struct FlexKernelSource {
   bool joint = false;          // hb_flex_joint_* exist (backward with a score_mod)
   bool joint_grad_zero = false;  // the joint returns no score gradient (score_mod ignores the score)
   std::vector<bool> buffer_grads;  // per score buffer: the joint scatters a gradient into it
+  bool may_fail = false;       // the code can report an error (a buffer read out of range, a division by 0)
   std::string summary;         // "score_mod: 9 ops; mask_mod: 1 op; joint: 12 ops, scatters into buffer 0"
 };
 
+// Where the generated code runs. Cpu: the scalar functions wrapped in per-tile "C" entry points for
+// backend/runtime/FlexTiledCpu.cpp. Cuda: the scalar functions as __device__ code, followed by the tiled
+// CUDA kernels (codegen/cuda/FlexTiledKernel.cuh) specialized for the node's head dim and dtype, with
+// the entry points hb_flex_cuda_forward / hb_flex_cuda_backward (codegen/FlexKernelAbi.h).
+enum class FlexKernelDevice { Cpu, Cuda };
+
 // The kernel source for flex node `node` of g (flex_attention or flex_attention_backward), or nullopt
-// with `why` ("score_mod: aten::cumsum.default has no generated form").
-std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, std::string* why);
+// with `why` ("score_mod: aten::cumsum.default has no generated form"; on CUDA also "head dim 96 ...").
+std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, std::string* why,
+                                                     FlexKernelDevice device = FlexKernelDevice::Cpu);
+// The marker line before the CUDA kernel template in a generated source: dumps print what precedes it.
+inline constexpr const char* kFlexTemplateMarker = "// ---- the tiled kernels: codegen/cuda/FlexTiledKernel.cuh";
 
 // The block mask's layout in a flex node's block_mask tuple: where kv_num_blocks, kv_indices,
 // full_kv_num_blocks and full_kv_indices sit, and the block sizes. torch 2.11 writes 13 entries
 // (Q_LEN, KV_LEN first), 2.5 wrote 11, newer main 17; the block sizes are [-3] and [-2] in all.
 struct FlexBlockMaskLayout {
   int kv_num_blocks = -1, kv_indices = -1, full_kv_num_blocks = -1, full_kv_indices = -1;
+  int q_num_blocks = -1, q_indices = -1, full_q_num_blocks = -1, full_q_indices = -1;  // the backward's lists
   int64_t q_block = 0, kv_block = 0;
 };
 std::optional<FlexBlockMaskLayout> flex_block_mask_layout(const Arg& block_mask, std::string* why);

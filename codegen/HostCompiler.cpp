@@ -119,20 +119,19 @@ HostModule::~HostModule() {
 
 void* HostModule::symbol(const char* name) const { return dlsym(handle_, name); }
 
-HostBuild build_host_module(const std::string& source, const HostCompileSettings& s) {
+namespace {
+
+// The cache protocol shared by both languages: <dir>/<key>.so validated by <key><ext> holding `source`.
+HostBuild build_cached(const std::string& source, const std::string& cache_dir, const std::string& cmd,
+                       const std::string& identity, const std::string& ext, const std::string& who) {
   HostBuild r;
-  if (!s.enabled()) {
-    r.error = "no host C++ compiler is configured";
-    return r;
-  }
-  const std::string dir = s.cache_dir + "/kernels";
-  const std::string cmd = s.compiler + " " + kFlags;
-  const std::string key = hex(fnv1a(source, fnv1a(cmd + "\n" + machine_identity(s.compiler))));
-  const std::string so = dir + "/" + key + ".so", cpp = dir + "/" + key + ".cpp";
+  const std::string dir = cache_dir + "/kernels";
+  const std::string key = hex(fnv1a(source, fnv1a(cmd + "\n" + identity)));
+  const std::string so = dir + "/" + key + ".so", src = dir + "/" + key + ext;
   r.path = so;
 
   std::string cached;
-  if (read_file(cpp, &cached) && cached == source) {
+  if (read_file(src, &cached) && cached == source) {
     std::string err;
     if ((r.module = open(so, &err))) {
       r.cache_hit = true;
@@ -147,27 +146,27 @@ HostBuild build_host_module(const std::string& source, const HostCompileSettings
   const std::string tmp = dir + "/" + key + ".tmp" + std::to_string(getpid()) + "." +
                           hex(fnv1a(std::to_string(std::chrono::steady_clock::now().time_since_epoch().count())));
   {
-    std::ofstream out(tmp + ".cpp", std::ios::binary);
+    std::ofstream out(tmp + ext, std::ios::binary);
     out << source;
     if (!out) {
-      r.error = "cannot write " + tmp + ".cpp";
+      r.error = "cannot write " + tmp + ext;
       return r;
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::string output;
-  const int rc = run(cmd + " -o " + quote(tmp + ".so") + " " + quote(tmp + ".cpp"), &output);
+  const int rc = run(cmd + " -o " + quote(tmp + ".so") + " " + quote(tmp + ext), &output);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (rc != 0) {
-    std::remove((tmp + ".cpp").c_str());
+    std::remove((tmp + ext).c_str());
     std::remove((tmp + ".so").c_str());
     if (output.size() > 2000) output = output.substr(0, 2000) + "...";
-    r.error = "`" + s.compiler + "` failed (exit " + std::to_string(rc) + "): " + output;
+    r.error = "`" + who + "` failed (exit " + std::to_string(rc) + "): " + output;
     return r;
   }
   // The library first, then the source that validates it: a reader that sees the source sees all.
-  if (std::rename((tmp + ".so").c_str(), so.c_str()) != 0 || std::rename((tmp + ".cpp").c_str(), cpp.c_str()) != 0) {
-    std::remove((tmp + ".cpp").c_str());
+  if (std::rename((tmp + ".so").c_str(), so.c_str()) != 0 || std::rename((tmp + ext).c_str(), src.c_str()) != 0) {
+    std::remove((tmp + ext).c_str());
     std::remove((tmp + ".so").c_str());
     r.error = "cannot move the built kernel into " + dir;
     return r;
@@ -181,6 +180,53 @@ HostBuild build_host_module(const std::string& source, const HostCompileSettings
   r.module = open(so, &err);
   if (!r.module) r.error = "cannot load " + so + ": " + err;
   return r;
+}
+
+}  // namespace
+
+HostBuild build_host_module(const std::string& source, const HostCompileSettings& s) {
+  if (!s.enabled()) {
+    HostBuild r;
+    r.error = "no host C++ compiler is configured";
+    return r;
+  }
+  return build_cached(source, s.cache_dir, s.compiler + " " + kFlags, machine_identity(s.compiler), ".cpp", s.compiler);
+}
+
+std::string CudaCompileSettings::why_not() const {
+  if (nvcc.empty()) return "no nvcc (install the CUDA toolkit, or set HINTBACKEND_NVCC)";
+  if (arch.empty()) return "no CUDA device architecture";
+  if (cutlass_include.empty()) return "no CUTLASS headers (pip install nvidia-cutlass, or set HINTBACKEND_CUTLASS_INCLUDE)";
+  if (cache_dir.empty()) return "no cache_dir";
+  return "";
+}
+
+HostBuild build_cuda_module(const std::string& source, const CudaCompileSettings& s) {
+  if (!s.enabled()) {
+    HostBuild r;
+    r.error = s.why_not();
+    return r;
+  }
+  // sm_XX machine code only (no PTX for the driver to compile at load); the runtime statically linked,
+  // so the library needs nothing beyond the driver that torch already loaded.
+  const std::string cmd = s.nvcc + " -O3 -std=c++17 -shared -Xcompiler -fPIC -w -gencode arch=compute_" + s.arch +
+                          ",code=sm_" + s.arch + " -I" + quote(s.cutlass_include);
+  static std::mutex mu;
+  static std::map<std::string, std::string> versions;
+  std::string version;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = versions.find(s.nvcc);
+    if (it == versions.end()) {
+      std::string v;
+      run(s.nvcc + " --version", &v);
+      it = versions.emplace(s.nvcc, v).first;
+    }
+    version = it->second;
+  }
+  std::string cutlass;  // the headers' version is part of what the kernel is built from
+  read_file(s.cutlass_include + "/cutlass/version.h", &cutlass);
+  return build_cached(source, s.cache_dir, cmd, version + "\n" + cutlass, ".cu", s.nvcc);
 }
 
 }  // namespace hb

@@ -1,5 +1,5 @@
-// Builds generated C++ (codegen/FlexKernelGen.h) into a shared library with the host's C++ compiler and
-// loads it, through a disk cache, as PyTorch's cpp extensions and Inductor's C++ backend do. Plain C++
+// Builds generated C++ (codegen/FlexKernelGen.h) into a shared library with the host's C++ compiler (or
+// generated CUDA with nvcc) and loads it, through a disk cache, as PyTorch's cpp extensions and Inductor's C++ backend do. Plain C++
 // (no libtorch). Settings come as values (python/hintbackend/options.py reads them once).
 //
 // The cache: <cache_dir>/kernels/<key>.so beside <key>.cpp, the key a hash of the source, the compile
@@ -46,5 +46,20 @@ struct HostBuild {
 
 // Builds (or finds in the cache) and loads `source`. Never throws: failures come back in .error.
 HostBuild build_host_module(const std::string& source, const HostCompileSettings& settings);
+
+// How generated CUDA kernels are built: nvcc into a shared library (host launchers and the device code
+// for one architecture, the CUDA runtime linked statically), cached as host modules are, the key also
+// holding nvcc's version and the architecture. python/hintbackend/options.py finds nvcc, the GPU's
+// architecture and CUTLASS's headers (the nvidia-cutlass wheel) once per compile.
+struct CudaCompileSettings {
+  std::string nvcc;             // the command; empty: no CUDA kernels are built
+  std::string arch;             // "90" (sm_90), the GPU's compute capability
+  std::string cutlass_include;  // the folder holding cute/ and cutlass/
+  std::string cache_dir;
+  bool enabled() const { return !nvcc.empty() && !arch.empty() && !cutlass_include.empty() && !cache_dir.empty(); }
+  // Why not enabled ("" when it is), for the kernels dump.
+  std::string why_not() const;
+};
+HostBuild build_cuda_module(const std::string& source, const CudaCompileSettings& settings);
 
 }  // namespace hb

@@ -75,18 +75,27 @@ bool fused_row_shift(const Graph& g, int node, const FlexAnalysis& a) {
 namespace {
 
 // Why the tiled kernel with generated score/mask code cannot run this flex node ("" = it can); on
-// success `src` holds the generated source. CPU only for now (the CUDA generator is issue 14's next step).
-std::string fused_why_not(const Graph& g, int node, FlexKernelSource* src) {
+// success `src` holds the generated source and `build` the built library (the CPU kernel on CPU tensors,
+// the CUDA kernels on CUDA tensors).
+std::string fused_why_not(const Graph& g, int node, const Target& target, FlexKernelSource* src, HostBuild* build) {
   const Node& n = g.nodes[node];
   const Arg& q = n.args.empty() ? Arg{} : n.args[0];
   if (q.kind != Arg::Kind::Ref || g.nodes[q.ref].type.kind != ValueType::Kind::Tensor) return "q has no tensor type";
   const TensorType& t = g.nodes[q.ref].type.tensor;
-  if (t.device.rfind("cpu", 0) != 0) return "on " + t.device + " (the generated kernel runs on the CPU so far)";
+  const bool cuda = t.device.rfind("cuda", 0) == 0;
+  if (!cuda && t.device.rfind("cpu", 0) != 0) return "on " + t.device;
   if (t.dtype != DType::Float16 && t.dtype != DType::BFloat16 && t.dtype != DType::Float32 && t.dtype != DType::Float64)
     return std::string("q is ") + dtype_name(t.dtype);
+  if (cuda && n.target == "higher_order::flex_attention_backward" && n.hints.deterministic.value_or(false))
+    return "deterministic=True, and the CUDA kernel's backward adds with atomics";
   std::string why;
-  std::optional<FlexKernelSource> s = generate_flex_kernel(g, node, &why);
+  std::optional<FlexKernelSource> s =
+      generate_flex_kernel(g, node, &why, cuda ? FlexKernelDevice::Cuda : FlexKernelDevice::Cpu);
   if (!s) return why;
+  if (cuda && !target.cuda.enabled()) return "cannot build CUDA kernels: " + target.cuda.why_not();
+  if (!cuda && !target.host.enabled()) return "no host C++ compiler is configured";
+  *build = cuda ? build_cuda_module(s->source, target.cuda) : build_host_module(s->source, target.host);
+  if (!build->module) return "building the generated kernel failed: " + build->error;
   *src = std::move(*s);
   return "";
 }
@@ -131,13 +140,8 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
   }
   // The generated tiled kernel: built here, once, so a compiler failure falls back with its reason.
   FlexKernelSource src;
-  std::string fused_not = fused_why_not(g, node, &src);
   HostBuild build;
-  if (fused_not.empty() && !target.host.enabled()) fused_not = "no host C++ compiler is configured";
-  if (fused_not.empty()) {
-    build = build_host_module(src.source, target.host);
-    if (!build.module) fused_not = "building the generated kernel failed: " + build.error;
-  }
+  const std::string fused_not = fused_why_not(g, node, target, &src, &build);
   if (pref == KernelPref::Fused) {
     HB_USER_CHECK(fused_not.empty()) << describe(g, node) << ": kernel=\"fused\" was asked for (hinted_context), but the "
                                      << "generated kernel cannot run this FlexAttention: " << fused_not
@@ -202,8 +206,13 @@ std::string print_kernel_plan(const Graph& g, const KernelPlan& plan) {
   }
   os << "}\n";
   for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (!plan.nodes[i].source.empty())
-      os << "source of %" << g.nodes[i].name << " {\n" << plan.nodes[i].source << "}\n";
+    if (!plan.nodes[i].source.empty()) {
+      // A CUDA source ends with the kernel template, the same for every node: shown by name only.
+      std::string shown = plan.nodes[i].source;
+      const size_t m = shown.find(kFlexTemplateMarker);
+      if (m != std::string::npos) shown = shown.substr(0, m) + kFlexTemplateMarker + " (its text not shown)\n";
+      os << "source of %" << g.nodes[i].name << " {\n" << shown << "}\n";
+    }
   for (const auto& kv : g.subgraphs) {
     auto it = plan.subgraphs.find(kv.first);
     HB_INTERNAL_CHECK(it != plan.subgraphs.end()) << "no kernel plan for subgraph '" << kv.first << "'";

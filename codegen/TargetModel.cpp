@@ -104,7 +104,7 @@ std::string placement_table(const Graph& g, const Target& t) {
   return out;
 }
 
-int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attention, bool fused_cpu) {
+int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attention, bool fused_cpu, bool fused_cuda) {
   const bool fw = n.target == "higher_order::flex_attention";
   if ((!fw && n.target != "higher_order::flex_attention_backward") || n.args.size() < 2) return 0;
   const int node = static_cast<int>(&n - g.nodes.data());
@@ -119,6 +119,8 @@ int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attenti
     if (!d.is_static()) return 0;  // symbolic: counted as 0, like symbolic values
   const TensorType& qt = g.nodes[n.args[0].ref].type.tensor;
   std::string why;
+  if (fused_cuda && qt.device.rfind("cuda", 0) == 0 && generate_flex_kernel(g, node, &why, FlexKernelDevice::Cuda))
+    return fw ? 0 : (*q)[0].value * (*q)[1].value * (*q)[2].value * ((*q)[3].value + 1) * 4;
   if (fused_cpu && qt.device.rfind("cpu", 0) == 0 && generate_flex_kernel(g, node, &why)) {
     const int64_t elem = qt.dtype == DType::Float64 ? 8 : 4;
     const int64_t copy = (*q)[0].value * (*q)[1].value * std::max((*q)[2].value, (*k)[2].value) * (*q)[3].value;

@@ -40,13 +40,16 @@ std::string placement_table(const Graph& g, const Target& t);
 // `cudnn_attention` (its workspace is known once its graph is built, at run time; it is small, not S^2).
 // A flex node the generated tiled CPU kernel runs (`fused_cpu`: the target builds generated kernels) takes
 // working copies of q/k/v (and, backward, out/grad_out and the gradients) in float: about
-// kFlexFused{Forward,Backward}Copies [B, Hq, S, D] tensors of 4 bytes (8 for float64), no S^2.
+// kFlexFused{Forward,Backward}Copies [B, Hq, S, D] tensors of 4 bytes (8 for float64), no S^2. One the
+// generated CUDA kernels run (`fused_cuda`) takes nothing forward and, backward, the float dQ accumulator
+// and the delta rows: [B, Hq, Sq] x (D + 1) floats.
 // Library workspaces are not modelled.
 constexpr int64_t kFlexForwardWorkspace = 13;
 constexpr int64_t kFlexBackwardWorkspace = 28;
 constexpr int64_t kFlexFusedForwardCopies = 4;
 constexpr int64_t kFlexFusedBackwardCopies = 9;
-int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attention = false, bool fused_cpu = false);
+int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attention = false, bool fused_cpu = false,
+                               bool fused_cuda = false);
 
 // "cuda" -> "cuda:0"; other devices as they are (the arena's device names).
 std::string normalize_device(const std::string& device);

@@ -121,6 +121,9 @@ struct CompileSettings {
   bool dump = false;  // print the IR after every pass, the kernels and the plan (else none is printed)
   std::string host_compiler;  // builds generated CPU kernels ("" = none: the reference runs instead)
   std::string cache_dir;      // the kernel cache's root (<cache_dir>/kernels)
+  std::string nvcc;             // builds generated CUDA kernels ("" = none)
+  std::string cuda_arch;        // the GPU's compute capability, "90"
+  std::string cutlass_include;  // CUTLASS's headers (cute/, cutlass/)
 
   PassContext pass_context() const {
     PassContext ctx;
@@ -129,7 +132,7 @@ struct CompileSettings {
     ctx.memory.strategy = memory_plan_strategy;
     ctx.memory.in_place = memory_plan_in_place;
     ctx.memory.arena = arena;
-    ctx.memory.target = rt::runtime_target({host_compiler, cache_dir});  // plan exactly what this runtime runs
+    ctx.memory.target = rt::runtime_target({host_compiler, cache_dir}, {nvcc, cuda_arch, cutlass_include, cache_dir});  // plan exactly what this runtime runs
     return ctx;
   }
 };
@@ -222,7 +225,10 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("arena", &hb::CompileSettings::arena)
       .def_readwrite("dump", &hb::CompileSettings::dump)
       .def_readwrite("host_compiler", &hb::CompileSettings::host_compiler)
-      .def_readwrite("cache_dir", &hb::CompileSettings::cache_dir);
+      .def_readwrite("cache_dir", &hb::CompileSettings::cache_dir)
+      .def_readwrite("nvcc", &hb::CompileSettings::nvcc)
+      .def_readwrite("cuda_arch", &hb::CompileSettings::cuda_arch)
+      .def_readwrite("cutlass_include", &hb::CompileSettings::cutlass_include);
   py::class_<hb::CompiledGraph>(m, "CompiledGraph")
       .def(py::init<const std::string&, std::vector<at::Tensor>, const hb::CompileSettings&>(), py::arg("document"),
            py::arg("constants"), py::arg("settings"))

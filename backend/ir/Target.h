@@ -26,6 +26,9 @@ struct Target {
   // How generated CPU kernels are built (a host C++ compiler and the kernel cache): kernel selection
   // generates and builds the tiled FlexAttention (kernel="fused") for CPU nodes when it is enabled.
   HostCompileSettings host;
+  // How generated CUDA kernels are built (nvcc, the GPU's architecture, CUTLASS's headers): kernel
+  // selection generates and builds the tiled CUDA FlexAttention for CUDA nodes when it is enabled.
+  CudaCompileSettings cuda;
 
   std::string why_unplaceable(const Graph& g, int node) const { return unplaceable ? unplaceable(g, node) : ""; }
   int64_t workspace_bytes(const Graph& g, const Node& n) const { return workspace ? workspace(g, n) : 0; }

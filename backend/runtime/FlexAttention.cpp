@@ -140,10 +140,10 @@ void check_flex_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tenso
               " must be a multiple of Hkv=", k.size(1));
 }
 
-// _permute_strides: a copy of t whose dims are laid out in the same order as the strides of ref
-// (ties keep inner dims inner), with the last dim kept unit-stride. Matches the fake impl's layout.
-at::Tensor like_strides_of(const at::Tensor& t, at::IntArrayRef ref_strides) {
-  const int64_t n = t.dim();
+// _permute_strides: dims laid out in the same order as the strides of ref (ties keep inner dims inner),
+// with the last dim kept unit-stride. Matches the fake impl's layout.
+std::vector<int64_t> flex_layout_strides(at::IntArrayRef sizes, at::IntArrayRef ref_strides) {
+  const int64_t n = static_cast<int64_t>(sizes.size());
   std::vector<int64_t> fill(n);  // innermost dim first
   std::iota(fill.begin(), fill.end(), 0);
   std::stable_sort(fill.begin(), fill.end(), [&](int64_t a, int64_t b) { return ref_strides[a] > ref_strides[b]; });
@@ -156,9 +156,13 @@ at::Tensor like_strides_of(const at::Tensor& t, at::IntArrayRef ref_strides) {
   int64_t running = 1;
   for (int64_t d : fill) {
     strides[d] = running;
-    running *= t.size(d);
+    running *= sizes[d];
   }
-  return at::empty_strided(t.sizes(), strides, t.options()).copy_(t);
+  return strides;
+}
+
+at::Tensor like_strides_of(const at::Tensor& t, at::IntArrayRef ref_strides) {
+  return at::empty_strided(t.sizes(), flex_layout_strides(t.sizes(), ref_strides), t.options()).copy_(t);
 }
 
 std::vector<at::Tensor> flex_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

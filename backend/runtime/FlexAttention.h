@@ -58,6 +58,8 @@ void check_flex_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 // A copy of t whose dims are laid out in the order of ref_strides (flex's fake implementation's layout
 // for out, dq, dk, dv: _permute_strides).
 at::Tensor like_strides_of(const at::Tensor& t, at::IntArrayRef ref_strides);
+// The strides like_strides_of gives a tensor of `sizes` (for kernels that write that layout directly).
+std::vector<int64_t> flex_layout_strides(at::IntArrayRef sizes, at::IntArrayRef ref_strides);
 
 // A flex node's captured values (the score_mod's or mask_mod's tuple) as tensors: tensors as they are, the
 // Python numbers a dynamic-shape score_mod captures (SymInts: a sequence length) as 0-dim CPU tensors of

@@ -1,4 +1,5 @@
-// FlexAttention's forward and backward on the tiled CPU kernel with generated score/mask/joint code
+// FlexAttention's forward and backward on the tiled kernels with generated score/mask/joint code, on the
+// CPU (FlexTiledCpu.h) or CUDA (FlexTiledCuda.h) as the node's device says
 // (KernelKind::FlexFusedForward / FlexFusedBackward): kernel selection generated and built the code
 // (codegen/FlexKernelGen.h, codegen/HostCompiler.h) and keeps the library in the plan; the lowering
 // resolves its entry points and the arguments once, the tiled kernel (FlexTiledCpu.h) runs per call.
@@ -6,6 +7,7 @@
 #include "backend/runtime/Args.h"
 #include "backend/runtime/Call.h"
 #include "backend/runtime/FlexTiledCpu.h"
+#include "backend/runtime/FlexTiledCuda.h"
 #include "codegen/FlexKernelGen.h"
 #include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
@@ -21,7 +23,10 @@ class FlexFusedCall : public Call {
  public:
   bool backward = false;
   std::vector<ArgSpec> tensors;  // fw: q k v; bw: q k v out lse grad_out grad_lse
-  std::vector<ArgSpec> block_lists;  // kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices
+  // kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, and on CUDA the q lists after them
+  std::vector<ArgSpec> block_lists;
+  bool cuda = false;
+  FlexCudaFns cuda_fns;
   int64_t q_block = 0, kv_block = 0;
   double scale = 1.0;
   ArgSpec score_buffers, mask_buffers;
@@ -37,18 +42,28 @@ class FlexFusedCall : public Call {
     blocks.kv_idx = tensor_or_undefined(build_arg(block_lists[1], slots));
     blocks.full_num = tensor_or_undefined(build_arg(block_lists[2], slots));
     blocks.full_idx = tensor_or_undefined(build_arg(block_lists[3], slots));
+    if (block_lists.size() == 8) {
+      blocks.q_num = tensor_or_undefined(build_arg(block_lists[4], slots));
+      blocks.q_idx = tensor_or_undefined(build_arg(block_lists[5], slots));
+      blocks.full_q_num = tensor_or_undefined(build_arg(block_lists[6], slots));
+      blocks.full_q_idx = tensor_or_undefined(build_arg(block_lists[7], slots));
+    }
     blocks.q_block = q_block;
     blocks.kv_block = kv_block;
     const std::vector<at::Tensor> sbufs = captured_tensors(build_arg(score_buffers, slots));
     const std::vector<at::Tensor> mbufs = captured_tensors(build_arg(mask_buffers, slots));
     if (!backward) {
-      std::vector<at::Tensor> r = flex_tiled_forward(t[0], t[1], t[2], fns, blocks, scale, sbufs, mbufs);
+      std::vector<at::Tensor> r = cuda ? flex_cuda_forward(t[0], t[1], t[2], cuda_fns, blocks, scale, sbufs, mbufs)
+                                       : flex_tiled_forward(t[0], t[1], t[2], fns, blocks, scale, sbufs, mbufs);
       return c10::ivalue::Tuple::create({r[0], r[1], r[2]});
     }
     std::optional<at::Tensor> grad_lse;
     if (t[6].defined()) grad_lse = t[6];
-    FlexBackwardResult r = flex_tiled_backward(t[0], t[1], t[2], t[3], t[4], t[5], grad_lse, fns, blocks, scale, sbufs,
-                                               mbufs, buffer_grads);
+    FlexBackwardResult r =
+        cuda ? flex_cuda_backward(t[0], t[1], t[2], t[3], t[4], t[5], grad_lse, cuda_fns, blocks, scale, sbufs, mbufs,
+                                  buffer_grads)
+             : flex_tiled_backward(t[0], t[1], t[2], t[3], t[4], t[5], grad_lse, fns, blocks, scale, sbufs, mbufs,
+                                   buffer_grads);
     std::vector<c10::IValue> grads;
     for (const at::Tensor& x : r.buffer_grads) grads.push_back(x.defined() ? c10::IValue(x) : c10::IValue());
     return c10::ivalue::Tuple::create({r.dq, r.dk, r.dv, c10::ivalue::Tuple::create(std::move(grads))});
@@ -71,10 +86,14 @@ std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx) 
   const KernelChoice& choice = ctx.program.kernels->nodes[ctx.node];
   HB_INTERNAL_CHECK(choice.module != nullptr) << where << ": a fused flex kernel was chosen but none was built";
   std::string why;
-  const std::optional<FlexKernelSource> src = generate_flex_kernel(ctx.graph(), ctx.node, &why);
+  const bool cuda = n.args.size() > 0 && n.args[0].kind == Arg::Kind::Ref &&
+                    ctx.graph().nodes[n.args[0].ref].type.tensor.device.rfind("cuda", 0) == 0;
+  const std::optional<FlexKernelSource> src = generate_flex_kernel(
+      ctx.graph(), ctx.node, &why, cuda ? FlexKernelDevice::Cuda : FlexKernelDevice::Cpu);
   HB_INTERNAL_CHECK(src && src->source == choice.source) << where << ": the generated source changed since selection";
   auto call = std::make_shared<FlexFusedCall>();
   call->backward = n.target == "higher_order::flex_attention_backward";
+  call->cuda = cuda;
   const size_t ntensors = call->backward ? 7 : 3;
   for (size_t k = 0; k < ntensors; ++k) call->tensors.push_back(convert_untyped(n.args[k], where));
   const Arg& bm = n.args[call->backward ? 9 : 4];
@@ -82,6 +101,9 @@ std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx) 
   HB_USER_CHECK(layout.has_value()) << where << ": " << why;
   for (int i : {layout->kv_num_blocks, layout->kv_indices, layout->full_kv_num_blocks, layout->full_kv_indices})
     call->block_lists.push_back(convert_untyped(bm.items[i], where));
+  if (cuda)
+    for (int i : {layout->q_num_blocks, layout->q_indices, layout->full_q_num_blocks, layout->full_q_indices})
+      call->block_lists.push_back(convert_untyped(bm.items[i], where));
   call->q_block = layout->q_block;
   call->kv_block = layout->kv_block;
   call->scale = float_arg(n.args[call->backward ? 10 : 5], where);
@@ -89,6 +111,17 @@ std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx) 
   call->mask_buffers = convert_untyped(n.args[call->backward ? 13 : 8], where);
   call->module = choice.module;
   const HostModule& m = *choice.module;
+  call->buffer_grads = src->buffer_grads;
+  if (cuda) {
+    call->cuda_fns.forward = entry<FlexCudaLaunch>(m, "hb_flex_cuda_forward", true, where);
+    call->cuda_fns.backward = entry<FlexCudaLaunch>(m, "hb_flex_cuda_backward", true, where);
+    call->cuda_fns.error_string = entry<FlexCudaErrorString>(m, "hb_flex_cuda_error_string", true, where);
+    call->cuda_fns.head_dim = static_cast<int>(ctx.graph().nodes[n.args[0].ref].type.tensor.shape[3].value);
+    call->cuda_fns.reports_errors = src->may_fail;
+    // A row shift's joint is skipped: the score gradient passes through, the buffers' gradients stay zero.
+    call->cuda_fns.run_joint = src->joint && !fused_row_shift(ctx.graph(), ctx.node, analyze_flex(ctx.graph(), ctx.node));
+    return call;
+  }
   call->fns.score_f32 = entry<FlexScoreF32>(m, "hb_flex_score_f32", src->score_mod, where);
   call->fns.score_f64 = entry<FlexScoreF64>(m, "hb_flex_score_f64", src->score_mod, where);
   call->fns.mask = entry<FlexMaskFn>(m, "hb_flex_mask", src->mask_mod, where);
@@ -96,7 +129,6 @@ std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx) 
   const bool joint = src->joint && !fused_row_shift(ctx.graph(), ctx.node, analyze_flex(ctx.graph(), ctx.node));
   call->fns.joint_f32 = entry<FlexJointF32>(m, "hb_flex_joint_f32", joint, where);
   call->fns.joint_f64 = entry<FlexJointF64>(m, "hb_flex_joint_f64", joint, where);
-  call->buffer_grads = src->buffer_grads;
   return call;
 }
 

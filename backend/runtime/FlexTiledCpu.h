@@ -32,6 +32,9 @@ struct FlexKernelFns {
 // the full_* lists undefined when the mask has none) and its block sizes.
 struct FlexBlocks {
   at::Tensor kv_num, kv_idx, full_num, full_idx;
+  // The same blocks by key block ([Bm, Hm, nKV] counts, [Bm, Hm, nKV, nQ] query block indices): the CUDA
+  // backward walks them; the CPU kernel does not read them.
+  at::Tensor q_num, q_idx, full_q_num, full_q_idx;
   int64_t q_block = 128, kv_block = 128;
 };
 

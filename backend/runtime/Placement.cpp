@@ -138,14 +138,21 @@ void keep_out_of_arena(c10::IValue& v, const c10::StorageImpl* arena) {
   }
 }
 
-Target runtime_target(const HostCompileSettings& host) {
+Target runtime_target(const HostCompileSettings& host, const CudaCompileSettings& cuda) {
   Target t = make_target("runtime", op_unplaceable);
   t.host = host;
-#ifdef HB_WITH_CUDNN
-  t.cudnn_attention = true;
-  const bool fused = host.enabled();
-  t.workspace = [fused](const Graph& g, const Node& n) { return kernel_workspace_bytes(g, n, true, fused); };
+#ifdef HB_WITH_CUDA
+  t.cuda = cuda;
 #endif
+  const bool cudnn =
+#ifdef HB_WITH_CUDNN
+      true;
+  t.cudnn_attention = true;
+#else
+      false;
+#endif
+  const bool fused_cpu = host.enabled(), fused_cuda = t.cuda.enabled();
+  t.workspace = [=](const Graph& g, const Node& n) { return kernel_workspace_bytes(g, n, cudnn, fused_cpu, fused_cuda); };
   return t;
 }
 

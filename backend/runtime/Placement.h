@@ -21,7 +21,7 @@ namespace hb::rt {
 
 // The runtime's target: what it can write into an arena, the kernels' workspaces, and how generated
 // kernels are built (`host`: none by default).
-Target runtime_target(const HostCompileSettings& host = {});
+Target runtime_target(const HostCompileSettings& host = {}, const CudaCompileSettings& cuda = {});
 
 // A Program for a hand-built graph as it is (no passes): kernel choices and the memory plan under the
 // runtime's target and `opt`'s settings (opt.target is replaced). For the runtime tests; the bindings

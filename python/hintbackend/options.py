@@ -49,6 +49,13 @@ class Options:
     #: ("c++", "ccache g++"); "" turns generated CPU kernels off (the reference runs instead). Also
     #: HINTBACKEND_HOST_COMPILER; default $CXX, else the first of c++, g++, clang++ on PATH.
     host_compiler: Optional[str] = None
+    #: The CUDA compiler that builds generated CUDA kernels (FlexAttention's kernel="fused" on CUDA, and
+    #: the default where cuDNN cannot run a flex node); "" turns them off. Also HINTBACKEND_NVCC; default
+    #: nvcc on PATH, else $CUDA_HOME/bin/nvcc, else /usr/local/cuda/bin/nvcc.
+    nvcc: Optional[str] = None
+    #: The folder holding CUTLASS's cute/ and cutlass/ headers, which the CUDA kernels are written with.
+    #: Also HINTBACKEND_CUTLASS_INCLUDE; default: the nvidia-cutlass wheel's cutlass_library/source/include.
+    cutlass_include: Optional[str] = None
 
     def core_settings(self, dump: Optional[bool] = None) -> Any:
         """The C++ core's CompileSettings for these options (`dump`: print the IR after every pass and
@@ -64,18 +71,23 @@ class Options:
         s.dump = self.dump_dir is not None if dump is None else dump
         s.host_compiler = self.host_compiler or ""
         s.cache_dir = self.cache_dir or ""
+        s.nvcc = self.nvcc or ""
+        s.cutlass_include = self.cutlass_include or ""
+        s.cuda_arch = cuda_arch() if s.nvcc else ""
         return s
 
 
 _TYPES = {"strict": bool, "dump_dir": (str, os.PathLike, type(None)), "disable_passes": (list, tuple),
           "verify_each_pass": bool, "arena": bool, "memory_plan_in_place": bool, "memory_plan_strategy": str,
           "partition": str, "cuda_graphs": bool, "cache_dir": (str, os.PathLike, type(None)),
-          "host_compiler": (str, type(None))}
+          "host_compiler": (str, type(None)), "nvcc": (str, type(None)),
+          "cutlass_include": (str, os.PathLike, type(None))}
 _WANT = {"strict": "a bool", "dump_dir": "a path string or None", "disable_passes": "a list of pass names",
          "verify_each_pass": "a bool", "arena": "a bool", "memory_plan_in_place": "a bool",
          "memory_plan_strategy": 'one of "", "greedy-by-size", "best-fit"',
          "partition": 'one of "default", "min-cut"', "cuda_graphs": "a bool",
-         "cache_dir": "a path string or None", "host_compiler": 'a compiler command ("c++"), "" (off) or None'}
+         "cache_dir": "a path string or None", "host_compiler": 'a compiler command ("c++"), "" (off) or None',
+         "nvcc": 'the nvcc command, "" (off) or None', "cutlass_include": "a path string or None"}
 STRATEGIES = ("", "greedy-by-size", "best-fit")
 PARTITIONS = ("default", "min-cut")
 # Options whose value is one of a few strings.
@@ -141,6 +153,12 @@ def parse_options(options: Optional[Mapping[str, Any]]) -> Options:
     if values.get("host_compiler") is None:
         env = os.environ.get("HINTBACKEND_HOST_COMPILER")
         values["host_compiler"] = env if env is not None else default_host_compiler()
+    if values.get("nvcc") is None:
+        env = os.environ.get("HINTBACKEND_NVCC")
+        values["nvcc"] = env if env is not None else default_nvcc()
+    if values.get("cutlass_include") is None:
+        values["cutlass_include"] = os.environ.get("HINTBACKEND_CUTLASS_INCLUDE") or default_cutlass_include()
+    values["cutlass_include"] = os.fspath(values["cutlass_include"])
     return Options(**values)
 
 
@@ -161,3 +179,42 @@ def default_host_compiler() -> str:
         if shutil.which(name):
             return name
     return ""
+
+
+def default_nvcc() -> str:
+    """nvcc on PATH, else under $CUDA_HOME or /usr/local/cuda, else "" (no generated CUDA kernels)."""
+    import shutil
+
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
+        path = os.path.join(home, "bin", "nvcc") if home else ""
+        if path and os.access(path, os.X_OK):
+            return path
+    return ""
+
+
+def default_cutlass_include() -> str:
+    """The nvidia-cutlass wheel's header folder (cutlass_library/source/include), or ""."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("cutlass_library")
+    except (ImportError, ValueError):
+        return ""
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(root, "source", "include")
+        if os.path.isfile(os.path.join(path, "cute", "arch", "mma_sm80.hpp")):
+            return path
+    return ""
+
+
+def cuda_arch() -> str:
+    """The current CUDA device's compute capability as nvcc spells it ("90"), or "" without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ""
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}{minor}" if major >= 8 else ""  # the kernels use sm_80's mma.sync and cp.async

@@ -269,5 +269,72 @@ TEST(host_compiler, a_failed_build_says_why) {
   EXPECT_EQ(build_host_module("int x;\n", {"", "/tmp"}).error, "no host C++ compiler is configured");
 }
 
+// The backward above on CUDA: bf16 [1, 2, 200, 64] q/k/v (S not a multiple of any tile), with the
+// BlockMask's q lists (the CUDA backward walks them).
+std::string cuda_backward_ir(const std::string& dtype = "bf16", int d = 64) {
+  std::string ir = kBackward;
+  const std::string t = dtype + "[1, 2, 200, " + std::to_string(d) + "]";
+  for (const char* name : {"%q", "%k", "%v", "%out", "%dout"}) ir = replace(ir, std::string(name) + ": f32[1, 2, 8, 16]", std::string(name) + ": " + t);
+  ir = replace(ir, "(f32[1, 2, 8, 16], f32[1, 2, 8, 16], f32[1, 2, 8, 16], (f32[15, 2]))",
+               "(" + t + ", " + t + ", " + t + ", (f32[15, 2]))");
+  ir = replace(ir, "%dq: f32[1, 2, 8, 16]", "%dq: " + t);
+  ir = replace(ir, "%lse: f32[1, 2, 8]", "%lse: f32[1, 2, 200]");
+  ir = replace(ir, "(8, 8, %kvn, %kvi, none, none, none, none,", "(200, 200, %kvn, %kvi, none, none, %kvn, %kvi,");
+  return ir;
+}
+
+std::string cuda_refusal(const std::string& ir) {
+  auto g = parse_graph(ir);
+  std::string why;
+  EXPECT_FALSE(generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda).has_value());
+  return why;
+}
+
+TEST(flex_kernel_gen, cuda_source_specializes_the_tiled_kernels) {
+  auto g = parse_graph(cuda_backward_ir());
+  std::string why;
+  const std::optional<FlexKernelSource> s = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
+  ASSERT_TRUE(s.has_value()) << why;
+  EXPECT_EQ(s->summary, "CUDA, head dim 64, bfloat16; score_mod: 7 ops; mask_mod: 1 op; joint: 8 ops, gradient "
+                        "scattered into buffer 0");
+  for (const char* line : {"#define HB_D 64\n", "#define HB_HALF 0\n", "#define HB_SCORE_MOD 1\n", "#define HB_MASK_MOD 1\n",
+                           "#define HB_JOINT 1\n", "hb_scatter(t->score_buffers[0].grad, ", "extern \"C\" int hb_flex_cuda_backward("})
+    EXPECT_NE(s->source.find(line), std::string::npos) << line;
+  // No host tile wrappers: the scalar functions are device code only.
+  EXPECT_EQ(s->source.find("hb_flex_score_f32"), std::string::npos);
+  EXPECT_LT(s->source.find("HB_FN T hb_score_mod"), s->source.find(kFlexTemplateMarker));
+}
+
+TEST(flex_kernel_gen, cuda_refuses_what_its_kernels_do_not_take) {
+  EXPECT_EQ(cuda_refusal(kBackward), "q is float32 (the CUDA kernel takes bfloat16 and float16)");
+  EXPECT_EQ(cuda_refusal(cuda_backward_ir("bf16", 96)), "head dim 96 (the CUDA backward takes 16, 32, 64, 128)");
+  EXPECT_EQ(cuda_refusal(cuda_backward_ir("bf16", 256)), "head dim 256 (the CUDA backward takes 16, 32, 64, 128)");
+  EXPECT_EQ(cuda_refusal(replace(cuda_backward_ir(), "none, none, %kvn, %kvi, none, none, 128, 128,",
+                                 "none, none, %kvn, %kvi, none, none, 64, 128,")),
+            "block sizes 64 x 128 (the CUDA backward needs multiples of 128 x 64)");
+  EXPECT_EQ(cuda_refusal(replace(cuda_backward_ir(), "(200, 200, %kvn, %kvi, none, none, %kvn, %kvi,",
+                                 "(200, 200, %kvn, %kvi, none, none, none, none,")),
+            "the block mask has no q block lists (the CUDA backward walks them)");
+}
+
+// nvcc builds the generated CUDA unit (no GPU needed) where the environment names CUTLASS's headers:
+// HB_TEST_CUTLASS_INCLUDE=<site-packages>/cutlass_library/source/include (CI sets it).
+TEST(flex_kernel_gen, nvcc_builds_the_cuda_source) {
+  const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
+  if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
+  auto g = parse_graph(cuda_backward_ir("f16", 128));
+  std::string why;
+  const std::optional<FlexKernelSource> s = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
+  ASSERT_TRUE(s.has_value()) << why;
+  CudaCompileSettings cs{"nvcc", "90", cutlass, temp_dir()};
+  const HostBuild build = build_cuda_module(s->source, cs);
+  ASSERT_TRUE(build.module) << build.error;
+  EXPECT_NE(build.module->symbol("hb_flex_cuda_forward"), nullptr);
+  EXPECT_NE(build.module->symbol("hb_flex_cuda_backward"), nullptr);
+  EXPECT_EQ(build_cuda_module(s->source, {"nvcc", "90", "", "/tmp"}).error,
+            "no CUTLASS headers (pip install nvidia-cutlass, or set HINTBACKEND_CUTLASS_INCLUDE)");
+}
+
 }  // namespace
 }  // namespace hb

@@ -1,0 +1,225 @@
+#include "backend/runtime/FlexTiledCuda.h"
+
+#include <c10/util/Exception.h>
+
+#ifdef HB_WITH_CUDA
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstring>
+#endif
+
+namespace hb::rt {
+
+#ifdef HB_WITH_CUDA
+namespace {
+
+constexpr double kLn2 = 0.693147180559945309417232121458176568;
+
+// A [B, H, S, D] operand as the kernels read it: the last dim contiguous, rows 16-byte aligned (a copy
+// otherwise).
+at::Tensor readable(const at::Tensor& t) {
+  const int64_t e = t.element_size();
+  bool ok = t.stride(3) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int d = 0; d < 3 && ok; ++d) ok = (t.stride(d) * e) % 16 == 0 || t.size(d) == 1;
+  return ok ? t : t.contiguous();
+}
+
+void strides3(const at::Tensor& t, long long (&s)[3]) {
+  for (int d = 0; d < 3; ++d) s[d] = t.size(d) == 1 ? 0 : t.stride(d);
+}
+
+// One BlockMask list pair as int32 on the device (kept alive in `keep`).
+HbFlexBlockList block_list(const at::Tensor& num, const at::Tensor& idx, const at::Tensor& q,
+                           std::vector<at::Tensor>& keep, const char* what) {
+  HbFlexBlockList l{};
+  if (!num.defined() || !idx.defined()) return l;
+  TORCH_CHECK(num.dim() == 3 && idx.dim() == 4, "flex_attention: the block mask's ", what, " lists have ", num.dim(),
+              " and ", idx.dim(), " dims, expected 3 and 4");
+  TORCH_CHECK((num.size(0) == 1 || num.size(0) == q.size(0)) && (num.size(1) == 1 || num.size(1) == q.size(1)) &&
+                  idx.size(0) == num.size(0) && idx.size(1) == num.size(1) && idx.size(2) == num.size(2),
+              "flex_attention: the block mask's ", what, " lists ", num.sizes(), " / ", idx.sizes(),
+              " do not fit B=", q.size(0), ", H=", q.size(1), " (was the BlockMask made for other shapes?)");
+  const at::Tensor n = num.to(q.device(), at::kInt).contiguous(), i = idx.to(q.device(), at::kInt).contiguous();
+  keep.push_back(n);
+  keep.push_back(i);
+  l.num = n.data_ptr<int>();
+  l.idx = i.data_ptr<int>();
+  l.bm = n.size(0), l.hm = n.size(1), l.rows = n.size(2), l.cols = i.size(3);
+  return l;
+}
+
+// Captured buffers as the generated code reads them: device tensors (a captured number, a 0-dim CPU
+// tensor, moves to the GPU), described by sizes and strides.
+void describe(const std::vector<at::Tensor>& bufs, const at::Tensor& q, HbFlexBuffer* out,
+              std::vector<at::Tensor>& keep, const char* what) {
+  TORCH_CHECK(static_cast<int>(bufs.size()) <= kFlexMaxCudaBuffers, "flex_attention: ", bufs.size(), " ", what,
+              " buffers (the CUDA kernel takes ", kFlexMaxCudaBuffers, ")");
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    at::Tensor b = bufs[i];
+    if (b.device() != q.device()) {
+      TORCH_CHECK(b.dim() == 0 || b.device().is_cpu(), "flex_attention: ", what, " buffer ", i, " is on ",
+                  b.device(), ", q on ", q.device());
+      b = b.to(q.device());
+    }
+    TORCH_CHECK(b.dim() <= 8, "flex_attention: ", what, " buffer ", i, " has rank ", b.dim(), " (at most 8)");
+    keep.push_back(b);
+    HbFlexBuffer& d = out[i];
+    std::memset(&d, 0, sizeof d);
+    d.data = b.data_ptr();
+    d.rank = static_cast<int>(b.dim());
+    for (int64_t k = 0; k < b.dim(); ++k) d.sizes[k] = b.size(k), d.strides[k] = b.stride(k);
+  }
+}
+
+HbFlexCudaArgs common(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlexCudaFns& fns,
+                      double scale, const FlexBlocks& blocks) {
+  check_flex_shapes(q, k, v);
+  TORCH_CHECK(q.is_cuda() && k.device() == q.device() && v.device() == q.device(),
+              "flex_attention: the generated CUDA kernel needs q, k, v on one GPU, got ", q.device(), ", ", k.device(),
+              ", ", v.device());
+  TORCH_CHECK(q.size(3) == fns.head_dim && v.size(3) == fns.head_dim, "flex_attention: the CUDA kernel was built for head dim ",
+              fns.head_dim, ", got q ", q.sizes(), " and v ", v.sizes());
+  TORCH_CHECK(blocks.q_block > 0 && blocks.kv_block > 0, "flex_attention: bad block sizes");
+  HbFlexCudaArgs a;
+  std::memset(&a, 0, sizeof a);
+  a.B = q.size(0), a.Hq = q.size(1), a.Sq = q.size(2);
+  a.Bkv = k.size(0), a.Hkv = k.size(1), a.Skv = k.size(2);
+  a.scale = static_cast<float>(scale);
+  a.q_block = blocks.q_block, a.kv_block = blocks.kv_block;
+  return a;
+}
+
+// The first error the generated code reported, raised as eager raises it.
+void raise_reported(const at::Tensor& err, size_t nscore) {
+  const at::Tensor h = err.cpu();
+  const int64_t* e = h.data_ptr<int64_t>();
+  if (e[0] == 0) return;
+  if (e[0] == kFlexErrorIndex) {
+    const bool mask = e[1] >= static_cast<int64_t>(nscore);
+    TORCH_CHECK_INDEX(false, "flex_attention: the ", mask ? "mask_mod" : "score_mod", " indexes captured buffer ",
+                      mask ? e[1] - static_cast<int64_t>(nscore) : e[1], " out of range: index ", e[2],
+                      " is out of bounds for dimension with size ", e[3], " (at b=", e[4], ", h=", e[5], ")");
+  }
+  TORCH_CHECK(false, "flex_attention: integer division or modulo by zero in the score_mod or mask_mod (at b=", e[4],
+              ", h=", e[5], ")");
+}
+
+void launch(FlexCudaLaunch fn, const FlexCudaFns& fns, const HbFlexCudaArgs& a, const at::Tensor& q) {
+  const int rc = fn(&a, c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+  TORCH_CHECK(rc == 0, "flex_attention: launching the generated CUDA kernel failed: ",
+              fns.error_string ? fns.error_string(rc) : std::to_string(rc));
+}
+
+}  // namespace
+
+std::vector<at::Tensor> flex_cuda_forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                          const FlexCudaFns& fns, const FlexBlocks& blocks, double scale,
+                                          const std::vector<at::Tensor>& score_buffers,
+                                          const std::vector<at::Tensor>& mask_buffers) {
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const at::Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in);
+  HbFlexCudaArgs a = common(q, k, v, fns, scale, blocks);
+  std::vector<at::Tensor> keep;
+  a.kv_list = block_list(blocks.kv_num, blocks.kv_idx, q, keep, "kv");
+  a.kv_full_list = block_list(blocks.full_num, blocks.full_idx, q, keep, "full kv");
+  TORCH_CHECK(a.kv_list.num != nullptr, "flex_attention: the block mask has no kv block lists");
+  describe(score_buffers, q, a.score_buffers, keep, "score_mod");
+  describe(mask_buffers, q, a.mask_buffers, keep, "mask_mod");
+  const std::vector<int64_t> sizes = {a.B, a.Hq, a.Sq, v.size(3)};
+  at::Tensor out = at::empty_strided(sizes, flex_layout_strides(sizes, q_in.strides()), q.options());
+  at::Tensor lse = at::empty({a.B, a.Hq, a.Sq}, q.options().dtype(at::kFloat));
+  at::Tensor mx = at::empty({a.B, a.Hq, a.Sq}, q.options().dtype(at::kFloat));
+  a.q = q.data_ptr(), a.k = k.data_ptr(), a.v = v.data_ptr(), a.out = out.data_ptr();
+  strides3(q, a.q_strides), strides3(k, a.k_strides), strides3(v, a.v_strides), strides3(out, a.o_strides);
+  a.lse = lse.data_ptr<float>(), a.max_scores = mx.data_ptr<float>();
+  at::Tensor err;
+  if (fns.reports_errors) {
+    err = at::zeros({6}, q.options().dtype(at::kLong));
+    a.error = reinterpret_cast<long long*>(err.data_ptr<int64_t>());
+  }
+  launch(fns.forward, fns, a, q);
+  if (err.defined()) raise_reported(err, score_buffers.size());
+  return {out, lse, mx};
+}
+
+FlexBackwardResult flex_cuda_backward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                      const at::Tensor& out_in, const at::Tensor& logsumexp, const at::Tensor& grad_out,
+                                      const std::optional<at::Tensor>& grad_logsumexp, const FlexCudaFns& fns,
+                                      const FlexBlocks& blocks, double scale,
+                                      const std::vector<at::Tensor>& score_buffers,
+                                      const std::vector<at::Tensor>& mask_buffers,
+                                      const std::vector<bool>& buffer_grads) {
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  TORCH_CHECK(q_in.scalar_type() == k_in.scalar_type() && q_in.scalar_type() == v_in.scalar_type(),
+              "Backward pass with mixed query, key, and value dtype is not supported, got ", q_in.scalar_type(), ", ",
+              k_in.scalar_type(), ", ", v_in.scalar_type());
+  const at::Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in);
+  HbFlexCudaArgs a = common(q, k, v, fns, scale, blocks);
+  std::vector<at::Tensor> keep;
+  a.q_list = block_list(blocks.q_num, blocks.q_idx, q, keep, "q");
+  a.q_full_list = block_list(blocks.full_q_num, blocks.full_q_idx, q, keep, "full q");
+  TORCH_CHECK(a.q_list.num != nullptr, "flex_attention: the block mask has no q block lists");
+  describe(score_buffers, q, a.score_buffers, keep, "score_mod");
+  describe(mask_buffers, q, a.mask_buffers, keep, "mask_mod");
+  const at::Tensor out = readable(out_in.to(q.scalar_type()));
+  const at::Tensor dout = grad_out.defined() ? readable(grad_out.to(q.scalar_type())) : at::zeros_like(out);
+  const at::Tensor lse = logsumexp.to(at::kFloat).contiguous();
+  const bool has_dlse = grad_logsumexp.has_value() && grad_logsumexp->defined();
+  const at::Tensor dlse = has_dlse ? grad_logsumexp->to(at::kFloat).contiguous() : at::Tensor();
+  const auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor delta = at::empty({a.B, a.Hq, a.Sq}, f32);
+  at::Tensor dq = at::zeros({a.B, a.Hq, a.Sq, q.size(3)}, f32);
+  at::Tensor dk = at::empty({a.B, a.Hkv, a.Skv, k.size(3)}, q.options());
+  at::Tensor dv = at::empty({a.B, a.Hkv, a.Skv, v.size(3)}, q.options());
+  std::vector<at::Tensor> grads(score_buffers.size());
+  for (size_t i = 0; i < score_buffers.size(); ++i)
+    if (i < buffer_grads.size() && buffer_grads[i]) {
+      grads[i] = at::zeros(score_buffers[i].sizes(), f32);
+      a.score_buffers[i].grad = grads[i].data_ptr<float>();
+    }
+  a.q = q.data_ptr(), a.k = k.data_ptr(), a.v = v.data_ptr(), a.out = const_cast<void*>(out.data_ptr());
+  a.dout = dout.data_ptr();
+  strides3(q, a.q_strides), strides3(k, a.k_strides), strides3(v, a.v_strides), strides3(out, a.o_strides);
+  strides3(dout, a.do_strides);
+  a.lse = const_cast<float*>(lse.data_ptr<float>());
+  a.dlse = has_dlse ? dlse.data_ptr<float>() : nullptr;
+  a.run_joint = fns.run_joint ? 1 : 0;
+  a.delta = delta.data_ptr<float>(), a.dq = dq.data_ptr<float>(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
+  at::Tensor err;
+  if (fns.reports_errors) {
+    err = at::zeros({6}, q.options().dtype(at::kLong));
+    a.error = reinterpret_cast<long long*>(err.data_ptr<int64_t>());
+  }
+  launch(fns.backward, fns, a, q);
+  if (err.defined()) raise_reported(err, score_buffers.size());
+  if (a.Bkv != a.B) {  // k, v broadcast over the batch: their gradients sum over it
+    dk = dk.sum(0, /*keepdim=*/true);
+    dv = dv.sum(0, /*keepdim=*/true);
+  }
+  FlexBackwardResult r{like_strides_of(dq.to(q.scalar_type()), q_in.strides()), like_strides_of(dk, k_in.strides()),
+                       like_strides_of(dv, v_in.strides()), {}};
+  for (size_t i = 0; i < score_buffers.size(); ++i)
+    r.buffer_grads.push_back(grads[i].defined() ? grads[i].to(score_buffers[i].scalar_type()) : at::Tensor());
+  return r;
+}
+
+#else  // a build without CUDA: kernel selection never picks these
+
+std::vector<at::Tensor> flex_cuda_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const FlexCudaFns&,
+                                          const FlexBlocks&, double, const std::vector<at::Tensor>&,
+                                          const std::vector<at::Tensor>&) {
+  TORCH_CHECK(false, "flex_attention: this hintbackend was built without CUDA");
+}
+
+FlexBackwardResult flex_cuda_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                      const FlexCudaFns&, const FlexBlocks&, double, const std::vector<at::Tensor>&,
+                                      const std::vector<at::Tensor>&, const std::vector<bool>&) {
+  TORCH_CHECK(false, "flex_attention: this hintbackend was built without CUDA");
+}
+
+#endif
+
+}  // namespace hb::rt

@@ -1,0 +1,493 @@
+// FlexAttention's tiled CUDA kernels (issue 14's kernel="fused" on CUDA): FlashAttention-2's algorithm on
+// the tensor cores' mma.sync (CuTe's SM80 atoms: ldmatrix, cp.async, m16n8k16 with float accumulators;
+// sm_80 and later, the H100/H200 included), with the user's score_mod, mask_mod and joint graph inlined
+// per score element. Not compiled into the extension: codegen/FlexKernelGen.cpp pastes this text after
+// the generated scalar functions, and codegen/HostCompiler.h builds the unit with nvcc at compile time.
+//
+// The generated part defines, before this text:
+//   HB_D            head dim of q, k and v (16, 32, 64, 128; the forward also 256)
+//   HB_HALF         1: float16 q/k/v, 0: bfloat16
+//   HB_SCORE_MOD    1: hb_score_mod<float>(score, b, h, q, kv, tile) exists (0: the identity)
+//   HB_MASK_MOD     1: hb_mask_mod(b, h, q, kv, tile) exists (0: no mask_mod)
+//   HB_JOINT        1: hb_joint<float>(score, b, h, q, kv, grad, tile) exists (0: the identity)
+// and the ABI structs of codegen/FlexKernelAbi.h (HbFlexCudaArgs and what it holds).
+//
+// Layout and semantics follow the reference (backend/runtime/FlexAttention.h): scores are
+// scale * q.k, then score_mod, then mask_mod (-inf); logsumexp and max_scores are base 2; a row that
+// attends to nothing gets out = 0 and logsumexp = -inf. Tiles follow the BlockMask: listed partial
+// blocks run mask_mod, full blocks skip it, unlisted blocks are never touched.
+//
+// Forward: one CTA of 4 warps per 64 query rows of one (b, h); each warp owns 16 rows. K and V tiles of
+// BN rows stream through shared memory (cp.async, the next K tile loads while P.V runs).
+// Backward: one CTA of 8 warps per 64 key rows of one (b, kv head); it walks the query tiles (128 rows)
+// that the BlockMask's q lists give for its kv block, over every query head of its GQA group. Per tile:
+// S and dP with warps over query rows; P and dS go to shared memory; dV += P^T dO and dK += dS^T Q with
+// warps over key rows (warps 0-3 dV, 4-7 dK); dQ += dS K with warps over query rows, added into a float
+// accumulator with atomics. Buffer gradients: the joint's scatters, as float atomics (hb_scatter).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cute/arch/copy_sm75.hpp>
+#include <cute/arch/copy_sm80.hpp>
+#include <cute/arch/mma_sm80.hpp>
+
+namespace hbk {
+
+constexpr int D = HB_D;
+#if HB_HALF
+using Elem = __half;
+using Elem2 = __half2;
+using Mma = cute::SM80_16x8x16_F32F16F16F32_TN;
+__device__ __forceinline__ Elem2 pack2(float x, float y) { return __floats2half2_rn(x, y); }
+#else
+using Elem = __nv_bfloat16;
+using Elem2 = __nv_bfloat162;
+using Mma = cute::SM80_16x8x16_F32BF16BF16F32_TN;
+__device__ __forceinline__ Elem2 pack2(float x, float y) { return __floats2bfloat162_rn(x, y); }
+#endif
+static_assert(D == 16 || D == 32 || D == 64 || D == 128 || D == 256, "head dim");
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int CH = D / 8;  // 16-byte chunks per row of a [rows][D] tile
+
+// Shared-memory tiles are rows of 16-byte chunks, XOR-swizzled so that ldmatrix's 8 row addresses
+// fall in 8 different bank groups.
+template <int C>
+__device__ __forceinline__ int sw(int row, int chunk) {
+  constexpr int S = C >= 8 ? 7 : C - 1;
+  return row * C + (chunk ^ (row & S));
+}
+
+__device__ __forceinline__ uint32_t as_u32(Elem2 v) { return *reinterpret_cast<uint32_t*>(&v); }
+__device__ __forceinline__ uint32_t pack(float x, float y) { return as_u32(pack2(x, y)); }
+
+__device__ __forceinline__ void ldsm(const uint4* p, uint32_t (&r)[4]) {
+  cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(p), r[0], r[1], r[2], r[3]);
+}
+__device__ __forceinline__ void ldsm_t(const uint4* p, uint32_t (&r)[4]) {
+  cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(p), r[0], r[1], r[2], r[3]);
+}
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  Mma::fma(c[0], c[1], c[2], c[3], a[0], a[1], a[2], a[3], b0, b1, c[0], c[1], c[2], c[3]);
+}
+
+__device__ __forceinline__ long long lmin(long long x, long long y) { return x < y ? x : y; }
+
+// Rows row0 .. row0 + ROWS - 1 of a [rows][D] matrix at `base` (row stride `ld` elements, 16-byte aligned
+// rows) into a swizzled tile; rows at or past `len` are zero-filled (and not read).
+template <int ROWS, int NT>
+__device__ __forceinline__ void load_tile(uint4* s, const Elem* base, long long row0, long long ld, long long len) {
+  for (int i = threadIdx.x; i < ROWS * CH; i += NT) {
+    const int r = i / CH, c = i % CH;
+    const bool ok = row0 + r < len;
+    const Elem* src = base + (ok ? (row0 + r) * ld + c * 8 : 0);
+    cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(*reinterpret_cast<const cute::uint128_t*>(src),
+                                                                 *reinterpret_cast<cute::uint128_t*>(&s[sw<CH>(r, c)]), ok);
+  }
+}
+
+// The first error a generated function reported (an index out of range, a division by zero).
+__device__ void report(long long* err, const HbFlexTile& t) {
+  if (!err || !t.error) return;
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(err), 0ull, (unsigned long long)t.error) == 0ull) {
+    err[1] = t.error_buffer;
+    err[2] = t.error_index;
+    err[3] = t.error_size;
+    err[4] = t.b;
+    err[5] = t.h;
+  }
+}
+
+// The tiles one list walk visits: blocks idx[0..n) of `list` (partial) then of `full`, each cut into
+// `sub` tiles of `tile` rows; tile i -> (first row, full?).
+struct Walk {
+  const int* part;
+  const int* full;
+  int npart, nfull, sub;
+  long long block, tile, len;
+  __device__ Walk(const HbFlexBlockList& p, const HbFlexBlockList& f, long long b, long long h, long long row,
+                  long long block_, long long tile_, long long len_)
+      : block(block_), tile(tile_), len(len_) {
+    auto at = [&](const HbFlexBlockList& l, const int** idx) {
+      if (!l.num) {
+        *idx = nullptr;
+        return 0;
+      }
+      const long long r = ((l.bm == 1 ? 0 : b) * l.hm + (l.hm == 1 ? 0 : h)) * l.rows + row;
+      *idx = l.idx + r * l.cols;
+      return (int)lmin(l.num[r], l.cols);
+    };
+    npart = at(p, &part);
+    nfull = at(f, &full);
+    const long long per = block / tile, need = (len + tile - 1) / tile;
+    sub = (int)(per < need ? per : need);
+  }
+  __device__ int count() const { return (npart + nfull) * sub; }
+  __device__ long long first(int i, bool* is_full) const {
+    const int k = i / sub;
+    *is_full = k >= npart;
+    const long long blk = *is_full ? full[k - npart] : part[k];
+    return blk * block + (long long)(i % sub) * tile;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------- forward
+constexpr int FW = 4, FT = FW * 32, FM = FW * 16;  // warps, threads, query rows per CTA
+constexpr int FN = D <= 128 ? 64 : 32;             // key rows per tile
+constexpr int kFwdSmem = (FM + 2 * FN) * CH * 16;
+
+__global__ void __launch_bounds__(FT) flex_fwd(const __grid_constant__ HbFlexCudaArgs a) {
+  extern __shared__ uint4 smem[];
+  uint4* sQ = smem;
+  uint4* sK = sQ + FM * CH;
+  uint4* sV = sK + FN * CH;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const long long b = blockIdx.y / a.Hq, h = blockIdx.y % a.Hq, hk = h / (a.Hq / a.Hkv), bk = a.Bkv == 1 ? 0 : b;
+  const long long q0 = (long long)blockIdx.x * FM;
+  const Elem* Q = (const Elem*)a.q + b * a.q_strides[0] + h * a.q_strides[1];
+  const Elem* K = (const Elem*)a.k + bk * a.k_strides[0] + hk * a.k_strides[1];
+  const Elem* V = (const Elem*)a.v + bk * a.v_strides[0] + hk * a.v_strides[1];
+  const Walk walk(a.kv_list, a.kv_full_list, b, h, q0 / a.q_block, a.kv_block, FN, a.Skv);
+  const int ntiles = walk.count();
+  HbFlexTile t = {};
+  t.b = b, t.h = h, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
+
+  load_tile<FM, FT>(sQ, Q, q0, a.q_strides[2], a.Sq);
+  bool full = false;
+  long long k0 = ntiles ? walk.first(0, &full) : 0;
+  if (ntiles) load_tile<FN, FT>(sK, K, k0, a.k_strides[2], a.Skv);
+  cute::cp_async_fence();
+
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  for (int i = 0; i < ntiles; ++i) {
+    cute::cp_async_wait<0>();
+    __syncthreads();
+    load_tile<FN, FT>(sV, V, k0, a.v_strides[2], a.Skv);
+    cute::cp_async_fence();
+
+    float s[FN / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[4];
+      ldsm(&sQ[sw<CH>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))], qa);
+#pragma unroll
+      for (int j = 0; j < FN / 16; ++j) {
+        uint32_t kb[4];
+        ldsm(&sK[sw<CH>(j * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1))], kb);
+        mma(s[2 * j], qa, kb[0], kb[1]);
+        mma(s[2 * j + 1], qa, kb[2], kb[3]);
+      }
+    }
+    // score_mod, mask_mod, out-of-range keys; then the scores in base 2.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const long long qi = q0 + warp * 16 + g + 8 * r;
+#pragma unroll
+      for (int j = 0; j < FN / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const long long ki = k0 + j * 8 + 2 * t4 + c;
+          float x = s[j][2 * r + c] * a.scale;
+          const bool in = qi < a.Sq && ki < a.Skv;
+#if HB_SCORE_MOD
+          if (in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
+#endif
+          bool keep = in;
+#if HB_MASK_MOD
+          if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
+#endif
+          s[j][2 * r + c] = keep ? x * kLog2e : -INFINITY;
+        }
+    }
+    // Online softmax over the tile (each row's 4 threads share its maximum).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < FN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mnew = fmaxf(m[r], mx);
+      const float shift = mnew == -INFINITY ? 0.f : mnew;
+      const float corr = exp2f(m[r] - shift);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < FN / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float p = exp2f(s[j][2 * r + c] - shift);
+          s[j][2 * r + c] = p;
+          sum += p;
+        }
+      l[r] = l[r] * corr + sum;
+      m[r] = mnew;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) o[j][2 * r] *= corr, o[j][2 * r + 1] *= corr;
+    }
+    cute::cp_async_wait<0>();
+    __syncthreads();  // V has landed; every warp is done with K
+    if (i + 1 < ntiles) {
+      k0 = walk.first(i + 1, &full);
+      load_tile<FN, FT>(sK, K, k0, a.k_strides[2], a.Skv);
+    }
+    cute::cp_async_fence();
+    // O += P V (P straight from the accumulators: two n8 tiles make one k16 A fragment).
+#pragma unroll
+    for (int kk = 0; kk < FN / 16; ++kk) {
+      const uint32_t pa[4] = {pack(s[2 * kk][0], s[2 * kk][1]), pack(s[2 * kk][2], s[2 * kk][3]),
+                              pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int jd = 0; jd < D / 16; ++jd) {
+        uint32_t vb[4];
+        ldsm_t(&sV[sw<CH>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), jd * 2 + (lane >> 4))], vb);
+        mma(o[2 * jd], pa, vb[0], vb[1]);
+        mma(o[2 * jd + 1], pa, vb[2], vb[3]);
+      }
+    }
+  }
+  report(a.error, t);
+  // Normalize and store; logsumexp and max in base 2.
+  Elem* O = (Elem*)a.out + b * a.o_strides[0] + h * a.o_strides[1];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const long long qi = q0 + warp * 16 + g + 8 * r;
+    if (qi >= a.Sq) continue;
+    const float inv = sum == 0.f ? 0.f : 1.f / sum;
+    Elem* row = O + qi * a.o_strides[2];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<Elem2*>(row + j * 8 + 2 * t4) = pack2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+    if (t4 == 0) {
+      const long long at = (b * a.Hq + h) * a.Sq + qi;
+      a.lse[at] = sum == 0.f ? -INFINITY : m[r] + log2f(sum);
+      a.max_scores[at] = sum == 0.f ? -INFINITY : m[r];
+    }
+  }
+}
+
+// --------------------------------------------------------------------------------------------- backward
+#if HB_D <= 128
+constexpr int BW = 8, BT = BW * 32;  // warps, threads
+constexpr int BM = BW * 16;          // query rows per step
+constexpr int BN = 64;               // key rows per CTA
+constexpr int PC = BN / 8;           // chunks per row of the [BM][BN] P and dS tiles
+constexpr int kBwdSmem = (2 * BN * CH + 2 * BM * CH + 2 * BM * PC) * 16;
+
+// delta[row] = sum(out * grad_out) - grad_logsumexp (natural units): dS = P (dP - delta).
+__global__ void flex_bwd_pre(const __grid_constant__ HbFlexCudaArgs a) {
+  const long long rows = a.B * a.Hq * a.Sq;
+  const int lane = threadIdx.x % 32;
+  for (long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; row < rows;
+       row += (long long)gridDim.x * (blockDim.x / 32)) {
+    const long long b = row / (a.Hq * a.Sq), h = (row / a.Sq) % a.Hq, qi = row % a.Sq;
+    const Elem* o = (const Elem*)a.out + b * a.o_strides[0] + h * a.o_strides[1] + qi * a.o_strides[2];
+    const Elem* d = (const Elem*)a.dout + b * a.do_strides[0] + h * a.do_strides[1] + qi * a.do_strides[2];
+    float acc = 0.f;
+    for (int c = lane; c < D; c += 32) acc += float(o[c]) * float(d[c]);
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, x);
+    if (lane == 0) a.delta[row] = acc - (a.dlse ? a.dlse[row] * (1.f / kLn2) : 0.f);
+  }
+}
+
+__global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlexCudaArgs a) {
+  extern __shared__ uint4 smem[];
+  uint4* sK = smem;
+  uint4* sV = sK + BN * CH;
+  uint4* sQ = sV + BN * CH;
+  uint4* sdO = sQ + BM * CH;
+  uint4* sP = sdO + BM * CH;
+  uint4* sdS = sP + BM * PC;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const long long G = a.Hq / a.Hkv;
+  const long long b = blockIdx.y / a.Hkv, hk = blockIdx.y % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
+  const long long k0 = (long long)blockIdx.x * BN;
+  const int kvalid = (int)lmin(BN, a.Skv - k0);
+  const Elem* K = (const Elem*)a.k + bk * a.k_strides[0] + hk * a.k_strides[1];
+  const Elem* V = (const Elem*)a.v + bk * a.v_strides[0] + hk * a.v_strides[1];
+  load_tile<BN, BT>(sK, K, k0, a.k_strides[2], a.Skv);
+  load_tile<BN, BT>(sV, V, k0, a.v_strides[2], a.Skv);
+  cute::cp_async_fence();
+
+  // Warps 0-3 accumulate dV, 4-7 dK, each over 16 key rows.
+  const bool dk_warp = warp >= 4;
+  const int krow = (warp & 3) * 16;
+  float acc[D / 8][4] = {};
+  HbFlexTile t = {};
+  t.b = b, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
+
+  for (long long h = hk * G; h < (hk + 1) * G; ++h) {
+    t.h = h;
+    const Walk walk(a.q_list, a.q_full_list, b, h, k0 / a.kv_block, a.q_block, BM, a.Sq);
+    const long long row0 = (b * a.Hq + h) * a.Sq;
+    const Elem* Qh = (const Elem*)a.q + b * a.q_strides[0] + h * a.q_strides[1];
+    const Elem* dOh = (const Elem*)a.dout + b * a.do_strides[0] + h * a.do_strides[1];
+    const int ntiles = walk.count();
+    for (int i = 0; i < ntiles; ++i) {
+      bool full;
+      const long long q0 = walk.first(i, &full);
+      __syncthreads();  // the previous step's readers of sQ, sdO, sP, sdS are done
+      load_tile<BM, BT>(sQ, Qh, q0, a.q_strides[2], a.Sq);
+      load_tile<BM, BT>(sdO, dOh, q0, a.do_strides[2], a.Sq);
+      cute::cp_async_fence();
+      cute::cp_async_wait<0>();
+      __syncthreads();
+
+      // S = Q K^T and dP = dO V^T for this warp's 16 query rows.
+      float s[BN / 8][4] = {}, dp[BN / 8][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qa[4], da[4];
+        ldsm(&sQ[sw<CH>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))], qa);
+        ldsm(&sdO[sw<CH>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))], da);
+#pragma unroll
+        for (int j = 0; j < BN / 16; ++j) {
+          uint32_t kb[4], vb[4];
+          const int r = j * 16 + (lane & 7) + ((lane >> 4) << 3), c = kk * 2 + ((lane >> 3) & 1);
+          ldsm(&sK[sw<CH>(r, c)], kb);
+          ldsm(&sV[sw<CH>(r, c)], vb);
+          mma(s[2 * j], qa, kb[0], kb[1]);
+          mma(s[2 * j + 1], qa, kb[2], kb[3]);
+          mma(dp[2 * j], da, vb[0], vb[1]);
+          mma(dp[2 * j + 1], da, vb[2], vb[3]);
+        }
+      }
+      // P = exp(score - logsumexp); dS = P (dP - delta), through the joint graph; masked: 0.
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int lr = warp * 16 + g + 8 * r;
+        const long long qi = q0 + lr;
+        const bool qin = qi < a.Sq;
+        const float lse = qin ? a.lse[row0 + qi] : -INFINITY;
+        const float delta = qin ? a.delta[row0 + qi] : 0.f;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          float p2[2], ds2[2];
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const long long ki = k0 + j * 8 + 2 * t4 + c;
+            const float s0 = s[j][2 * r + c] * a.scale;
+            float x = s0;
+            const bool in = qin && ki < a.Skv;
+#if HB_SCORE_MOD
+            if (in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
+#endif
+            bool keep = in && lse != -INFINITY;
+#if HB_MASK_MOD
+            if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
+#endif
+            const float p = keep ? exp2f(x * kLog2e - lse) : 0.f;
+            float ds = p * (dp[j][2 * r + c] - delta);
+#if HB_JOINT
+            if (keep && a.run_joint) ds = hb_joint<float>(s0, b, h, qi, ki, ds, &t);
+#endif
+            p2[c] = p;
+            ds2[c] = keep ? ds * a.scale : 0.f;
+          }
+          const int col = j * 8 + 2 * t4;
+          Elem2* pp = reinterpret_cast<Elem2*>(&sP[sw<PC>(lr, col / 8)]) + (col % 8) / 2;
+          Elem2* dd = reinterpret_cast<Elem2*>(&sdS[sw<PC>(lr, col / 8)]) + (col % 8) / 2;
+          *pp = pack2(p2[0], p2[1]);
+          *dd = pack2(ds2[0], ds2[1]);
+        }
+      }
+      __syncthreads();
+
+      // dV += P^T dO (warps 0-3) or dK += dS^T Q (warps 4-7), over this warp's 16 key rows.
+      const uint4* sA = dk_warp ? sdS : sP;
+      const uint4* sB = dk_warp ? sQ : sdO;
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) {
+        uint32_t pa[4];
+        ldsm_t(&sA[sw<PC>(kk * 16 + (lane & 7) + ((lane >> 4) << 3), krow / 8 + ((lane >> 3) & 1))], pa);
+#pragma unroll
+        for (int jd = 0; jd < D / 16; ++jd) {
+          uint32_t bb[4];
+          ldsm_t(&sB[sw<CH>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), jd * 2 + (lane >> 4))], bb);
+          mma(acc[2 * jd], pa, bb[0], bb[1]);
+          mma(acc[2 * jd + 1], pa, bb[2], bb[3]);
+        }
+      }
+      // dQ += dS K for this warp's 16 query rows, 32 columns at a time, into the float accumulator.
+      constexpr int QC = D < 32 ? D : 32;
+#pragma unroll
+      for (int d0 = 0; d0 < D; d0 += QC) {
+        float dq[QC / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          uint32_t da[4];
+          ldsm(&sdS[sw<PC>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))], da);
+#pragma unroll
+          for (int jd = 0; jd < QC / 16; ++jd) {
+            uint32_t kb[4];
+            ldsm_t(&sK[sw<CH>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), d0 / 8 + jd * 2 + (lane >> 4))], kb);
+            mma(dq[2 * jd], da, kb[0], kb[1]);
+            mma(dq[2 * jd + 1], da, kb[2], kb[3]);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const long long qi = q0 + warp * 16 + g + 8 * r;
+          if (qi >= a.Sq) continue;
+          float* dst = a.dq + (row0 + qi) * D + d0 + 2 * t4;
+#pragma unroll
+          for (int j = 0; j < QC / 8; ++j) {
+            atomicAdd(dst + j * 8, dq[j][2 * r]);
+            atomicAdd(dst + j * 8 + 1, dq[j][2 * r + 1]);
+          }
+        }
+      }
+    }
+  }
+  report(a.error, t);
+  // dK, dV rows of (b, kv head): [B, Hkv, Skv, D] contiguous (summed over b by the caller when k, v
+  // broadcast over the batch).
+  Elem* dst = (Elem*)(dk_warp ? a.dk : a.dv) + ((b * a.Hkv + hk) * a.Skv + k0) * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int kr = krow + g + 8 * r;
+    if (kr >= kvalid) continue;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<Elem2*>(dst + (long long)kr * D + j * 8 + 2 * t4) = pack2(acc[j][2 * r], acc[j][2 * r + 1]);
+  }
+}
+#endif
+
+}  // namespace hbk
+
+// ------------------------------------------------------------------------------------- entry points
+extern "C" int hb_flex_cuda_forward(const HbFlexCudaArgs* a, void* stream) {
+  if (a->B * a->Hq == 0 || a->Sq == 0) return 0;
+  cudaError_t e = cudaFuncSetAttribute(hbk::flex_fwd, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kFwdSmem);
+  if (e != cudaSuccess) return (int)e;
+  const dim3 grid((unsigned)((a->Sq + hbk::FM - 1) / hbk::FM), (unsigned)(a->B * a->Hq));
+  hbk::flex_fwd<<<grid, hbk::FT, hbk::kFwdSmem, (cudaStream_t)stream>>>(*a);
+  return (int)cudaGetLastError();
+}
+
+extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
+#if HB_D <= 128
+  if (a->B * a->Hq == 0 || a->Sq == 0 || a->Skv == 0) return 0;
+  const long long rows = a->B * a->Hq * a->Sq;
+  const unsigned pre_blocks = (unsigned)((rows + 7) / 8 < 65536 ? (rows + 7) / 8 : 65536);
+  hbk::flex_bwd_pre<<<pre_blocks, 256, 0, (cudaStream_t)stream>>>(*a);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return (int)e;
+  e = cudaFuncSetAttribute(hbk::flex_bwd, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kBwdSmem);
+  if (e != cudaSuccess) return (int)e;
+  const dim3 grid((unsigned)((a->Skv + hbk::BN - 1) / hbk::BN), (unsigned)(a->B * a->Hkv));
+  hbk::flex_bwd<<<grid, hbk::BT, hbk::kBwdSmem, (cudaStream_t)stream>>>(*a);
+  return (int)cudaGetLastError();
+#else
+  return (int)cudaErrorNotSupported;
+#endif
+}
+
+extern "C" const char* hb_flex_cuda_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }

@@ -1,0 +1,233 @@
+"""FlexAttention on the generated tiled CUDA kernels (hinted_context(kernel="fused") on a GPU; the default
+where cuDNN cannot run a node): outputs, logsumexp, q/k/v gradients and captured-buffer gradients against
+an independent float64 reference (dense attention with torch's autograd) on fresh random inputs, no worse
+than twice the error of the low-precision baseline (eager flex_attention in the same dtype; for buffer
+gradients, hintbackend's reference kernel in that dtype). Runs with HINTBACKEND_TEST_DEVICE=cuda where
+nvcc and CUTLASS's headers are found; CI (no GPU) checks the generator and an nvcc build of its output in
+tests/cpp/core/flex_kernel_gen_test.cpp."""
+
+import math
+import os
+import zlib
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from conftest import device
+from helpers import graph_dirs
+from hintbackend import hinted_context
+from hintbackend.options import parse_options
+
+OPTS = parse_options({})
+pytestmark = pytest.mark.skipif(
+    device() != "cuda" or not torch.cuda.is_available() or not OPTS.nvcc or not OPTS.cutlass_include,
+    reason="needs HINTBACKEND_TEST_DEVICE=cuda, a GPU, nvcc and CUTLASS's headers")
+
+LN2 = math.log(2)
+
+
+def dense(q, k, v, score_mod=None, mask_mod=None, scale=None):
+    """Attention over the whole score matrix with plain torch ops: the float64 reference."""
+    B, Hq, S, D = q.shape
+    Skv = k.size(2)
+    G = Hq // k.size(1)
+    k = k.repeat_interleave(G, 1).expand(B, -1, -1, -1)
+    v = v.repeat_interleave(G, 1).expand(B, -1, -1, -1)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = (q @ k.transpose(-2, -1)) * scale
+    dev = q.device
+    b, h = torch.arange(B, device=dev).view(B, 1, 1, 1), torch.arange(Hq, device=dev).view(1, Hq, 1, 1)
+    qi, ki = torch.arange(S, device=dev).view(1, 1, S, 1), torch.arange(Skv, device=dev).view(1, 1, 1, -1)
+    if score_mod is not None:
+        s = score_mod(s, b, h, qi, ki).expand(s.shape)
+    if mask_mod is not None:
+        s = s.masked_fill(~mask_mod(b, h, qi, ki).expand(s.shape), -math.inf)
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+def causal(b, h, q, kv):
+    return q >= kv
+
+
+def window(b, h, q, kv):
+    return (q >= kv) & (q - kv < 200)
+
+
+def rel(x, ref):
+    return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1.0)).item()
+
+
+def kernels_text(path):
+    return "".join(open(os.path.join(path, d, "kernels.txt")).read() for d in graph_dirs(path))
+
+
+# name -> (buffer shape from (B, H, S) or None, buffer wants grad, score_mod(buf, S))
+SCORE_MODS = {
+    "identity": (None, False, None),
+    "softcap": (None, False, lambda buf, S: lambda s, b, h, q, kv: 20 * torch.tanh(s / 20)),
+    "temperature": (None, False, lambda buf, S: lambda s, b, h, q, kv: s * 0.7),
+    "alibi": (lambda B, H, S: (H,), False, lambda buf, S: lambda s, b, h, q, kv: s + buf[h] * (kv - q)),
+    "relative": (lambda B, H, S: (2 * S - 1, H), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q - kv + S - 1, h]),
+    "softcap_relative": (lambda B, H, S: (2 * S - 1, H), True,
+                         lambda buf, S: lambda s, b, h, q, kv: 20 * torch.tanh(s / 20) + buf[q - kv + S - 1, h]),
+    "query": (lambda B, H, S: (S,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q]),
+    "head": (lambda B, H, S: (H,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[h]),
+    "dense": (lambda B, H, S: (B, H, S, S), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[b, h, q, kv]),
+    "two_reads": (lambda B, H, S: (S,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q] * buf[kv]),
+    "scaled": (lambda B, H, S: (H,), True, lambda buf, S: lambda s, b, h, q, kv: s * torch.sigmoid(buf[h])),
+}
+MASKS = {"none": None, "causal": causal, "window": window}
+
+
+def run_case(tmp_path, score, mask, dtype=torch.bfloat16, shape=(2, 4, 4, 300, 64), buf_dtype=torch.float32,
+             with_lse_grad=False):
+    """kernel="fused" against float64 and the baselines; asserts the bound; returns the kernels dump."""
+    B, Hq, Hkv, S, D = shape
+    buf_shape, wants_grad, make_mod = SCORE_MODS[score]
+    torch.manual_seed(zlib.crc32(repr((score, mask, dtype, shape, buf_dtype, with_lse_grad)).encode()))
+    dev = "cuda"
+    q = torch.randn(B, Hq, S, D, dtype=torch.float64, device=dev)
+    k, v = (torch.randn(B, Hkv, S, D, dtype=torch.float64, device=dev) for _ in range(2))
+    dout = torch.randn(B, Hq, S, D, dtype=torch.float64, device=dev)
+    dlse = torch.randn(B, Hq, S, dtype=torch.float64, device=dev)
+    table = torch.randn(buf_shape(B, Hq, S), dtype=torch.float64, device=dev) if buf_shape else None
+    mask_mod = MASKS[mask]
+    bm = create_block_mask(mask_mod, None, None, S, S, device=dev) if mask_mod else None
+
+    def step(fn, dt, bdt):
+        buf = table.detach().to(bdt).clone().requires_grad_(wants_grad) if table is not None else None
+        qq, kk, vv = (t.detach().to(dt).clone().requires_grad_(True) for t in (q, k, v))
+        out, lse = fn(qq, kk, vv, make_mod(buf, S) if make_mod else None)
+        loss = (out.double() * dout).sum()
+        if with_lse_grad:
+            loss = loss + (lse.double() * dlse).sum()
+        loss.backward()
+        grads = [qq.grad, kk.grad, vv.grad] + ([buf.grad] if wants_grad else [])
+        return [out.detach(), lse.detach()] + grads
+
+    def eager(qq, kk, vv, sm):
+        return flex_attention(qq, kk, vv, sm, bm, enable_gqa=Hq != Hkv, return_lse=True)
+
+    def reference(qq, kk, vv, sm):
+        return dense(qq, kk, vv, sm, mask_mod)
+
+    def compiled(kernel):
+        def f(qq, kk, vv, sm):
+            with hinted_context(kernel=kernel):
+                return flex_attention(qq, kk, vv, sm, bm, enable_gqa=Hq != Hkv, return_lse=True)
+
+        def call(qq, kk, vv, sm):
+            torch._dynamo.reset()
+            return torch.compile(f, backend="hintbackend", options={"dump_dir": str(tmp_path / kernel)})(qq, kk, vv, sm)
+        return call
+
+    ref = step(reference, torch.float64, torch.float64)
+    got = step(compiled("fused"), dtype, buf_dtype)
+    base = step(eager, dtype, buf_dtype)
+    aten = step(compiled("aten"), dtype, buf_dtype) if wants_grad else None
+    names = ["out", "lse", "dq", "dk", "dv", "dbuf"]
+    for i, (g, r) in enumerate(zip(got, ref)):
+        assert torch.isfinite(g).all(), names[i]
+        err = rel(g, r)
+        baseline = rel(base[i], r)
+        if aten is not None:
+            baseline = max(baseline, rel(aten[i], r))
+        if r.double().norm() < 1e-9:  # zero in exact arithmetic (a row shift's gradient)
+            baseline = max(baseline, 1e-2)
+        assert err <= 2 * baseline + 1e-4, f"{names[i]}: {err:.3g} vs baseline {baseline:.3g}"
+    kernels = kernels_text(tmp_path / "fused")
+    assert "flex-attention-fused" in kernels and "flex-attention-backward-fused" in kernels, kernels
+    assert "CUDA, head dim" in kernels, kernels
+    return kernels
+
+
+@pytest.mark.parametrize("score", list(SCORE_MODS))
+def test_cuda_fused_score_mods_under_a_causal_mask(tmp_path, score):
+    run_case(tmp_path, score, "causal")
+
+
+@pytest.mark.parametrize("mask", ["none", "window"])
+@pytest.mark.parametrize("score", ["identity", "relative"])
+def test_cuda_fused_masks(tmp_path, score, mask):
+    run_case(tmp_path, score, mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16])
+def test_cuda_fused_float16(tmp_path, dtype):
+    run_case(tmp_path, "softcap_relative", "causal", dtype=dtype)
+
+
+# GQA with D128 and S not a multiple of any tile; MQA with D32; D16; a batch broadcast in the mask.
+@pytest.mark.parametrize("shape", [(1, 8, 2, 1000, 128), (2, 4, 1, 130, 32), (1, 2, 2, 256, 16)])
+def test_cuda_fused_shapes(tmp_path, shape):
+    run_case(tmp_path, "relative", "causal", shape=shape)
+
+
+def test_cuda_fused_bf16_buffer_and_logsumexp_gradient(tmp_path):
+    run_case(tmp_path, "relative", "causal", buf_dtype=torch.bfloat16)
+    run_case(tmp_path, "head", "none", with_lse_grad=True)
+
+
+def test_cuda_fused_document_mask_reads_a_buffer(tmp_path):
+    torch.manual_seed(3)
+    B, H, S, D = 2, 2, 640, 64
+    doc = torch.sort(torch.randint(0, 5, (S,), device="cuda")).values
+
+    def mask_mod(b, h, q, kv):
+        return (doc[q] == doc[kv]) & (q >= kv)
+
+    bm = create_block_mask(mask_mod, None, None, S, S, device="cuda")
+    q, k, v = (torch.randn(B, H, S, D, dtype=torch.float64, device="cuda") for _ in range(3))
+
+    def f(q, k, v):
+        with hinted_context(kernel="fused"):
+            return flex_attention(q, k, v, lambda s, b, h, qi, ki: s - 0.01 * (qi - ki), bm, return_lse=True)
+
+    def grads(fn, dt):
+        xs = [t.to(dt).requires_grad_(True) for t in (q, k, v)]
+        out, lse = fn(*xs)
+        out.double().sum().backward()
+        return [out, lse] + [x.grad for x in xs]
+
+    got = grads(torch.compile(f, backend="hintbackend", options={"dump_dir": str(tmp_path)}), torch.bfloat16)
+    base = grads(lambda *x: flex_attention(*x, lambda s, b, h, qi, ki: s - 0.01 * (qi - ki), bm, return_lse=True),
+                 torch.bfloat16)
+    rs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ro, rl = dense(*rs, lambda s, b, h, qi, ki: s - 0.01 * (qi - ki), mask_mod)
+    ro.sum().backward()
+    for g, bb, r in zip(got, base, [ro, rl] + [t.grad for t in rs]):
+        assert rel(g, r) <= 2 * rel(bb, r) + 1e-4
+    assert "flex-attention-backward-fused" in kernels_text(tmp_path)
+
+
+def test_cuda_fused_forward_head_dim_256(tmp_path):
+    """D 256 runs forward on the generated kernel (the backward falls back to the reference, saying why)."""
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 200, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    bm = create_block_mask(causal, None, None, 200, 200, device="cuda")
+
+    def f(q, k, v):
+        with hinted_context(kernel="fused"):
+            return flex_attention(q, k, v, lambda s, b, h, qi, ki: s + 0.01 * (qi - ki), bm)
+
+    out = torch.compile(f, backend="hintbackend", options={"dump_dir": str(tmp_path)})(q, k, v)
+    ref = dense(q.double(), k.double(), v.double(), lambda s, b, h, qi, ki: s + 0.01 * (qi - ki), causal)[0]
+    eager = flex_attention(q, k, v, lambda s, b, h, qi, ki: s + 0.01 * (qi - ki), bm)
+    assert rel(out, ref) <= 2 * rel(eager, ref) + 1e-4
+    assert "flex-attention-fused" in kernels_text(tmp_path)
+
+
+def test_cuda_fused_out_of_range_read_raises_index_error():
+    S = 256
+    table = torch.randn(S, device="cuda")
+
+    def f(q, k, v):
+        with hinted_context(kernel="fused"):
+            return flex_attention(q, k, v, lambda s, b, h, qi, ki: s + table[qi + ki])
+
+    q, k, v = (torch.randn(1, 1, S, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    with pytest.raises(IndexError, match="score_mod indexes captured buffer 0 out of range"):
+        torch.compile(f, backend="hintbackend")(q, k, v)
+    # The GPU is fine afterwards.
+    assert torch.isfinite(torch.compile(lambda x: x * 2, backend="hintbackend")(q)).all()
