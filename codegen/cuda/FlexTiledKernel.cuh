@@ -181,7 +181,16 @@ __global__ void __launch_bounds__(FT) flex_fwd(const __grid_constant__ HbFlexCud
         mma(s[2 * j + 1], qa, kb[2], kb[3]);
       }
     }
-    // score_mod, mask_mod, out-of-range keys; then the scores in base 2.
+    // score_mod, mask_mod, out-of-range keys; then the scores in base 2. A tile inside both sequences
+    // with nothing to call per element only scales.
+    if (!HB_SCORE_MOD && (full || !HB_MASK_MOD) && k0 + FN <= a.Skv && q0 + FM <= a.Sq) {
+      const float sl = a.scale * kLog2e;
+#pragma unroll
+      for (int j = 0; j < FN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] *= sl;
+    } else {
+    const bool edge = k0 + FN > a.Skv || q0 + FM > a.Sq;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const long long qi = q0 + warp * 16 + g + 8 * r;
@@ -191,7 +200,7 @@ __global__ void __launch_bounds__(FT) flex_fwd(const __grid_constant__ HbFlexCud
         for (int c = 0; c < 2; ++c) {
           const long long ki = k0 + j * 8 + 2 * t4 + c;
           float x = s[j][2 * r + c] * a.scale;
-          const bool in = qi < a.Sq && ki < a.Skv;
+          const bool in = !edge || (qi < a.Sq && ki < a.Skv);
 #if HB_SCORE_MOD
           if (in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
 #endif
@@ -201,6 +210,7 @@ __global__ void __launch_bounds__(FT) flex_fwd(const __grid_constant__ HbFlexCud
 #endif
           s[j][2 * r + c] = keep ? x * kLog2e : -INFINITY;
         }
+    }
     }
     // Online softmax over the tile (each row's 4 threads share its maximum).
 #pragma unroll
@@ -277,7 +287,7 @@ constexpr int BW = 8, BT = BW * 32;  // warps, threads
 constexpr int BM = BW * 16;          // query rows per step
 constexpr int BN = 64;               // key rows per CTA
 constexpr int PC = BN / 8;           // chunks per row of the [BM][BN] P and dS tiles
-constexpr int kBwdSmem = (2 * BN * CH + 2 * BM * CH + 2 * BM * PC) * 16;
+constexpr int kBwdSmem = (2 * BN * CH + 4 * BM * CH + 2 * BM * PC) * 16;
 
 // delta[row] = sum(out * grad_out) - grad_logsumexp (natural units): dS = P (dP - delta).
 __global__ void flex_bwd_pre(const __grid_constant__ HbFlexCudaArgs a) {
@@ -300,9 +310,8 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
   extern __shared__ uint4 smem[];
   uint4* sK = smem;
   uint4* sV = sK + BN * CH;
-  uint4* sQ = sV + BN * CH;
-  uint4* sdO = sQ + BM * CH;
-  uint4* sP = sdO + BM * CH;
+  uint4* sQ = sV + BN * CH;     // [2][Q, dO] tiles of BM rows: the step's and the next one's
+  uint4* sP = sQ + 4 * BM * CH;
   uint4* sdS = sP + BM * PC;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
   const long long G = a.Hq / a.Hkv;
@@ -322,22 +331,41 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
   HbFlexTile t = {};
   t.b = b, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
 
-  for (long long h = hk * G; h < (hk + 1) * G; ++h) {
+  // The steps: every query tile the q lists give, for each query head of the group in turn. Q and dO of
+  // the next step load (double-buffered) while this one computes.
+  const long long hend = (hk + 1) * G, kblk = k0 / a.kv_block;
+  auto head_walk = [&](long long h) { return Walk(a.q_list, a.q_full_list, b, h, kblk, a.q_block, BM, a.Sq); };
+  auto load_step = [&](long long h, long long q0, int buf) {
+    load_tile<BM, BT>(sQ + buf * 2 * BM * CH, (const Elem*)a.q + b * a.q_strides[0] + h * a.q_strides[1], q0,
+                      a.q_strides[2], a.Sq);
+    load_tile<BM, BT>(sQ + (buf * 2 + 1) * BM * CH, (const Elem*)a.dout + b * a.do_strides[0] + h * a.do_strides[1], q0,
+                      a.do_strides[2], a.Sq);
+  };
+  long long h = hk * G;
+  Walk walk = head_walk(h);
+  int i = 0;
+  while (i >= walk.count() && ++h < hend) walk = head_walk(h), i = 0;
+  bool full = false;
+  if (h < hend) load_step(h, walk.first(i, &full), 0);
+  cute::cp_async_fence();
+  for (int buf = 0; h < hend; buf ^= 1) {
+    const long long q0 = walk.first(i, &full);
     t.h = h;
-    const Walk walk(a.q_list, a.q_full_list, b, h, k0 / a.kv_block, a.q_block, BM, a.Sq);
     const long long row0 = (b * a.Hq + h) * a.Sq;
-    const Elem* Qh = (const Elem*)a.q + b * a.q_strides[0] + h * a.q_strides[1];
-    const Elem* dOh = (const Elem*)a.dout + b * a.do_strides[0] + h * a.do_strides[1];
-    const int ntiles = walk.count();
-    for (int i = 0; i < ntiles; ++i) {
-      bool full;
-      const long long q0 = walk.first(i, &full);
-      __syncthreads();  // the previous step's readers of sQ, sdO, sP, sdS are done
-      load_tile<BM, BT>(sQ, Qh, q0, a.q_strides[2], a.Sq);
-      load_tile<BM, BT>(sdO, dOh, q0, a.do_strides[2], a.Sq);
-      cute::cp_async_fence();
-      cute::cp_async_wait<0>();
-      __syncthreads();
+    long long hn = h;
+    Walk wn = walk;
+    int in = i + 1;
+    while (in >= wn.count() && ++hn < hend) wn = head_walk(hn), in = 0;
+    cute::cp_async_wait<0>();
+    __syncthreads();  // this step's Q and dO have landed; the last step's readers of the other buffer are done
+    if (hn < hend) {
+      bool unused;
+      load_step(hn, wn.first(in, &unused), buf ^ 1);
+    }
+    cute::cp_async_fence();
+    const uint4* sQ = smem + 2 * BN * CH + buf * 2 * BM * CH;
+    const uint4* sdO = sQ + BM * CH;
+    {
 
       // S = Q K^T and dP = dO V^T for this warp's 16 query rows.
       float s[BN / 8][4] = {}, dp[BN / 8][4] = {};
@@ -358,9 +386,28 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
           mma(dp[2 * j + 1], da, vb[2], vb[3]);
         }
       }
-      // P = exp(score - logsumexp); dS = P (dP - delta), through the joint graph; masked: 0.
+      // P = exp(score - logsumexp); dS = P (dP - delta), through the joint graph; masked: 0. A tile
+      // inside both sequences with nothing to call per element takes the short way.
+      const bool plain = !HB_SCORE_MOD && !HB_JOINT && (full || !HB_MASK_MOD) && k0 + BN <= a.Skv && q0 + BM <= a.Sq;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
+        if (!plain) continue;
+        const int lr = warp * 16 + g + 8 * r;
+        const float lse = a.lse[row0 + q0 + lr], delta = a.delta[row0 + q0 + lr];
+        const float shift = lse == -INFINITY ? INFINITY : lse, sl = a.scale * kLog2e;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const float p0 = exp2f(s[j][2 * r] * sl - shift), p1 = exp2f(s[j][2 * r + 1] * sl - shift);
+          const int col = j * 8 + 2 * t4;
+          *(reinterpret_cast<Elem2*>(&sP[sw<PC>(lr, col / 8)]) + (col % 8) / 2) = pack2(p0, p1);
+          *(reinterpret_cast<Elem2*>(&sdS[sw<PC>(lr, col / 8)]) + (col % 8) / 2) =
+              pack2(p0 * (dp[j][2 * r] - delta) * a.scale, p1 * (dp[j][2 * r + 1] - delta) * a.scale);
+        }
+      }
+      const bool edge = k0 + BN > a.Skv || q0 + BM > a.Sq;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (plain) continue;
         const int lr = warp * 16 + g + 8 * r;
         const long long qi = q0 + lr;
         const bool qin = qi < a.Sq;
@@ -374,7 +421,7 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
             const long long ki = k0 + j * 8 + 2 * t4 + c;
             const float s0 = s[j][2 * r + c] * a.scale;
             float x = s0;
-            const bool in = qin && ki < a.Skv;
+            const bool in = !edge || (qin && ki < a.Skv);
 #if HB_SCORE_MOD
             if (in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
 #endif
@@ -416,13 +463,15 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
       }
       // dQ += dS K for this warp's 16 query rows, 32 columns at a time, into the float accumulator.
       constexpr int QC = D < 32 ? D : 32;
+      uint32_t dsa[BN / 16][4];  // this warp's dS rows as A fragments, loaded once for every column chunk
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) ldsm(&sdS[sw<PC>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))], dsa[kk]);
 #pragma unroll
       for (int d0 = 0; d0 < D; d0 += QC) {
         float dq[QC / 8][4] = {};
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-          uint32_t da[4];
-          ldsm(&sdS[sw<PC>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))], da);
+          const uint32_t (&da)[4] = dsa[kk];
 #pragma unroll
           for (int jd = 0; jd < QC / 16; ++jd) {
             uint32_t kb[4];
@@ -437,13 +486,12 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
           if (qi >= a.Sq) continue;
           float* dst = a.dq + (row0 + qi) * D + d0 + 2 * t4;
 #pragma unroll
-          for (int j = 0; j < QC / 8; ++j) {
-            atomicAdd(dst + j * 8, dq[j][2 * r]);
-            atomicAdd(dst + j * 8 + 1, dq[j][2 * r + 1]);
-          }
+          for (int j = 0; j < QC / 8; ++j)
+            atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[j][2 * r], dq[j][2 * r + 1]));
         }
       }
     }
+    h = hn, walk = wn, i = in;
   }
   report(a.error, t);
   // dK, dV rows of (b, kv head): [B, Hkv, Skv, D] contiguous (summed over b by the caller when k, v
