@@ -73,8 +73,10 @@ void describe(const std::vector<at::Tensor>& bufs, const at::Tensor& q, HbFlexBu
   }
 }
 
+// The arguments both directions share: sizes, scale, block sizes and the captured buffers.
 HbFlexCudaArgs common(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const FlexCudaFns& fns,
-                      double scale, const FlexBlocks& blocks) {
+                      double scale, const FlexBlocks& blocks, const std::vector<at::Tensor>& score_buffers,
+                      const std::vector<at::Tensor>& mask_buffers, std::vector<at::Tensor>& keep) {
   check_flex_shapes(q, k, v);
   TORCH_CHECK(q.is_cuda() && k.device() == q.device() && v.device() == q.device(),
               "flex_attention: the generated CUDA kernel needs q, k, v on one GPU, got ", q.device(), ", ", k.device(),
@@ -88,6 +90,8 @@ HbFlexCudaArgs common(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   a.Bkv = k.size(0), a.Hkv = k.size(1), a.Skv = k.size(2);
   a.scale = static_cast<float>(scale);
   a.q_block = blocks.q_block, a.kv_block = blocks.kv_block;
+  describe(score_buffers, q, a.score_buffers, keep, "score_mod");
+  describe(mask_buffers, q, a.mask_buffers, keep, "mask_mod");
   return a;
 }
 
@@ -106,10 +110,18 @@ void raise_reported(const at::Tensor& err, size_t nscore) {
               ", h=", e[5], ")");
 }
 
-void launch(FlexCudaLaunch fn, const FlexCudaFns& fns, const HbFlexCudaArgs& a, const at::Tensor& q) {
+// Launches on torch's current stream; where the generated code can report an error, reads it back and
+// raises it.
+void launch(FlexCudaLaunch fn, const FlexCudaFns& fns, HbFlexCudaArgs& a, const at::Tensor& q, size_t nscore) {
+  at::Tensor err;
+  if (fns.reports_errors) {
+    err = at::zeros({6}, q.options().dtype(at::kLong));
+    a.error = reinterpret_cast<long long*>(err.data_ptr<int64_t>());
+  }
   const int rc = fn(&a, c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
   TORCH_CHECK(rc == 0, "flex_attention: launching the generated CUDA kernel failed: ",
               fns.error_string ? fns.error_string(rc) : std::to_string(rc));
+  if (err.defined()) raise_reported(err, nscore);
 }
 
 }  // namespace
@@ -120,13 +132,11 @@ std::vector<at::Tensor> flex_cuda_forward(const at::Tensor& q_in, const at::Tens
                                           const std::vector<at::Tensor>& mask_buffers) {
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in);
-  HbFlexCudaArgs a = common(q, k, v, fns, scale, blocks);
   std::vector<at::Tensor> keep;
+  HbFlexCudaArgs a = common(q, k, v, fns, scale, blocks, score_buffers, mask_buffers, keep);
   a.kv_list = block_list(blocks.kv_num, blocks.kv_idx, q, keep, "kv");
   a.kv_full_list = block_list(blocks.full_num, blocks.full_idx, q, keep, "full kv");
   TORCH_CHECK(a.kv_list.num != nullptr, "flex_attention: the block mask has no kv block lists");
-  describe(score_buffers, q, a.score_buffers, keep, "score_mod");
-  describe(mask_buffers, q, a.mask_buffers, keep, "mask_mod");
   const std::vector<int64_t> sizes = {a.B, a.Hq, a.Sq, v.size(3)};
   at::Tensor out = at::empty_strided(sizes, flex_layout_strides(sizes, q_in.strides()), q.options());
   at::Tensor lse = at::empty({a.B, a.Hq, a.Sq}, q.options().dtype(at::kFloat));
@@ -134,13 +144,7 @@ std::vector<at::Tensor> flex_cuda_forward(const at::Tensor& q_in, const at::Tens
   a.q = q.data_ptr(), a.k = k.data_ptr(), a.v = v.data_ptr(), a.out = out.data_ptr();
   strides3(q, a.q_strides), strides3(k, a.k_strides), strides3(v, a.v_strides), strides3(out, a.o_strides);
   a.lse = lse.data_ptr<float>(), a.max_scores = mx.data_ptr<float>();
-  at::Tensor err;
-  if (fns.reports_errors) {
-    err = at::zeros({6}, q.options().dtype(at::kLong));
-    a.error = reinterpret_cast<long long*>(err.data_ptr<int64_t>());
-  }
-  launch(fns.forward, fns, a, q);
-  if (err.defined()) raise_reported(err, score_buffers.size());
+  launch(fns.forward, fns, a, q, score_buffers.size());
   return {out, lse, mx};
 }
 
@@ -156,13 +160,11 @@ FlexBackwardResult flex_cuda_backward(const at::Tensor& q_in, const at::Tensor& 
               "Backward pass with mixed query, key, and value dtype is not supported, got ", q_in.scalar_type(), ", ",
               k_in.scalar_type(), ", ", v_in.scalar_type());
   const at::Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in);
-  HbFlexCudaArgs a = common(q, k, v, fns, scale, blocks);
   std::vector<at::Tensor> keep;
+  HbFlexCudaArgs a = common(q, k, v, fns, scale, blocks, score_buffers, mask_buffers, keep);
   a.q_list = block_list(blocks.q_num, blocks.q_idx, q, keep, "q");
   a.q_full_list = block_list(blocks.full_q_num, blocks.full_q_idx, q, keep, "full q");
   TORCH_CHECK(a.q_list.num != nullptr, "flex_attention: the block mask has no q block lists");
-  describe(score_buffers, q, a.score_buffers, keep, "score_mod");
-  describe(mask_buffers, q, a.mask_buffers, keep, "mask_mod");
   const at::Tensor out = readable(out_in.to(q.scalar_type()));
   const at::Tensor dout = grad_out.defined() ? readable(grad_out.to(q.scalar_type())) : at::zeros_like(out);
   const at::Tensor lse = logsumexp.to(at::kFloat).contiguous();
@@ -187,13 +189,7 @@ FlexBackwardResult flex_cuda_backward(const at::Tensor& q_in, const at::Tensor& 
   a.dlse = has_dlse ? dlse.data_ptr<float>() : nullptr;
   a.run_joint = fns.run_joint ? 1 : 0;
   a.delta = delta.data_ptr<float>(), a.dq = dq.data_ptr<float>(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
-  at::Tensor err;
-  if (fns.reports_errors) {
-    err = at::zeros({6}, q.options().dtype(at::kLong));
-    a.error = reinterpret_cast<long long*>(err.data_ptr<int64_t>());
-  }
-  launch(fns.backward, fns, a, q);
-  if (err.defined()) raise_reported(err, score_buffers.size());
+  launch(fns.backward, fns, a, q, score_buffers.size());
   if (a.Bkv != a.B) {  // k, v broadcast over the batch: their gradients sum over it
     dk = dk.sum(0, /*keepdim=*/true);
     dv = dv.sum(0, /*keepdim=*/true);

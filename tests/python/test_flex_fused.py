@@ -17,7 +17,8 @@ from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
 from torch.nn.attention import flex_attention as _fa
 from torch.nn.attention.flex_attention import create_block_mask
 
-from helpers import graph_dirs
+from flex_reference import SCORE_MODS, causal, kernels_text, rel
+from flex_reference import dense as dense_natural
 from hintbackend import hinted_context
 
 pytestmark = pytest.mark.skipif(not (os.environ.get("CXX") or any(
@@ -38,57 +39,15 @@ def hop(q, k, v, score_mod=None, block_mask=None, scale=None):
 
 
 def dense(q, k, v, score_mod=None, mask_mod=None, scale=None):
-    """Attention over the whole score matrix with plain torch ops: the float64 reference."""
-    B, Hq, S, D = q.shape
-    G = Hq // k.size(1)
-    k = k.repeat_interleave(G, 1).expand(B, -1, -1, -1)
-    v = v.repeat_interleave(G, 1).expand(B, -1, -1, -1)
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    s = (q @ k.transpose(-2, -1)) * scale
-    b, h = torch.arange(B).view(B, 1, 1, 1), torch.arange(Hq).view(1, Hq, 1, 1)
-    qi, ki = torch.arange(S).view(1, 1, S, 1), torch.arange(k.size(2)).view(1, 1, 1, -1)
-    if score_mod is not None:
-        s = score_mod(s, b, h, qi, ki).expand(s.shape)
-    if mask_mod is not None:
-        s = s.masked_fill(~mask_mod(b, h, qi, ki).expand(s.shape), -math.inf)
-    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1) / LN2
-
-
-def causal(b, h, q, kv):
-    return q >= kv
+    """The float64 reference with the logsumexp in base 2, as the higher-order op returns it."""
+    out, lse = dense_natural(q, k, v, score_mod, mask_mod, scale)
+    return out, lse / LN2
 
 
 def window(b, h, q, kv):
     return (q >= kv) & (q - kv < 48)
 
 
-def rel(x, ref):
-    """Relative error; absolute where the reference is near zero (a bias that only shifts softmax rows
-    has a zero gradient)."""
-    return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1.0)).item()
-
-
-def kernels_text(path):
-    return "".join(open(os.path.join(path, d, "kernels.txt")).read() for d in graph_dirs(path))
-
-
-# name -> (buffer shape from (B, H, S) or None, buffer wants grad, score_mod(buf, S))
-SCORE_MODS = {
-    "identity": (None, False, None),
-    "softcap": (None, False, lambda buf, S: lambda s, b, h, q, kv: 20 * torch.tanh(s / 20)),
-    "relpos": (None, False, lambda buf, S: lambda s, b, h, q, kv: s + (q - kv) * 0.01),
-    "alibi": (lambda B, H, S: (H,), False, lambda buf, S: lambda s, b, h, q, kv: s + buf[h] * (kv - q)),
-    "relative": (lambda B, H, S: (2 * S - 1, H), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q - kv + S - 1, h]),
-    "softcap_relative": (lambda B, H, S: (2 * S - 1, H), True,
-                         lambda buf, S: lambda s, b, h, q, kv: 20 * torch.tanh(s / 20) + buf[q - kv + S - 1, h]),
-    "query": (lambda B, H, S: (S,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q]),
-    "head": (lambda B, H, S: (H,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[h]),
-    "dense": (lambda B, H, S: (B, H, S, S), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[b, h, q, kv]),
-    # two indexings of one buffer (Inductor refuses this)
-    "two_reads": (lambda B, H, S: (S,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q] * buf[kv]),
-    # a multiplicative, score-dependent use of a buffer: its gradient depends on the score
-    "scaled": (lambda B, H, S: (H,), True, lambda buf, S: lambda s, b, h, q, kv: s * torch.sigmoid(buf[h])),
-}
 MASKS = {"none": None, "causal": causal, "window": window}
 
 

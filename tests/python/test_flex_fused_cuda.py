@@ -6,8 +6,6 @@ gradients, hintbackend's reference kernel in that dtype). Runs with HINTBACKEND_
 nvcc and CUTLASS's headers are found; CI (no GPU) checks the generator and an nvcc build of its output in
 tests/cpp/core/flex_kernel_gen_test.cpp."""
 
-import math
-import os
 import zlib
 
 import pytest
@@ -15,7 +13,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from conftest import device
-from helpers import graph_dirs
+from flex_reference import SCORE_MODS, causal, dense, kernels_text, rel
 from hintbackend import hinted_context
 from hintbackend.options import parse_options
 
@@ -24,59 +22,14 @@ pytestmark = pytest.mark.skipif(
     device() != "cuda" or not torch.cuda.is_available() or not OPTS.nvcc or not OPTS.cutlass_include,
     reason="needs HINTBACKEND_TEST_DEVICE=cuda, a GPU, nvcc and CUTLASS's headers")
 
-LN2 = math.log(2)
-
-
-def dense(q, k, v, score_mod=None, mask_mod=None, scale=None):
-    """Attention over the whole score matrix with plain torch ops: the float64 reference."""
-    B, Hq, S, D = q.shape
-    Skv = k.size(2)
-    G = Hq // k.size(1)
-    k = k.repeat_interleave(G, 1).expand(B, -1, -1, -1)
-    v = v.repeat_interleave(G, 1).expand(B, -1, -1, -1)
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    s = (q @ k.transpose(-2, -1)) * scale
-    dev = q.device
-    b, h = torch.arange(B, device=dev).view(B, 1, 1, 1), torch.arange(Hq, device=dev).view(1, Hq, 1, 1)
-    qi, ki = torch.arange(S, device=dev).view(1, 1, S, 1), torch.arange(Skv, device=dev).view(1, 1, 1, -1)
-    if score_mod is not None:
-        s = score_mod(s, b, h, qi, ki).expand(s.shape)
-    if mask_mod is not None:
-        s = s.masked_fill(~mask_mod(b, h, qi, ki).expand(s.shape), -math.inf)
-    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
-
-
-def causal(b, h, q, kv):
-    return q >= kv
-
 
 def window(b, h, q, kv):
     return (q >= kv) & (q - kv < 200)
 
 
-def rel(x, ref):
-    return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1.0)).item()
-
-
-def kernels_text(path):
-    return "".join(open(os.path.join(path, d, "kernels.txt")).read() for d in graph_dirs(path))
-
-
-# name -> (buffer shape from (B, H, S) or None, buffer wants grad, score_mod(buf, S))
-SCORE_MODS = {
-    "identity": (None, False, None),
-    "softcap": (None, False, lambda buf, S: lambda s, b, h, q, kv: 20 * torch.tanh(s / 20)),
-    "temperature": (None, False, lambda buf, S: lambda s, b, h, q, kv: s * 0.7),
-    "alibi": (lambda B, H, S: (H,), False, lambda buf, S: lambda s, b, h, q, kv: s + buf[h] * (kv - q)),
-    "relative": (lambda B, H, S: (2 * S - 1, H), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q - kv + S - 1, h]),
-    "softcap_relative": (lambda B, H, S: (2 * S - 1, H), True,
-                         lambda buf, S: lambda s, b, h, q, kv: 20 * torch.tanh(s / 20) + buf[q - kv + S - 1, h]),
-    "query": (lambda B, H, S: (S,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q]),
-    "head": (lambda B, H, S: (H,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[h]),
-    "dense": (lambda B, H, S: (B, H, S, S), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[b, h, q, kv]),
-    "two_reads": (lambda B, H, S: (S,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q] * buf[kv]),
-    "scaled": (lambda B, H, S: (H,), True, lambda buf, S: lambda s, b, h, q, kv: s * torch.sigmoid(buf[h])),
-}
+# The CPU test's score_mods (relative position aside) and a temperature, whose backward cuDNN does not run.
+SCORE_MODS = {k: v for k, v in SCORE_MODS.items() if k != "relpos"}
+SCORE_MODS["temperature"] = (None, False, lambda buf, S: lambda s, b, h, q, kv: s * 0.7)
 MASKS = {"none": None, "causal": causal, "window": window}
 
 

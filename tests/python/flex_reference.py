@@ -1,0 +1,61 @@
+"""The float64 reference and the score_mod / mask cases the FlexAttention kernel tests share
+(test_flex_fused.py on CPU, test_flex_fused_cuda.py on a GPU)."""
+
+import math
+import os
+
+import torch
+
+from helpers import graph_dirs
+
+
+def dense(q, k, v, score_mod=None, mask_mod=None, scale=None):
+    """Attention over the whole score matrix with plain torch ops, on q's device: (out, logsumexp in
+    natural units). In float64 it is the reference the kernels are held to."""
+    B, Hq, S, D = q.shape
+    G = Hq // k.size(1)
+    k = k.repeat_interleave(G, 1).expand(B, -1, -1, -1)
+    v = v.repeat_interleave(G, 1).expand(B, -1, -1, -1)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = (q @ k.transpose(-2, -1)) * scale
+    dev = q.device
+    b, h = torch.arange(B, device=dev).view(B, 1, 1, 1), torch.arange(Hq, device=dev).view(1, Hq, 1, 1)
+    qi, ki = torch.arange(S, device=dev).view(1, 1, S, 1), torch.arange(k.size(2), device=dev).view(1, 1, 1, -1)
+    if score_mod is not None:
+        s = score_mod(s, b, h, qi, ki).expand(s.shape)
+    if mask_mod is not None:
+        s = s.masked_fill(~mask_mod(b, h, qi, ki).expand(s.shape), -math.inf)
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+def causal(b, h, q, kv):
+    return q >= kv
+
+
+def rel(x, ref):
+    """Relative error; absolute where the reference is near zero (a bias that only shifts softmax rows
+    has a zero gradient)."""
+    return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1.0)).item()
+
+
+def kernels_text(path):
+    return "".join(open(os.path.join(path, d, "kernels.txt")).read() for d in graph_dirs(path))
+
+
+# name -> (buffer shape from (B, H, S) or None, buffer wants grad, score_mod(buf, S))
+SCORE_MODS = {
+    "identity": (None, False, None),
+    "softcap": (None, False, lambda buf, S: lambda s, b, h, q, kv: 20 * torch.tanh(s / 20)),
+    "relpos": (None, False, lambda buf, S: lambda s, b, h, q, kv: s + (q - kv) * 0.01),
+    "alibi": (lambda B, H, S: (H,), False, lambda buf, S: lambda s, b, h, q, kv: s + buf[h] * (kv - q)),
+    "relative": (lambda B, H, S: (2 * S - 1, H), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q - kv + S - 1, h]),
+    "softcap_relative": (lambda B, H, S: (2 * S - 1, H), True,
+                         lambda buf, S: lambda s, b, h, q, kv: 20 * torch.tanh(s / 20) + buf[q - kv + S - 1, h]),
+    "query": (lambda B, H, S: (S,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q]),
+    "head": (lambda B, H, S: (H,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[h]),
+    "dense": (lambda B, H, S: (B, H, S, S), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[b, h, q, kv]),
+    # two indexings of one buffer (Inductor refuses this)
+    "two_reads": (lambda B, H, S: (S,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q] * buf[kv]),
+    # a multiplicative, score-dependent use of a buffer: its gradient depends on the score
+    "scaled": (lambda B, H, S: (H,), True, lambda buf, S: lambda s, b, h, q, kv: s * torch.sigmoid(buf[h])),
+}
