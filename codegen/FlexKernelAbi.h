@@ -13,6 +13,11 @@
 //       gradients are added into score_buffers[n].grad (dense double accumulators, buffer n's shape, row-major)
 // for i < nq, j < nk. A buffer read or scatter out of range sets t->error (kFlexErrorIndex) and the
 // index, and uses element 0 instead, so the caller can raise eager's IndexError after the tile.
+//
+// A CUDA kernel (codegen/cuda/FlexTiledKernel.cuh, called from backend/runtime/FlexTiledCuda.cpp) has
+// instead int hb_flex_cuda_forward / hb_flex_cuda_backward(const HbFlexCudaArgs*, cudaStream_t as void*)
+// and hb_flex_cuda_error_string; its buffers' gradients are float accumulators added to atomically, and
+// the first error a thread reports lands in HbFlexCudaArgs::error.
 #pragma once
 
 #define HB_FLEX_MAX_BUFFERS 6  /* captured buffers per score_mod / mask_mod on CUDA */
