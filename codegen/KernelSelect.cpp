@@ -154,7 +154,8 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
                                                        "the joint is skipped, its buffer gradients are zero"
                                                      : "") +
             (build.cache_hit ? "; from the kernel cache" : "; compiled in " + std::to_string(build.seconds).substr(0, 4) + " s") +
-            (pref == KernelPref::Fused ? "; kernel=fused hint" : "");
+            (pref == KernelPref::Fused ? "; kernel=fused hint" : "") +
+            (why_not.empty() ? "" : " (not cuDNN: " + why_not + ")");
     c.source = std::move(src.source);
     c.module = std::move(build.module);
     return;
