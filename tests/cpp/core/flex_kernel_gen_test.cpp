@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -108,11 +109,21 @@ std::string replace(std::string s, const std::string& from, const std::string& t
   return at == std::string::npos ? s : s.replace(at, from.size(), to);
 }
 
+// Kernel caches under /tmp, removed when the test program ends.
 std::string temp_dir() {
+  struct Dirs {
+    std::vector<std::string> made;
+    ~Dirs() {
+      for (const std::string& d : made) std::filesystem::remove_all(d);
+    }
+  };
+  static Dirs dirs;
   char tmpl[] = "/tmp/hb_kernel_cache_XXXXXX";
   const char* d = mkdtemp(tmpl);
   EXPECT_NE(d, nullptr);
-  return d ? d : "/tmp";
+  if (!d) return "/tmp";
+  dirs.made.push_back(d);
+  return d;
 }
 
 bool have_compiler() { return std::system("c++ --version > /dev/null 2>&1") == 0; }
