@@ -17,6 +17,7 @@
 #include "codegen/FlexKernelAbi.h"
 #include "codegen/FlexKernelGen.h"
 #include "codegen/HostCompiler.h"
+#include "codegen/KernelSelect.h"
 #include "codegen/TargetModel.h"
 
 namespace hb {
@@ -345,6 +346,40 @@ TEST(flex_kernel_gen, nvcc_builds_the_cuda_source) {
   EXPECT_NE(build.module->symbol("hb_flex_cuda_backward"), nullptr);
   EXPECT_EQ(build_cuda_module(s->source, {"nvcc", "90", "", "/tmp"}).error,
             "no CUTLASS headers (pip install nvidia-cutlass, or set HINTBACKEND_CUTLASS_INCLUDE)");
+}
+
+// Kernel selection on a CUDA node cuDNN cannot run (a buffer gradient through a soft cap): the generated CUDA kernel, built with nvcc, saying why not cuDNN; with
+// deterministic=True, or without CUTLASS's headers, the reference, saying why.
+TEST(flex_kernel_gen, selection_on_cuda_builds_the_generated_kernel) {
+  const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
+  if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
+  std::string ir = cuda_backward_ir();
+  const std::string t = "bf16[1, 2, 200, 64]";
+  for (size_t at = 0; (at = ir.find(t, at)) != std::string::npos; at += t.size())
+    ir.insert(at + t.size(), "@cuda:0");
+  auto g = parse_graph(ir);
+  const int fb = g->find("fb");
+  Target target;
+  target.cuda = {"nvcc", "90", cutlass, temp_dir()};
+  KernelChoice c = select_kernel(*g, fb, target);
+  EXPECT_EQ(c.kind, KernelKind::FlexFusedBackward) << c.why;
+  EXPECT_EQ(c.why.rfind("fused: tiled over the block mask, generated code (CUDA, head dim 64, bfloat16; ", 0), 0u) << c.why;
+  EXPECT_NE(c.why.find("(not cuDNN: score_mod computes aten::div.Tensor, aten::tanh.default"), std::string::npos) << c.why;
+  ASSERT_NE(c.module, nullptr);
+  EXPECT_NE(c.module->symbol("hb_flex_cuda_backward"), nullptr);
+
+  g->nodes[fb].hints.deterministic = true;
+  c = select_kernel(*g, fb, target);
+  EXPECT_EQ(c.kind, KernelKind::FlexBackward);
+  EXPECT_NE(c.why.find("not fused: deterministic=True, and the CUDA kernel's backward adds with atomics"),
+            std::string::npos) << c.why;
+
+  g->nodes[fb].hints.deterministic.reset();
+  target.cuda.cutlass_include = "";
+  c = select_kernel(*g, fb, target);
+  EXPECT_EQ(c.kind, KernelKind::FlexBackward);
+  EXPECT_NE(c.why.find("not fused: cannot build CUDA kernels: no CUTLASS headers"), std::string::npos) << c.why;
 }
 
 }  // namespace
