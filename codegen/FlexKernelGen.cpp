@@ -585,6 +585,8 @@ std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const Fle
   if (!ok)
     return "head dim " + std::to_string(D) + (backward ? " (the CUDA backward takes 16, 32, 64, 128)"
                                                        : " (the CUDA forward takes 16, 32, 64, 128, 256)");
+  if (backward && n.hints.deterministic.value_or(false))
+    return "deterministic=True, and the CUDA kernel's backward adds with atomics";
   if (nscore > kFlexMaxCudaBuffers || nmask > kFlexMaxCudaBuffers)
     return "more than " + std::to_string(kFlexMaxCudaBuffers) + " captured buffers";
   // The tiles must nest in the BlockMask's blocks (the forward's 64 query rows and 64 (D 256: 32) key

@@ -86,8 +86,6 @@ std::string fused_why_not(const Graph& g, int node, const Target& target, FlexKe
   if (!cuda && t.device.rfind("cpu", 0) != 0) return "on " + t.device;
   if (t.dtype != DType::Float16 && t.dtype != DType::BFloat16 && t.dtype != DType::Float32 && t.dtype != DType::Float64)
     return std::string("q is ") + dtype_name(t.dtype);
-  if (cuda && n.target == "higher_order::flex_attention_backward" && n.hints.deterministic.value_or(false))
-    return "deterministic=True, and the CUDA kernel's backward adds with atomics";
   std::string why;
   std::optional<FlexKernelSource> s =
       generate_flex_kernel(g, node, &why, cuda ? FlexKernelDevice::Cuda : FlexKernelDevice::Cpu);
