@@ -136,7 +136,7 @@ TEST(flex_kernel_gen, writes_each_node_as_a_scalar_statement) {
   EXPECT_EQ(s.summary, "score_mod: 7 ops; mask_mod: 1 op; joint: 8 ops, gradient scattered into buffer 0");
   for (const char* line : {
            "const T v6 = score / ((T)(30LL));  // %div",
-           "const T v7 = std::tanh(v6);  // %tanh",
+           "const T v7 = hb_tanh(v6);  // %tanh",
            "const long long v10 = v9 + 7LL;  // %add",
            "const bool v4 = (q >= kv);  // %ge",
            "const T v13 = v12 * (((T)1) - v8 * v8);  // %tb",
