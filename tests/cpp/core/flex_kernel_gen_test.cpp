@@ -6,10 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -220,6 +222,40 @@ TEST(flex_kernel_gen, the_built_kernel_computes_the_score_mod_its_mask_and_its_g
       want_grad[(i - j + 7) * 2 + 1] += 1.0;         // the incoming gradient, scattered by diagonal
     }
   EXPECT_EQ(grad, want_grad);
+}
+
+// The float score_mod's tanh (hb_tanh, a clamped rational so that the tile loops vectorize) against the
+// library's on a sweep, with the values a score can take at the edges: infinities, NaN, tiny and huge.
+TEST(flex_kernel_gen, the_float_tanh_matches_the_library_and_keeps_nan_and_infinities) {
+  if (!have_compiler()) GTEST_SKIP() << "no c++ on PATH";
+  // score_mod(s) = tanh(s), no buffer, no mask.
+  std::string ir = replace(kBackward, "  %div: f32[] = aten::div.Tensor(%s, 30)\n  %tanh: f32[] = aten::tanh.default(%div)\n"
+                                      "  %mul: f32[] = aten::mul.Tensor(%tanh, 30)\n",
+                           "  %tanh: f32[] = aten::tanh.default(%s)\n");
+  ir = replace(ir, "  %sub: i32[] = aten::sub.Tensor(%qi, %ki)\n  %add: i32[] = aten::add.Tensor(%sub, 7)\n"
+                   "  %index: f32[] = aten::index.Tensor(%lb, [%add, %h])\n  %add_1: f32[] = aten::add.Tensor(%mul, %index)\n"
+                   "  return %add_1\n",
+               "  return %tanh\n");
+  const FlexKernelSource s = generate(ir);
+  ASSERT_NE(s.source.find("hb_tanh(score)"), std::string::npos) << s.source;
+  const HostBuild build = build_host_module(s.source, {"c++", temp_dir()});
+  ASSERT_TRUE(build.module) << build.error;
+  auto score = reinterpret_cast<FlexScoreF32>(build.module->symbol("hb_flex_score_f32"));
+  ASSERT_TRUE(score);
+  std::vector<float> x;
+  for (int e = -2000; e <= 2000; ++e) x.push_back(e * 0.0061f);  // -12.2 .. 12.2
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float v : {inf, -inf, 1e30f, -1e30f, 1e-30f, -1e-30f, 0.0f, -0.0f, 3e-4f, 7.9f, -7.95f}) x.push_back(v);
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> y = x;
+  HbFlexTile t{};
+  t.nq = 1, t.nk = static_cast<int>(y.size()), t.ld = t.nk;
+  score(y.data(), &t);
+  for (size_t e = 0; e + 1 < x.size(); ++e) {
+    const double want = std::tanh(static_cast<double>(x[e]));
+    EXPECT_LE(std::fabs(y[e] - want), 4e-7 * std::max(std::fabs(want), 1e-30)) << "tanh(" << x[e] << ") = " << y[e];
+  }
+  EXPECT_TRUE(std::isnan(y.back()));
 }
 
 TEST(flex_kernel_gen, an_out_of_range_read_reports_the_index) {
