@@ -18,12 +18,15 @@
 // blocks run mask_mod, full blocks skip it, unlisted blocks are never touched.
 //
 // Forward: one CTA of 4 warps per 64 query rows of one (b, h); each warp owns 16 rows. K and V tiles of
-// BN rows stream through shared memory (cp.async, the next K tile loads while P.V runs).
+// FN rows stream through shared memory (cp.async: V loads while S = Q K^T runs, the next K while P.V runs).
 // Backward: one CTA of 8 warps per 64 key rows of one (b, kv head); it walks the query tiles (128 rows)
-// that the BlockMask's q lists give for its kv block, over every query head of its GQA group. Per tile:
+// that the BlockMask's q lists give for its kv block, over every query head of its GQA group, the next
+// step's Q and dO loading (double-buffered) while the current one computes. Per tile:
 // S and dP with warps over query rows; P and dS go to shared memory; dV += P^T dO and dK += dS^T Q with
 // warps over key rows (warps 0-3 dV, 4-7 dK); dQ += dS K with warps over query rows, added into a float
-// accumulator with atomics. Buffer gradients: the joint's scatters, as float atomics (hb_scatter).
+// accumulator with float2 atomics. Buffer gradients: the joint's scatters, as float atomics (hb_scatter).
+// Registers and shared memory (nvcc -Xptxas -v, D 128): forward 168 registers, 48 KiB; backward 244
+// registers, 192 KiB (one CTA per SM).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
