@@ -28,6 +28,22 @@ def dense(q, k, v, score_mod=None, mask_mod=None, scale=None):
     return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
 
+def outputs_and_grads(fn, q, k, v, dout, dtype, table=None, buf_dtype=None, make_mod=None, wants_grad=False,
+                      S=None, dlse=None):
+    """fn(q, k, v, score_mod) -> (out, lse) on copies of q, k, v in `dtype` (the captured table in
+    `buf_dtype`, requiring grad when `wants_grad`), then the backward of sum(out * dout) (+ sum(lse * dlse)
+    when dlse is given): [out, lse, dq, dk, dv] (+ [dtable])."""
+    buf = table.detach().to(buf_dtype).clone().requires_grad_(wants_grad) if table is not None else None
+    qq, kk, vv = (t.detach().to(dtype).clone().requires_grad_(True) for t in (q, k, v))
+    out, lse = fn(qq, kk, vv, make_mod(buf, S) if make_mod else None)
+    loss = (out.double() * dout).sum()
+    if dlse is not None:
+        loss = loss + (lse.double() * dlse).sum()
+    loss.backward()
+    grads = [qq.grad, kk.grad, vv.grad] + ([buf.grad] if wants_grad else [])
+    return [out.detach(), lse.detach()] + grads
+
+
 def causal(b, h, q, kv):
     return q >= kv
 

@@ -17,7 +17,7 @@ from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
 from torch.nn.attention import flex_attention as _fa
 from torch.nn.attention.flex_attention import create_block_mask
 
-from flex_reference import SCORE_MODS, causal, kernels_text, rel
+from flex_reference import SCORE_MODS, causal, kernels_text, outputs_and_grads, rel
 from flex_reference import dense as dense_natural
 from hintbackend import hinted_context
 
@@ -67,15 +67,8 @@ def run_case(tmp_path, score, mask, dtype=torch.float32, shape=(2, 4, 4, 200, 32
     bm = create_block_mask(mask_mod, None, None, S, S, device="cpu", BLOCK_SIZE=64) if mask_mod else None
 
     def step(fn, dt, bdt):
-        buf = table.detach().to(bdt).clone().requires_grad_(wants_grad) if table is not None else None
-        qq, kk, vv = (t.detach().to(dt).clone().requires_grad_(True) for t in (q, k, v))
-        out, lse = fn(qq, kk, vv, make_mod(buf, S) if make_mod else None)
-        loss = (out.double() * dout).sum()
-        if with_lse_grad:
-            loss = loss + (lse.double() * dlse).sum()
-        loss.backward()
-        grads = [qq.grad, kk.grad, vv.grad] + ([buf.grad] if wants_grad else [])
-        return [out.detach(), lse.detach()] + grads
+        return outputs_and_grads(fn, q, k, v, dout, dt, table, bdt, make_mod, wants_grad, S,
+                                 dlse if with_lse_grad else None)
 
     def flex(qq, kk, vv, sm):
         return hop(qq, kk, vv, sm, bm)

@@ -13,7 +13,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from conftest import device
-from flex_reference import SCORE_MODS, causal, dense, kernels_text, rel
+from flex_reference import SCORE_MODS, causal, dense, kernels_text, outputs_and_grads, rel
 from hintbackend import hinted_context
 from hintbackend.options import parse_options
 
@@ -49,15 +49,8 @@ def run_case(tmp_path, score, mask, dtype=torch.bfloat16, shape=(2, 4, 4, 300, 6
     bm = create_block_mask(mask_mod, None, None, S, S, device=dev) if mask_mod else None
 
     def step(fn, dt, bdt):
-        buf = table.detach().to(bdt).clone().requires_grad_(wants_grad) if table is not None else None
-        qq, kk, vv = (t.detach().to(dt).clone().requires_grad_(True) for t in (q, k, v))
-        out, lse = fn(qq, kk, vv, make_mod(buf, S) if make_mod else None)
-        loss = (out.double() * dout).sum()
-        if with_lse_grad:
-            loss = loss + (lse.double() * dlse).sum()
-        loss.backward()
-        grads = [qq.grad, kk.grad, vv.grad] + ([buf.grad] if wants_grad else [])
-        return [out.detach(), lse.detach()] + grads
+        return outputs_and_grads(fn, q, k, v, dout, dt, table, bdt, make_mod, wants_grad, S,
+                                 dlse if with_lse_grad else None)
 
     def eager(qq, kk, vv, sm):
         return flex_attention(qq, kk, vv, sm, bm, enable_gqa=Hq != Hkv, return_lse=True)
