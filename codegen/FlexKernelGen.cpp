@@ -222,6 +222,8 @@ class Translator {
   const std::string& why() const { return why_; }
   std::string body() const { return body_.str(); }
   int ops() const { return ops_; }
+  // The code can report an error at run time (it reads a buffer, or divides integers).
+  bool may_fail() const { return may_fail_; }
   const Val& val(int node) const { return vals_[node]; }
   // The output node's items (a single value or a tuple/list).
   std::vector<Arg> outputs() const {
@@ -327,6 +329,7 @@ class Translator {
       const Val iv = value(indices[d]);
       if (iv.kind != K::Int && iv.kind != K::Bool) return fail(node, "indexes with a non-integer index");
       const std::string D = std::to_string(d);
+      may_fail_ = true;  // an index out of range
       const std::string idx = "hb_index(" + cast(iv, K::Int) + ", " + B + ".sizes[" + D + "], t, " +
                               std::to_string(buffer_base_ + buffer) + ")";
       if (dense) o = "(" + o + ") * " + B + ".sizes[" + D + "] + " + idx;
@@ -393,6 +396,7 @@ class Translator {
       if (ov == "Tensor_mode" && a.size() > 2 && n.args[2].kind == Arg::Kind::Str) mode = n.args[2].s;
       if (R == K::Int || R == K::Bool) {
         if (!mode) return fail(i, "divides integers into an integer without a rounding mode");
+        may_fail_ = true;  // a division by zero
         def(i, R, wrap(std::string(*mode == "floor" ? "hb_floordiv(" : "hb_truncdiv(") + cast(a[0], K::Int) + ", " +
                        cast(a[1], K::Int) + ", t)"));
       } else {
@@ -413,6 +417,7 @@ class Translator {
                   : op == "fmod"    ? "std::fmod(" + x + ", " + y + ")"
                                     : "std::floor(" + x + " / " + y + ")");
       } else {
+        may_fail_ = true;  // a division by zero
         def(i, R, wrap(std::string(op == "remainder" ? "hb_mod(" : op == "fmod" ? "hb_fmod(" : "hb_floordiv(") +
                        cast(a[0], K::Int) + ", " + cast(a[1], K::Int) + ", t)"));
       }
@@ -536,6 +541,7 @@ class Translator {
   std::ostringstream body_;
   std::string why_;
   int ops_ = 0;
+  bool may_fail_ = false;
 };
 
 const Graph* subgraph(const Graph& g, const Arg& a) {
@@ -590,11 +596,7 @@ namespace {
 // Why the CUDA kernels cannot take flex node n ("" = they can): dtypes, head dims, block sizes.
 std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const FlexBlockMaskLayout& l, int nscore,
                          int nmask, int* head_dim, bool* half) {
-  auto tensor = [&](const Arg& a) -> const TensorType* {
-    if (a.kind != Arg::Kind::Ref || g.nodes[a.ref].type.kind != ValueType::Kind::Tensor) return nullptr;
-    return &g.nodes[a.ref].type.tensor;
-  };
-  const TensorType *q = tensor(n.args[0]), *k = tensor(n.args[1]), *v = tensor(n.args[2]);
+  const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]), *v = g.tensor_type(n.args[2]);
   if (!q || !k || !v || q->shape.size() != 4 || k->shape.size() != 4 || v->shape.size() != 4)
     return "q, k, v are not 4-d tensors";
   if (q->dtype != DType::BFloat16 && q->dtype != DType::Float16)
@@ -766,12 +768,7 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
            << "extern \"C\" void hb_flex_joint_f64(const double* s, double* ds, HbFlexTile* t) { hb_joint_tile<double>(s, ds, t); }\n";
     }
   }
-  auto fails = [](const std::string& body) {
-    for (const char* f : {"hb_index(", "hb_floordiv(", "hb_truncdiv(", "hb_mod(", "hb_fmod("})
-      if (body.find(f) != std::string::npos) return true;
-    return false;
-  };
-  out.may_fail = fails(ts.body()) || fails(tm.body()) || (tj && fails(tj->body()));
+  out.may_fail = ts.may_fail() || tm.may_fail() || (tj && tj->may_fail());
   if (cuda) {
     src << "\n#define HB_D " << head_dim << "\n#define HB_HALF " << (half ? 1 : 0) << "\n#define HB_SCORE_MOD "
         << (out.score_mod ? 1 : 0) << "\n#define HB_MASK_MOD " << (out.mask_mod ? 1 : 0) << "\n#define HB_JOINT "

@@ -572,11 +572,7 @@ std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a) {
   const Node& n = g.nodes[node];
   const bool backward = n.target == "higher_order::flex_attention_backward";
   if (n.args.size() != (backward ? 14u : 9u)) return "malformed flex node";
-  auto tensor = [&](const Arg& arg) -> const TensorType* {
-    if (arg.kind != Arg::Kind::Ref || g.nodes[arg.ref].type.kind != ValueType::Kind::Tensor) return nullptr;
-    return &g.nodes[arg.ref].type.tensor;
-  };
-  const TensorType *q = tensor(n.args[0]), *k = tensor(n.args[1]), *v = tensor(n.args[2]);
+  const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]), *v = g.tensor_type(n.args[2]);
   if (!q || !k || !v || q->shape.size() != 4 || k->shape.size() != 4 || v->shape.size() != 4)
     return "q, k, v are not [B, H, S, D] tensors";
   if (q->device.rfind("cuda", 0) != 0) return "on " + q->device + " (cuDNN runs on CUDA)";

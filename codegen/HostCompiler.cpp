@@ -72,8 +72,8 @@ bool make_dirs(const std::string& dir) {
   return true;
 }
 
-// What the key must change with besides the source: the compiler's identity and the CPU's features.
-std::string machine_identity(const std::string& compiler) {
+// `compiler --version`, once per compiler and process.
+std::string compiler_version(const std::string& compiler) {
   static std::mutex mu;
   static std::map<std::string, std::string> memo;
   std::lock_guard<std::mutex> lock(mu);
@@ -81,6 +81,11 @@ std::string machine_identity(const std::string& compiler) {
   if (it != memo.end()) return it->second;
   std::string version;
   run(compiler + " --version", &version);
+  return memo[compiler] = version;
+}
+
+// What a host kernel's key must change with besides the source: the compiler and the CPU's features.
+std::string machine_identity(const std::string& compiler) {
   std::string cpu, line;
   std::ifstream info("/proc/cpuinfo");
   while (std::getline(info, line))
@@ -88,7 +93,7 @@ std::string machine_identity(const std::string& compiler) {
       cpu = line;
       break;
     }
-  return memo[compiler] = version + "\n" + cpu;
+  return compiler_version(compiler) + "\n" + cpu;
 }
 
 // Libraries this process loaded, by path: a second graph with the same kernel shares it.
@@ -211,22 +216,9 @@ HostBuild build_cuda_module(const std::string& source, const CudaCompileSettings
   // so the library needs nothing beyond the driver that torch already loaded.
   const std::string cmd = s.nvcc + " -O3 -std=c++17 -shared -Xcompiler -fPIC -w -gencode arch=compute_" + s.arch +
                           ",code=sm_" + s.arch + " -I" + quote(s.cutlass_include);
-  static std::mutex mu;
-  static std::map<std::string, std::string> versions;
-  std::string version;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = versions.find(s.nvcc);
-    if (it == versions.end()) {
-      std::string v;
-      run(s.nvcc + " --version", &v);
-      it = versions.emplace(s.nvcc, v).first;
-    }
-    version = it->second;
-  }
   std::string cutlass;  // the headers' version is part of what the kernel is built from
   read_file(s.cutlass_include + "/cutlass/version.h", &cutlass);
-  return build_cached(source, s.cache_dir, cmd, version + "\n" + cutlass, ".cu", s.nvcc);
+  return build_cached(source, s.cache_dir, cmd, compiler_version(s.nvcc) + "\n" + cutlass, ".cu", s.nvcc);
 }
 
 }  // namespace hb

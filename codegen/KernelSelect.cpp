@@ -79,9 +79,9 @@ namespace {
 // the CUDA kernels on CUDA tensors).
 std::string fused_why_not(const Graph& g, int node, const Target& target, FlexKernelSource* src, HostBuild* build) {
   const Node& n = g.nodes[node];
-  const Arg& q = n.args.empty() ? Arg{} : n.args[0];
-  if (q.kind != Arg::Kind::Ref || g.nodes[q.ref].type.kind != ValueType::Kind::Tensor) return "q has no tensor type";
-  const TensorType& t = g.nodes[q.ref].type.tensor;
+  const TensorType* q = n.args.empty() ? nullptr : g.tensor_type(n.args[0]);
+  if (!q) return "q has no tensor type";
+  const TensorType& t = *q;
   const bool cuda = t.device.rfind("cuda", 0) == 0;
   if (!cuda && t.device.rfind("cpu", 0) != 0) return "on " + t.device;
   if (t.dtype != DType::Float16 && t.dtype != DType::BFloat16 && t.dtype != DType::Float32 && t.dtype != DType::Float64)

@@ -109,15 +109,12 @@ int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attenti
   if ((!fw && n.target != "higher_order::flex_attention_backward") || n.args.size() < 2) return 0;
   const int node = static_cast<int>(&n - g.nodes.data());
   if (cudnn_attention && cudnn_why_not(g, node, analyze_flex(g, node)).empty()) return 0;
-  auto shape = [&](const Arg& a) -> const std::vector<Dim>* {
-    if (a.kind != Arg::Kind::Ref || g.nodes[a.ref].type.kind != ValueType::Kind::Tensor) return nullptr;
-    return &g.nodes[a.ref].type.tensor.shape;
-  };
-  const std::vector<Dim>*q = shape(n.args[0]), *k = shape(n.args[1]);
-  if (!q || !k || q->size() != 4 || k->size() != 4) return 0;
+  const TensorType *qtt = g.tensor_type(n.args[0]), *ktt = g.tensor_type(n.args[1]);
+  if (!qtt || !ktt || qtt->shape.size() != 4 || ktt->shape.size() != 4) return 0;
+  const std::vector<Dim>*q = &qtt->shape, *k = &ktt->shape;
   for (const Dim& d : {(*q)[0], (*q)[1], (*q)[2], (*q)[3], (*k)[2]})
     if (!d.is_static()) return 0;  // symbolic: counted as 0, like symbolic values
-  const TensorType& qt = g.nodes[n.args[0].ref].type.tensor;
+  const TensorType& qt = *qtt;
   std::string why;
   if (fused_cuda && qt.device.rfind("cuda", 0) == 0 && generate_flex_kernel(g, node, &why, FlexKernelDevice::Cuda))
     return fw ? 0 : (*q)[0].value * (*q)[1].value * (*q)[2].value * ((*q)[3].value + 1) * 4;

@@ -65,6 +65,13 @@ int Graph::output_node() const {
   return -1;
 }
 
+const TensorType* Graph::tensor_type(const Arg& a) const {
+  if (a.kind != Arg::Kind::Ref || a.ref < 0 || a.ref >= static_cast<int>(nodes.size()) ||
+      nodes[a.ref].type.kind != ValueType::Kind::Tensor)
+    return nullptr;
+  return &nodes[a.ref].type.tensor;
+}
+
 int Graph::find(const std::string& n) const {
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i)
     if (nodes[i].name == n) return i;

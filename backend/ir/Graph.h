@@ -148,6 +148,8 @@ struct Graph {
   std::vector<int> placeholders() const;
   int output_node() const;  // index of the single output node (-1 if missing)
   int find(const std::string& name) const;  // -1 if none
+  // The tensor type of the value `a` refers to; null when `a` is no reference or its value no tensor.
+  const TensorType* tensor_type(const Arg& a) const;
   // For each node, the nodes that use its value, in order.
   std::vector<std::vector<int>> users() const;
 };

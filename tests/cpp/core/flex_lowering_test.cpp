@@ -9,6 +9,7 @@
 #include "backend/importer/JsonImport.h"
 #include "backend/ir/Error.h"
 #include "backend/ir/Parser.h"
+#include "codegen/FlexKernelGen.h"
 #include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
 #include "tests/cpp/core/IrTestUtil.h"
@@ -191,6 +192,22 @@ TEST(flex_lowering, selection_picks_cudnn_where_it_computes_flex_exactly) {
   // On the CPU: the reference.
   c = select_kernel(*flex_graph("bf16", ""), flex, with_cudnn());
   EXPECT_NE(c.why.find("on cpu (cuDNN runs on CUDA)"), std::string::npos) << c.why;
+}
+
+// Whether generated code can report an error at run time (the CUDA runtime reads the report back only
+// then): a buffer read can be out of range; the identity with a causal mask cannot fail.
+TEST(flex_lowering, generated_code_says_whether_it_can_fail) {
+  std::string why;
+  auto plain = flex_graph("bf16", "@cuda:0");
+  std::optional<FlexKernelSource> s = generate_flex_kernel(*plain, plain->find("flex_attention"), &why);
+  ASSERT_TRUE(s.has_value()) << why;
+  EXPECT_FALSE(s->may_fail);
+  auto reads = flex_graph("bf16", "@cuda:0", "",
+                          "  %i: f32[] = aten::index.Tensor(%buf, [%q_idx])\n  %out: f32[] = aten::add.Tensor(%score, %i)\n",
+                          true);
+  s = generate_flex_kernel(*reads, reads->find("flex_attention"), &why);
+  ASSERT_TRUE(s.has_value()) << why;
+  EXPECT_TRUE(s->may_fail);
 }
 
 TEST(flex_lowering, a_kv_independent_bias_is_a_row_shift_cudnn_runs) {
