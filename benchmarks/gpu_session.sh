@@ -5,7 +5,11 @@
 #        reusing the build folder a warm machine kept; none only builds; dist needs 2 GPUs: the
 #        DDP/FSDP2 check against eager and the step-time/peak table, DIST_ARGS adds to the table's flags;
 #        fused: the generated CUDA FlexAttention kernels' tests (FUSED_K: a pytest -k filter) and, with
-#        FUSED_BENCH set, benchmarks/flex.py --fused $FUSED_BENCH)
+#        FUSED_BENCH set, benchmarks/flex.py --fused $FUSED_BENCH; FUSED_PYTEST_ARGS adds pytest flags, e.g.
+#        -n 8); lab: no package build, only
+#        benchmarks/flex_kernel_lab.cu for head dims $LAB_DIMS (default 128 64) with $LAB_ARGS, then each
+#        template copy in $LAB_TEMPLATES (paths from the repository root) at D 128, and with LAB_NCU set
+#        the backward under Nsight Compute)
 set -uo pipefail
 MODE="${1:-all}"
 OUT="${OUT:-/tmp/hb-out}"; mkdir -p "$OUT"
@@ -26,6 +30,22 @@ done
 # Build with the system compiler, the one that matches /lib/x86_64-linux-gnu/libstdc++.so.6.
 [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if [ "$MODE" = lab ]; then
+  LAB="nvcc -O3 -std=c++17 -arch=sm_$($PY -c "import torch; print(''.join(map(str, torch.cuda.get_device_capability())))") -I$HINTBACKEND_CUTLASS_INCLUDE -I. benchmarks/flex_kernel_lab.cu"
+  for d in ${LAB_DIMS:-128 64}; do
+    $LAB -DHB_D=$d -o /tmp/lab$d && /tmp/lab$d ${LAB_ARGS:-}
+  done
+  for t in ${LAB_TEMPLATES:-}; do
+    echo "== $t"
+    $LAB -DHB_D=128 -DHB_LAB_TEMPLATE="\"../$t\"" -o /tmp/lab_t && /tmp/lab_t ${LAB_ARGS:-}
+  done
+  if [ -n "${LAB_NCU:-}" ]; then
+    ncu --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+      -k regex:'flex_bwd$' -c 1 /tmp/lab128 ${LAB_ARGS:-} > "$OUT/ncu_bwd.txt" 2>&1
+    grep -v "^==PROF==" "$OUT/ncu_bwd.txt" | grep -E "Throughput|Duration|Stall|Warp Cycles|Issued|Eligible|Achieved|L2|Shared|Bank|Registers|Theoretical" | head -60
+  fi
+  exit 0
+fi
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 t0=$(date +%s)
 # A configure cached with another compiler would keep it: start over then.
@@ -60,7 +80,7 @@ fi
 if [ "$MODE" = fused ]; then
   echo "== generated CUDA FlexAttention kernels: tests ${FUSED_K:+(-k $FUSED_K)}"
   HINTBACKEND_TEST_DEVICE=cuda timeout ${FUSED_TIMEOUT:-300} $PY -m pytest -q -rfE --tb=short -p no:cacheprovider \
-    ${FUSED_K:+-k "$FUSED_K"} "$SRC/tests/python/test_flex_fused_cuda.py" > "$OUT/pytest_fused.log" 2>&1
+    ${FUSED_PYTEST_ARGS:-} ${FUSED_K:+-k "$FUSED_K"} "$SRC/tests/python/test_flex_fused_cuda.py" > "$OUT/pytest_fused.log" 2>&1
   grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/pytest_fused.log" | head -40
   if [ -n "${FUSED_BENCH:-}" ]; then
     echo "== benchmarks/flex.py --fused $FUSED_BENCH"

@@ -1,0 +1,256 @@
+// The generated FlexAttention CUDA kernels (codegen/cuda/FlexTiledKernel.cuh) on their own: no torch, no
+// framework, so a change to the template is timed and checked in seconds on the GPU machine. It builds
+// the template as the generator would for the identity score_mod (no mask_mod, no joint), fills random
+// q/k/v/dO, checks out, logsumexp, dq, dk and dv at a small size against a float64 reference kernel, then
+// times the forward and the backward at the benchmark size (CUDA events, median of --iters).
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I<cutlass include> -I. -DHB_D=128 benchmarks/flex_kernel_lab.cu -o lab
+//   ./lab [B H S] [iters] [causal]
+//
+// -DHB_LAB_TEMPLATE='"file"' builds another copy of the template (an experiment). benchmarks/gpu_session.sh lab
+// builds and runs it for D 64 and 128. Not part of the build or of CI: a developer's tool.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "codegen/FlexKernelAbi.h"
+
+HB_FLEX_KERNEL_ABI  // the generated unit declares these at global scope
+
+#define HB_FN static __device__ __forceinline__
+#ifndef HB_HALF
+#define HB_HALF 0
+#endif
+#define HB_SCORE_MOD 0
+#define HB_MASK_MOD 0
+#define HB_JOINT 0
+#ifndef HB_LAB_TEMPLATE
+#define HB_LAB_TEMPLATE "codegen/cuda/FlexTiledKernel.cuh"
+#endif
+#include HB_LAB_TEMPLATE
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+namespace {
+
+using hbk::Elem;
+
+// Reference, one thread per (b, h, q) row, float64: out, lse (base 2), dq; dk and dv by atomics.
+__global__ void ref_rows(const Elem* q, const Elem* k, const Elem* v, const Elem* dout, long long H, long long S,
+                         double scale, bool causal, double* out, double* lse, double* dq, double* dk, double* dv,
+                         double* p) {
+  const long long local = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (local >= H * S) return;
+  const long long row = blockIdx.y * H * S + local;
+  const int D = HB_D;
+  const long long bh = row / S, qi = row % S;
+  const Elem* qr = q + row * D;
+  const Elem* kb = k + bh * S * D;
+  const Elem* vb = v + bh * S * D;
+  const Elem* dor = dout + row * D;
+  double* pr = p + row * S;
+  double mx = -INFINITY;
+  for (long long j = 0; j < S; ++j) {
+    double s = 0;
+    for (int d = 0; d < D; ++d) s += double(qr[d]) * double(kb[j * D + d]);
+    s *= scale;
+    if (causal && j / 128 > qi / 128) s = -INFINITY;  // block-causal, as the lists
+    pr[j] = s;
+    mx = fmax(mx, s);
+  }
+  double sum = 0;
+  for (long long j = 0; j < S; ++j) sum += exp(pr[j] - mx);
+  for (long long j = 0; j < S; ++j) pr[j] = exp(pr[j] - mx) / sum;
+  lse[row] = (mx + log(sum)) / log(2.0);
+  double o[HB_D] = {}, delta = 0;
+  for (long long j = 0; j < S; ++j)
+    for (int d = 0; d < D; ++d) o[d] += pr[j] * double(vb[j * D + d]);
+  for (int d = 0; d < D; ++d) out[row * D + d] = o[d], delta += o[d] * double(dor[d]);
+  for (long long j = 0; j < S; ++j) {
+    if (pr[j] == 0) continue;
+    double dp = 0;
+    for (int d = 0; d < D; ++d) dp += double(dor[d]) * double(vb[j * D + d]);
+    const double ds = pr[j] * (dp - delta) * scale;
+    for (int d = 0; d < D; ++d) {
+      dq[row * D + d] += ds * double(kb[j * D + d]);
+      atomicAdd(&dk[(bh * S + j) * D + d], ds * double(qr[d]));
+      atomicAdd(&dv[(bh * S + j) * D + d], pr[j] * double(dor[d]));
+    }
+  }
+}
+
+struct Lists {
+  std::vector<int> kv_num, kv_idx, q_num, q_idx;
+};
+
+// Full blocks only (no partial ones): every block, or block-causal (kv block <= q block).
+Lists make_lists(long long nblk, bool causal) {
+  Lists l;
+  for (long long r = 0; r < nblk; ++r) {
+    long long n = 0;
+    for (long long c = 0; c < nblk; ++c)
+      if (!causal || c <= r) l.kv_idx.push_back((int)c), ++n;
+    for (long long c = n; c < nblk; ++c) l.kv_idx.push_back(0);
+    l.kv_num.push_back((int)n);
+  }
+  for (long long c = 0; c < nblk; ++c) {  // q lists: per kv block, the q blocks that see it
+    long long n = 0;
+    for (long long r = 0; r < nblk; ++r)
+      if (!causal || c <= r) l.q_idx.push_back((int)r), ++n;
+    for (long long r = n; r < nblk; ++r) l.q_idx.push_back(0);
+    l.q_num.push_back((int)n);
+  }
+  return l;
+}
+
+template <typename T>
+T* upload(const std::vector<T>& h) {
+  T* d = nullptr;
+  CK(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
+  CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <typename T>
+std::vector<T> download(const T* d, size_t n) {
+  std::vector<T> h(n);
+  CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+double to_float_any(float x) { return x; }
+double to_float_any(Elem x) { return double(float(x)); }
+
+struct Problem {
+  long long B, H, S;
+  bool causal;
+  Elem *q, *k, *v, *dout, *out, *dk, *dv;
+  float *lse, *mx, *delta, *dq;
+  int *lists[8];
+  HbFlexCudaArgs a;
+
+  Problem(long long B_, long long H_, long long S_, bool causal_, unsigned seed) : B(B_), H(H_), S(S_), causal(causal_) {
+    const long long n = B * H * S * HB_D;
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto rnd = [&]() {
+      std::vector<Elem> h(n);
+      for (auto& x : h) x = Elem(nd(gen));
+      return upload(h);
+    };
+    q = rnd(), k = rnd(), v = rnd(), dout = rnd();
+    CK(cudaMalloc(&out, n * sizeof(Elem)));
+    CK(cudaMalloc(&dk, n * sizeof(Elem)));
+    CK(cudaMalloc(&dv, n * sizeof(Elem)));
+    CK(cudaMalloc(&lse, B * H * S * sizeof(float)));
+    CK(cudaMalloc(&mx, B * H * S * sizeof(float)));
+    CK(cudaMalloc(&delta, B * H * S * sizeof(float)));
+    CK(cudaMalloc(&dq, n * sizeof(float)));
+    const long long blk = 128, nblk = (S + blk - 1) / blk;
+    Lists l = make_lists(nblk, causal);
+    std::vector<int> zeros(nblk, 0);
+    lists[0] = upload(zeros), lists[1] = upload(l.kv_idx), lists[2] = upload(l.kv_num), lists[3] = upload(l.kv_idx);
+    lists[4] = upload(zeros), lists[5] = upload(l.q_idx), lists[6] = upload(l.q_num), lists[7] = upload(l.q_idx);
+    std::memset(&a, 0, sizeof a);
+    a.q = q, a.k = k, a.v = v, a.out = out, a.dout = dout, a.lse = lse, a.max_scores = mx, a.delta = delta, a.dq = dq;
+    a.dk = dk, a.dv = dv;
+    const long long st[3] = {H * S * HB_D, S * HB_D, HB_D};
+    for (int i = 0; i < 3; ++i)
+      a.q_strides[i] = a.k_strides[i] = a.v_strides[i] = a.o_strides[i] = a.do_strides[i] = st[i];
+    a.B = a.Bkv = B, a.Hq = a.Hkv = H, a.Sq = a.Skv = S;
+    a.scale = 1.f / std::sqrt((float)HB_D);
+    a.q_block = a.kv_block = blk;
+    auto list = [&](int* num, int* idx) { return HbFlexBlockList{num, idx, 1, 1, nblk, nblk}; };
+    a.kv_list = list(lists[0], lists[1]), a.kv_full_list = list(lists[2], lists[3]);
+    a.q_list = list(lists[4], lists[5]), a.q_full_list = list(lists[6], lists[7]);
+  }
+
+  void forward() { CK((cudaError_t)hb_flex_cuda_forward(&a, nullptr)); }
+  void backward() {
+    CK(cudaMemsetAsync(dq, 0, B * H * S * HB_D * sizeof(float)));
+    CK((cudaError_t)hb_flex_cuda_backward(&a, nullptr));
+  }
+};
+
+// max |x - ref| / max |ref| over n values.
+template <typename T>
+double rel_err(const std::vector<T>& x, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num = std::max(num, std::fabs(double(to_float_any(x[i])) - ref[i]));
+    den = std::max(den, std::fabs(ref[i]));
+  }
+  return num / den;
+}
+
+bool check(long long S, bool causal) {
+  Problem p(1, 2, S, causal, 1);
+  p.forward();
+  p.backward();
+  CK(cudaDeviceSynchronize());
+  const long long rows = p.B * p.H * S, n = rows * HB_D;
+  double *out, *lse, *dq, *dk, *dv, *pm;
+  CK(cudaMalloc(&out, n * 8)); CK(cudaMalloc(&lse, rows * 8)); CK(cudaMalloc(&dq, n * 8));
+  CK(cudaMalloc(&dk, n * 8)); CK(cudaMalloc(&dv, n * 8)); CK(cudaMalloc(&pm, rows * S * 8));
+  CK(cudaMemset(dq, 0, n * 8)); CK(cudaMemset(dk, 0, n * 8)); CK(cudaMemset(dv, 0, n * 8));
+  ref_rows<<<dim3((unsigned)((p.H * S + 63) / 64), (unsigned)p.B), 64>>>(p.q, p.k, p.v, p.dout, p.H, S, p.a.scale,
+                                                                         causal, out, lse, dq, dk, dv, pm);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  const double e[5] = {rel_err(download(p.out, n), download(out, n)), rel_err(download(p.lse, rows), download(lse, rows)),
+                       rel_err(download(p.dq, n), download(dq, n)), rel_err(download(p.dk, n), download(dk, n)),
+                       rel_err(download(p.dv, n), download(dv, n))};
+  const bool ok = e[0] < 2e-2 && e[1] < 1e-3 && e[2] < 2e-2 && e[3] < 2e-2 && e[4] < 2e-2;
+  std::printf("check D%d S%lld%s: max rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e: %s\n", HB_D, S,
+              causal ? " block-causal" : "", e[0], e[1], e[2], e[3], e[4], ok ? "ok" : "FAILED");
+  return ok;
+}
+
+template <typename F>
+float time_ms(F f, int iters) {
+  cudaEvent_t t0, t1;
+  CK(cudaEventCreate(&t0)); CK(cudaEventCreate(&t1));
+  f();
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) {
+    CK(cudaEventRecord(t0));
+    f();
+    CK(cudaEventRecord(t1));
+    CK(cudaEventSynchronize(t1));
+    float x;
+    CK(cudaEventElapsedTime(&x, t0, t1));
+    ms.push_back(x);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const long long B = argc > 3 ? std::atoll(argv[1]) : 4, H = argc > 3 ? std::atoll(argv[2]) : 16,
+                  S = argc > 3 ? std::atoll(argv[3]) : 4096;
+  const int iters = argc > 4 ? std::atoi(argv[4]) : 20;
+  const bool causal = argc > 5 && std::atoi(argv[5]) != 0;
+  bool ok = check(320, false) && check(384, true);
+  Problem p(B, H, S, causal, 2);
+  const double flops = 4.0 * B * H * S * S * HB_D * (causal ? 0.5 : 1.0);
+  const float f = time_ms([&] { p.forward(); }, iters), b = time_ms([&] { p.backward(); }, iters);
+  std::printf("time D%d B%lld H%lld S%lld%s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s), "
+              "both %.0f TFLOP/s\n", HB_D, B, H, S, causal ? " block-causal" : "", f, flops / f * 1e-9, b,
+              2.5 * flops / b * 1e-9, 3.5 * flops / (f + b) * 1e-9);
+  return ok ? 0 : 1;
+}
