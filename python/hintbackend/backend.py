@@ -174,6 +174,15 @@ def _log_decisions(name: str, fx_nodes: int, compiled: Any) -> None:
         log.debug("compiled %s (%d nodes)\n%s", name, fx_nodes, compiled.ir)
 
 
+def rebuild(kind: str, payload: dict, opts: Options) -> Callable:
+    """A compile cache hit: the C++ compile of a stored graph (compile_cache.py)."""
+    name = f"{kind}_{next(_graph_ids)}"
+    fn, unsupported = _build(payload, opts, name)
+    if unsupported:  # entries hold only graphs that compiled: another build would have another key
+        raise RuntimeError(f"hintbackend: cached graph {name} no longer compiles: {unsupported}")
+    return fn
+
+
 def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Optional[Mapping[str, Any]] = None,
                 mode: Optional[str] = None) -> Callable:
     """torch.compile(model, backend="hintbackend", options={...}). See README.md for the options."""
@@ -204,16 +213,9 @@ def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Op
     def make_cached(kind: str) -> Callable:
         def compiler(g: torch.fx.GraphModule, inputs: List[Any]) -> compile_cache.HintOutputCode:
             fn, payload = _compile(g, inputs, opts, kind, forward_input_aliases, None)
-            return compile_cache.HintOutputCode(kind, fn, payload, "unsupported ops" if payload is None else "")
+            return compile_cache.HintOutputCode(kind, fn, payload, opts, "unsupported ops" if payload is None else "")
         return SerializableAOTDispatchCompiler(compile_cache.HintOutputCode, compiler)
 
-    def rebuild(kind: str, payload: dict) -> Callable:
-        name = f"{kind}_{next(_graph_ids)}"
-        fn, unsupported = _build(payload, opts, name)
-        if unsupported:  # entries hold only graphs that compiled: another build would have another key
-            raise RuntimeError(f"hintbackend: cached graph {name} no longer compiles: {unsupported}")
-        return fn
-
-    with compile_cache.caching(opts, gm, rebuild):
+    with compile_cache.caching(opts, gm, functools.partial(rebuild, opts=opts)):
         return aot_autograd(fw_compiler=make_cached("forward"), bw_compiler=make_cached("backward"),
                             inference_compiler=make_cached("inference"), partition_fn=partition_fn)(gm, example_inputs)

@@ -124,9 +124,11 @@ class HintOutputCode(OutputCode):
     `payload`: what our compile needs to rebuild the graph (name, document, constants, FX text, FX node
     count); None when the graph cannot be stored (it runs in eager: the fallback keeps the GraphModule)."""
 
-    def __init__(self, kind: str, fn: Callable, payload: Optional[dict], reason: str = "") -> None:
+    def __init__(self, kind: str, fn: Callable, payload: Optional[dict], opts: Options, reason: str = "") -> None:
         super().__init__()
         self.kind = kind
+        self.opts = opts
+        self.build_id = _build_id()
         self.payload = payload
         self.reason = reason
         self._fn: Optional[Callable] = fn
@@ -149,12 +151,12 @@ class HintOutputCode(OutputCode):
     def __getstate__(self) -> dict:  # pickling (and torch's copy before it): no callable, a checksum
         state = dict(self.__dict__)
         state["_fn"] = None
-        state["_checksum"] = _digest(self.kind, self.payload)
+        state["_checksum"] = _digest(self.kind, self.payload, self.opts, self.build_id)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        if self._checksum != _digest(self.kind, self.payload):
+        if self._checksum != _digest(self.kind, self.payload, self.opts, self.build_id):
             raise pickle.UnpicklingError("hintbackend: corrupt compile cache entry (checksum mismatch)")
 
     # --- loading: torch unpickles the entry and calls post_compile before the first run ---
@@ -162,17 +164,25 @@ class HintOutputCode(OutputCode):
         if self._fn is not None:
             return
         current = _current[-1] if _current else None
-        if current is None:
-            raise RuntimeError("hintbackend: a compile cache entry loaded outside hintbackend's backend")
-        self._fn = current.build(self.kind, self.payload)
-        current.loaded.append(self.kind)
+        if current is not None:
+            self._fn = current.build(self.kind, self.payload)
+            current.loaded.append(self.kind)
+            return
+        # Loaded outside a backend call (Dynamo's precompile cache installs a saved backend): rebuild with
+        # the options it was compiled with, after checking it matches this build.
+        if self.build_id != _build_id():
+            raise RuntimeError("hintbackend: a compile cache entry from another hintbackend build")
+        from .backend import rebuild
+
+        self._fn = rebuild(self.kind, self.payload, self.opts)
+        log.info("compile cache: %s loaded by Dynamo's precompile cache", self.kind)
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass
 
 
-def _digest(kind: str, payload: Optional[dict]) -> str:
-    h = hashlib.sha256(FORMAT.encode() + kind.encode())
+def _digest(kind: str, payload: Optional[dict], opts: Options, build_id: str) -> str:
+    h = hashlib.sha256(f"{FORMAT} {kind} {build_id} {opts!r}".encode())
     if payload is not None:
         h.update(json.dumps({k: v for k, v in payload.items() if k != "constants"}, sort_keys=True).encode())
         for t in payload["constants"]:
