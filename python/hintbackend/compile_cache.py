@@ -37,6 +37,8 @@ import pickle
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import torch
+import torch._functorch.config as functorch_config
+import torch._inductor.config as inductor_config
 from torch._inductor.output_code import OutputCode
 
 from .options import Options
@@ -112,7 +114,8 @@ class _Current:
     """The compile in progress in this process: what a loaded entry is rebuilt with."""
     opts: Options
     build: Callable[..., Callable]  # (kind, payload) -> boxed callable
-    loaded: List[str]
+    loaded: List[str]  # graphs loaded from the cache (their kinds)
+    fallbacks: List[str] = dataclasses.field(default_factory=list)  # graphs compiled here that cannot be stored
 
 
 _current: List[_Current] = []
@@ -131,6 +134,8 @@ class HintOutputCode(OutputCode):
         self.build_id = _build_id()
         self.payload = payload
         self.reason = reason
+        if payload is None and _current:
+            _current[-1].fallbacks.append(kind)
         self._fn: Optional[Callable] = fn
         self._boxed_call = True
 
@@ -206,9 +211,9 @@ def unavailable(opts: Options) -> str:
         return "cuda_graphs is on (a CUDA graph is recorded from the traced graph, which an entry does not keep)"
     if torch.compiler.config.force_disable_caches:
         return "torch.compiler.config.force_disable_caches is set"
-    if not torch._functorch.config.enable_autograd_cache:
+    if not functorch_config.enable_autograd_cache:
         return "torch's AOTAutograd cache is off (TORCHINDUCTOR_AUTOGRAD_CACHE=0)"
-    if not torch._inductor.config.fx_graph_cache:
+    if not inductor_config.fx_graph_cache:
         return "torch's FX graph cache is off (TORCHINDUCTOR_FX_GRAPH_CACHE=0), which AOTAutograd's cache requires"
     return ""
 
@@ -228,7 +233,7 @@ def caching(opts: Options, gm: torch.fx.GraphModule, build: Callable[..., Callab
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = opts.cache_dir
     _current.append(current)
     try:
-        with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
+        with functorch_config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
                 torch.compiler.config.patch(cache_key_tag=tag):
             yield current
     finally:
@@ -240,12 +245,16 @@ def caching(opts: Options, gm: torch.fx.GraphModule, build: Callable[..., Callab
     delta = {k: counters["aot_autograd"][k] - before.get(k, 0)
              for k in ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass", "autograd_cache_saved")}
     where = os.path.join(opts.cache_dir, "aotautograd")
+    why = ('torch\'s AOTAutograd cache bypassed it; TORCH_LOGS="+torch._functorch._aot_autograd.autograd_cache" '
+           'says why')
+    if current.fallbacks:
+        why = f"{' and '.join(current.fallbacks)} ran in eager (unsupported ops)"
     if delta["autograd_cache_hit"]:
         log.info("compile cache hit: %s loaded from %s (AOTAutograd and the passes skipped)",
                  " and ".join(current.loaded) or "graph", where)
+    elif delta["autograd_cache_saved"]:
+        log.info("compile cache miss: compiled and stored in %s", where)
     elif delta["autograd_cache_miss"]:
-        log.info("compile cache miss: compiled%s", f", stored in {where}" if delta["autograd_cache_saved"]
-                 else ", not stored (TORCH_LOGS=+aot_autograd... says why)")
+        log.info("compile cache miss: compiled, not stored: %s", why)
     elif delta["autograd_cache_bypass"]:
-        log.info("compile cache bypassed: this graph cannot be stored (TORCH_LOGS=\"+torch._functorch._aot_autograd\""
-                 " names the reason)")
+        log.info("compile cache not used: %s", why)
