@@ -81,6 +81,9 @@ def _run_body(subgraph, operands):
 class HintedContextOp(BaseHOP):
     def __init__(self) -> None:
         super().__init__("hinted_context")
+        # Its hints are a node argument and its body a subgraph, both in the graph's code, which caches
+        # (AOTAutograd's, the compile cache) hash: an entry of a graph with this op is keyed by them.
+        self._cacheable = True
 
     # Dynamo traces calls of the op itself (BaseHOPVariable) and never this frame; it reaches it
     # only when the body broke its graph, and then must not try to compile the dispatch below.

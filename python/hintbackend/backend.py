@@ -19,9 +19,9 @@ from typing import Any, Callable, List, Mapping, Optional, Set
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler, make_boxed_func
 
-from . import _core
+from . import _core, compile_cache
 from .cuda_graphs import CudaGraphs
 from .dump import Dumper, structured_trace_on
 from .options import Options, parse_options
@@ -66,6 +66,13 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Opt
     fills it (serialize.input_aliases); the backward, whose placeholders are named after the saved
     values, tells the core which of its inputs the caller keeps anyway (those, and the tangents, which
     AOTAutograd's backward frame holds until it returns)."""
+    fn, _ = _compile(gm, example_inputs, opts, kind, forward_input_aliases, cuda_graphs)
+    return fn
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options, kind: str,
+             forward_input_aliases: Optional[Set[str]], cuda_graphs: Optional[CudaGraphs]):
+    """compile_graph, also returning what the compile cache stores to rebuild it (None: a fallback)."""
     name = f"{kind}_{next(_graph_ids)}"
     kept: Set[str] = set()
     if forward_input_aliases is not None:
@@ -74,26 +81,46 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Opt
         elif kind == "backward":
             kept = set(forward_input_aliases)
             kept.update(n.name for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents_"))
-    trace = structured_trace_on()
-    dumper = Dumper(opts.dump_dir, name, trace) if opts.dump_dir or trace else None
-    if dumper:
-        dumper.write("fx_graph.txt", gm.print_readable(print_output=False, include_stride=True, include_device=True))
+    fx_text = gm.print_readable(print_output=False, include_stride=True, include_device=True)
     try:
         doc, constants = serialize(gm, name, inputs_owned=kind == "backward", inputs_kept=kept)
     except SerializationError as e:
-        return _fallback(gm, opts, name, [str(e)])
-    text = json.dumps(doc)
+        dumper = _dumper(opts, name)
+        if dumper:
+            dumper.write("fx_graph.txt", fx_text)
+        return _fallback(gm, opts, name, [str(e)]), None
+    payload = {"name": name, "document": json.dumps(doc), "constants": constants, "fx_text": fx_text,
+               "fx_nodes": len(gm.graph.nodes)}
+    fn, unsupported = _build(payload, opts, name)
+    if unsupported:
+        return _fallback(gm, opts, name, unsupported), None
+    if cuda_graphs is not None:
+        return cuda_graphs.wrap(fn, gm, example_inputs, kind, name), None
+    return fn, payload
+
+
+def _dumper(opts: Options, name: str) -> Optional[Dumper]:
+    trace = structured_trace_on()
+    return Dumper(opts.dump_dir, name, trace) if opts.dump_dir or trace else None
+
+
+def _build(payload: dict, opts: Options, name: str):
+    """The C++ compile of a serialized graph, its dumps, warnings and log lines: (boxed callable, the
+    unsupported ops (the callable is None then)). Also what a compile cache hit runs."""
+    dumper = _dumper(opts, name)
+    text, constants = payload["document"], payload["constants"]
     if dumper:
-        dumper.write("graph.json", json.dumps(doc, indent=1))
+        dumper.write("fx_graph.txt", payload["fx_text"])
+        dumper.write("graph.json", json.dumps(json.loads(text), indent=1))
     compiled = _core().CompiledGraph(text, constants, opts.core_settings(dump=dumper is not None))
     if dumper:
         _write_dumps(dumper, compiled, text, constants, opts)
     for message in compiled.warnings:
-        warnings.warn(f"hintbackend: graph '{name}': {message}", HintBackendHintWarning, stacklevel=2)
+        warnings.warn(f"hintbackend: graph '{name}': {message}", HintBackendHintWarning, stacklevel=3)
         log.warning("graph %s: %s", name, message)
-    _log_decisions(name, gm, compiled)
+    _log_decisions(name, payload["fx_nodes"], compiled)
     if compiled.unsupported:
-        return _fallback(gm, opts, name, list(compiled.unsupported))
+        return None, list(compiled.unsupported)
     run = compiled.run
 
     def compiled_fn(args: List[Any]) -> Any:
@@ -109,9 +136,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Opt
 
     compiled_fn._boxed_call = True  # type: ignore[attr-defined]
     compiled_fn.hintbackend_graph = compiled  # type: ignore[attr-defined]
-    if cuda_graphs is not None:
-        return cuda_graphs.wrap(compiled_fn, gm, example_inputs, kind, name)
-    return compiled_fn
+    return compiled_fn, []
 
 
 def _write_dumps(dumper: Dumper, compiled: Any, text: str, constants: List[Any], opts: Options) -> None:
@@ -134,19 +159,28 @@ def _write_dumps(dumper: Dumper, compiled: Any, text: str, constants: List[Any],
     dumper.finish()
 
 
-def _log_decisions(name: str, gm: torch.fx.GraphModule, compiled: Any) -> None:
+def _log_decisions(name: str, fx_nodes: int, compiled: Any) -> None:
     """What was decided for a graph, on the `hintbackend` logger (TORCH_LOGS="+hintbackend"): a summary and
     the slice decisions at INFO, every pass note, the kernel choices and the IR at DEBUG."""
     if log.isEnabledFor(logging.INFO):
         slicing = [n for n in compiled.notes if n.startswith("slice-schedule")]
         plan = compiled.memory_plan
         arena = f", arena {plan['arena_bytes']} bytes" if plan else ""
-        log.info("compiled %s: %d FX nodes%s%s", name, len(gm.graph.nodes), arena,
+        log.info("compiled %s: %d FX nodes%s%s", name, fx_nodes, arena,
                  "".join("\n  " + n for n in slicing))
     if log.isEnabledFor(logging.DEBUG):  # printed on demand only
         log.debug("%s: pass notes\n%s", name, "\n".join(compiled.notes))
         log.debug("%s: kernels\n%s", name, compiled.kernels)
-        log.debug("compiled %s (%d nodes)\n%s", name, len(gm.graph.nodes), compiled.ir)
+        log.debug("compiled %s (%d nodes)\n%s", name, fx_nodes, compiled.ir)
+
+
+def rebuild(kind: str, payload: dict, opts: Options) -> Callable:
+    """A compile cache hit: the C++ compile of a stored graph (compile_cache.py)."""
+    name = f"{kind}_{next(_graph_ids)}"
+    fn, unsupported = _build(payload, opts, name)
+    if unsupported:  # entries hold only graphs that compiled: another build would have another key
+        raise RuntimeError(f"hintbackend: cached graph {name} no longer compiles: {unsupported}")
+    return fn
 
 
 def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Optional[Mapping[str, Any]] = None,
@@ -161,13 +195,27 @@ def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Op
 
     forward_input_aliases: Set[str] = set()  # one forward/backward pair per aot_autograd call
     cuda_graphs = CudaGraphs(len(example_inputs)) if opts.cuda_graphs else None
-
-    def make(kind: str) -> Callable:
-        return lambda g, inputs: compile_graph(g, inputs, opts, kind, forward_input_aliases, cuda_graphs)
-
     # partition: default_partition, except that saved values of dfs/auto regions are recomputed in the
     # backward (partition.py), so training keeps the regions' intermediates per slice too.
-    return aot_autograd(fw_compiler=make("forward"), bw_compiler=make("backward"),
-                        inference_compiler=make("inference"),
-                        partition_fn=functools.partial(partition, settings=opts.core_settings(),
-                                                       base=opts.partition))(gm, example_inputs)
+    partition_fn = functools.partial(partition, settings=opts.core_settings(), base=opts.partition)
+    not_cached = compile_cache.unavailable(opts)
+    if not_cached:
+        log.debug("compile cache off: %s", not_cached)
+
+        def make(kind: str) -> Callable:
+            return lambda g, inputs: compile_graph(g, inputs, opts, kind, forward_input_aliases, cuda_graphs)
+
+        return aot_autograd(fw_compiler=make("forward"), bw_compiler=make("backward"),
+                            inference_compiler=make("inference"), partition_fn=partition_fn)(gm, example_inputs)
+
+    # The compilers return OutputCode, so torch's AOTAutograd cache stores (and on a hit loads) the whole
+    # AOT result with our graphs (compile_cache.py).
+    def make_cached(kind: str) -> Callable:
+        def compiler(g: torch.fx.GraphModule, inputs: List[Any]) -> compile_cache.HintOutputCode:
+            fn, payload = _compile(g, inputs, opts, kind, forward_input_aliases, None)
+            return compile_cache.HintOutputCode(kind, fn, payload, opts, "unsupported ops" if payload is None else "")
+        return SerializableAOTDispatchCompiler(compile_cache.HintOutputCode, compiler)
+
+    with compile_cache.caching(opts, gm, functools.partial(rebuild, opts=opts)):
+        return aot_autograd(fw_compiler=make_cached("forward"), bw_compiler=make_cached("backward"),
+                            inference_compiler=make_cached("inference"), partition_fn=partition_fn)(gm, example_inputs)

@@ -45,6 +45,11 @@ class Options:
     #: Where generated kernels are cached across processes (<cache_dir>/kernels, keyed by source, compiler
     #: and CPU). Also HINTBACKEND_CACHE_DIR; default ~/.cache/hintbackend (XDG_CACHE_HOME respected).
     cache_dir: Optional[str] = None
+    #: Keep compiled graphs across processes: torch's AOTAutograd cache stores each backend call's result
+    #: in <cache_dir>/aotautograd, keyed by the graph, the options, the hints and the versions, and a later
+    #: process loads it instead of running AOTAutograd and the passes (compile_cache.py). Also
+    #: HINTBACKEND_COMPILE_CACHE=0/1.
+    compile_cache: bool = True
     #: The C++ compiler that builds generated CPU kernels (FlexAttention's kernel="fused"), as a command
     #: ("c++", "ccache g++"); "" turns generated CPU kernels off (the reference runs instead). Also
     #: HINTBACKEND_HOST_COMPILER; default $CXX, else the first of c++, g++, clang++ on PATH.
@@ -79,14 +84,14 @@ class Options:
 
 _TYPES = {"strict": bool, "dump_dir": (str, os.PathLike, type(None)), "disable_passes": (list, tuple),
           "verify_each_pass": bool, "arena": bool, "memory_plan_in_place": bool, "memory_plan_strategy": str,
-          "partition": str, "cuda_graphs": bool, "cache_dir": (str, os.PathLike, type(None)),
+          "partition": str, "cuda_graphs": bool, "cache_dir": (str, os.PathLike, type(None)), "compile_cache": bool,
           "host_compiler": (str, type(None)), "nvcc": (str, type(None)),
           "cutlass_include": (str, os.PathLike, type(None))}
 _WANT = {"strict": "a bool", "dump_dir": "a path string or None", "disable_passes": "a list of pass names",
          "verify_each_pass": "a bool", "arena": "a bool", "memory_plan_in_place": "a bool",
          "memory_plan_strategy": 'one of "", "greedy-by-size", "best-fit"',
          "partition": 'one of "default", "min-cut"', "cuda_graphs": "a bool",
-         "cache_dir": "a path string or None", "host_compiler": 'a compiler command ("c++"), "" (off) or None',
+         "cache_dir": "a path string or None", "compile_cache": "a bool", "host_compiler": 'a compiler command ("c++"), "" (off) or None',
          "nvcc": 'the nvcc command, "" (off) or None', "cutlass_include": "a path string or None"}
 STRATEGIES = ("", "greedy-by-size", "best-fit")
 PARTITIONS = ("default", "min-cut")
@@ -94,7 +99,8 @@ PARTITIONS = ("default", "min-cut")
 _CHOICES = {"memory_plan_strategy": STRATEGIES, "partition": PARTITIONS}
 # Settings the environment may give: variable -> option (booleans as 0/1, choices by name).
 _ENV_BOOLS = {"HINTBACKEND_ARENA": "arena", "HINTBACKEND_MEMORY_PLAN_IN_PLACE": "memory_plan_in_place",
-              "HINTBACKEND_VERIFY_EACH_PASS": "verify_each_pass", "HINTBACKEND_CUDA_GRAPHS": "cuda_graphs"}
+              "HINTBACKEND_VERIFY_EACH_PASS": "verify_each_pass", "HINTBACKEND_CUDA_GRAPHS": "cuda_graphs",
+              "HINTBACKEND_COMPILE_CACHE": "compile_cache"}
 _ENV_CHOICES = {"HINTBACKEND_MEMORY_PLAN_STRATEGY": "memory_plan_strategy", "HINTBACKEND_PARTITION": "partition"}
 
 

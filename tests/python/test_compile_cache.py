@@ -1,0 +1,156 @@
+"""The compile cache (python/hintbackend/compile_cache.py, README "Caching"): a second process loads the
+compiled graphs from <cache_dir>/aotautograd instead of running AOTAutograd and the passes, with the same
+results bit for bit; a corrupt entry is rebuilt; other options, hints or graphs miss."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import device
+from hintbackend.options import parse_options
+
+pytestmark = pytest.mark.skipif(device() == "cuda", reason="the cache does not depend on the device; CPU is enough")
+
+# A training step of a block with a hinted (dfs) attention region; prints the cache counters and the
+# hintbackend log lines about the cache, and saves the loss and the gradients.
+SCRIPT = textwrap.dedent("""
+    import json, logging, sys
+    import torch
+    from hintbackend import hinted_context
+
+    cache, out, slices, arena, variant = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5]
+    lines = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    log = logging.getLogger("hintbackend")
+    log.setLevel(logging.INFO)
+    log.addHandler(Keep())
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(16, 48)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 64, 3, 4, 4).permute(2, 0, 3, 1, 4)
+            with hinted_context(schedule="dfs", slices=slices):
+                s = (q @ k.transpose(-1, -2)) * 0.5
+                a = s.float().softmax(-1) @ v
+            return a.tanh() if variant == "tanh" else a.relu()
+
+    torch.manual_seed(0)
+    model = Block()
+    x = torch.randn(2, 64, 16, requires_grad=True)
+    fn = torch.compile(model, backend="hintbackend", options={"cache_dir": cache, "arena": arena})
+    loss = fn(x).square().sum()
+    loss.backward()
+    torch.save({"loss": loss.detach(), "grads": [x.grad] + [p.grad for p in model.parameters()]}, out)
+    counters = dict(torch._dynamo.utils.counters["aot_autograd"])
+    print(json.dumps({"counters": counters, "log": [m for m in lines if "compile cache" in m]}))
+""")
+
+
+def run(tmp_path, tag, cache, slices=8, arena=True, variant="relu", env=None):
+    out = tmp_path / f"{tag}.pt"
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(cache), str(out), str(slices), "1" if arena else "0",
+                        variant], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})})
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    result["out"] = torch.load(out)
+    result["stderr"] = r.stderr
+    return result
+
+
+def hit(r):
+    return r["counters"].get("autograd_cache_hit", 0) == 1 and any("compile cache hit" in m for m in r["log"])
+
+
+def miss(r):
+    return r["counters"].get("autograd_cache_miss", 0) == 1 and any("compile cache miss" in m for m in r["log"])
+
+
+def same(a, b):
+    return torch.equal(a["out"]["loss"], b["out"]["loss"]) and \
+        all(torch.equal(x, y) for x, y in zip(a["out"]["grads"], b["out"]["grads"]))
+
+
+def entries(cache):
+    folder = cache / "aotautograd"
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")) if folder.exists() else []
+
+
+def test_a_second_process_loads_the_graphs_and_matches_bitwise(tmp_path):
+    cache = tmp_path / "cache"
+    first = run(tmp_path, "first", cache)
+    assert miss(first), first
+    assert first["counters"].get("autograd_cache_saved") == 1, first
+    assert len(entries(cache)) == 1
+    second = run(tmp_path, "second", cache)
+    assert hit(second), second
+    assert "forward and backward" in " ".join(second["log"]), second["log"]
+    assert same(first, second)
+    assert len(entries(cache)) == 1
+
+
+def test_a_corrupt_entry_is_detected_and_rebuilt(tmp_path):
+    cache = tmp_path / "cache"
+    first = run(tmp_path, "first", cache)
+    assert miss(first), first
+    (entry,) = entries(cache)
+    content = entry.read_bytes()
+    # a change inside our part of the entry (the graph document) that still unpickles: the checksum says no
+    assert b"forward_" in content
+    entry.write_bytes(content.replace(b"forward_", b"forwarX_", 1))
+    second = run(tmp_path, "second", cache)
+    assert miss(second) and not hit(second), second
+    assert "corrupt compile cache entry" in second["stderr"]
+    assert same(first, second)
+    third = run(tmp_path, "third", cache)  # the rebuilt entry is found
+    assert hit(third), third
+    assert same(first, third)
+    # a truncated entry does not unpickle at all: a miss, and rebuilt
+    for e in entries(cache):
+        e.write_bytes(e.read_bytes()[: len(content) // 2])
+    fourth = run(tmp_path, "fourth", cache)
+    assert miss(fourth) and not hit(fourth), fourth
+    assert same(first, fourth)
+    assert hit(run(tmp_path, "fifth", cache))
+
+
+def test_other_options_hints_or_graphs_miss(tmp_path):
+    cache = tmp_path / "cache"
+    assert miss(run(tmp_path, "first", cache))
+    assert miss(run(tmp_path, "no_arena", cache, arena=False))   # an option
+    assert miss(run(tmp_path, "slices", cache, slices=4))        # a hint (node metadata, not in torch's key)
+    assert miss(run(tmp_path, "graph", cache, variant="tanh"))   # the graph
+    assert len(entries(cache)) == 4
+    assert hit(run(tmp_path, "again", cache, slices=4))
+
+
+def test_the_cache_can_be_turned_off(tmp_path):
+    cache = tmp_path / "cache"
+    r = run(tmp_path, "off", cache, env={"HINTBACKEND_COMPILE_CACHE": "0"})
+    assert not r["counters"].get("autograd_cache_hit") and not r["counters"].get("autograd_cache_saved"), r
+    assert entries(cache) == []
+
+
+def test_option_and_environment_are_validated(monkeypatch):
+    assert parse_options({}).compile_cache is True
+    assert parse_options({"compile_cache": False}).compile_cache is False
+    with pytest.raises(ValueError, match="option 'compile_cache' must be a bool"):
+        parse_options({"compile_cache": "no"})
+    monkeypatch.setenv("HINTBACKEND_COMPILE_CACHE", "0")
+    assert parse_options({}).compile_cache is False
+    assert parse_options({"compile_cache": True}).compile_cache is True  # the option wins
+    monkeypatch.setenv("HINTBACKEND_COMPILE_CACHE", "off")
+    with pytest.raises(ValueError, match="HINTBACKEND_COMPILE_CACHE"):
+        parse_options({})
