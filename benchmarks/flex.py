@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -83,7 +84,7 @@ def profile(what: str, fn) -> None:
     events.sort(key=lambda e: -e.device_time_total)
     total = sum(e.device_time_total for e in events)
     print(f"  {what}: {total / 1e3:.3f} ms of CUDA kernels, {sum(e.count for e in events)} launches")
-    for e in events[:6]:
+    for e in events[:10]:
         print(f"    {e.device_time_total / 1e3:8.3f} ms x{e.count:<3} {e.key[:100]}")
 
 
@@ -220,8 +221,9 @@ def main() -> None:
                     res[peer] = (flops / ms / 1e9, peak, ms)
                     if args.profile:
                         profile(f"{peer} {row} D{D}", fn)
-                except Exception as e:  # a peer that cannot run this row: say so in its cell
+                except Exception as e:  # a peer that cannot run this row: say so in its cell (why: on stderr)
                     res[peer] = f"fails: {type(e).__name__}"
+                    print(f"{peer} {row} D{D} fails:\n{traceback.format_exc()[-3000:]}", file=sys.stderr)
                 for t in (q, k, v, BIASES["rel"], BIASES["dense"]):
                     if t is not None:
                         t.grad = None

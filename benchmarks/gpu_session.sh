@@ -4,12 +4,14 @@
 #   run: bash benchmarks/gpu_session.sh [all|tests|bench|dist|fused|none]  (default all; each mode builds first,
 #        reusing the build folder a warm machine kept; none only builds; dist needs 2 GPUs: the
 #        DDP/FSDP2 check against eager and the step-time/peak table, DIST_ARGS adds to the table's flags;
+#        tests: TESTS_PYTEST_ARGS adds pytest flags (e.g. -n 4);
 #        fused: the generated CUDA FlexAttention kernels' tests (FUSED_K: a pytest -k filter) and, with
 #        FUSED_BENCH set, benchmarks/flex.py --fused $FUSED_BENCH; FUSED_PYTEST_ARGS adds pytest flags, e.g.
 #        -n 8); lab: no package build, only
 #        benchmarks/flex_kernel_lab.cu for head dims $LAB_DIMS (default 128 64) with $LAB_ARGS, then each
-#        template copy in $LAB_TEMPLATES (paths from the repository root) at D 128, and with LAB_NCU set
-#        the backward under Nsight Compute)
+#        template copy in $LAB_TEMPLATES (paths from the repository root) at D 128, each score_mod/joint
+#        file in $LAB_MODS (with $LAB_DEFS; see the lab's HB_LAB_MODS), and with LAB_NCU set the
+#        backward under Nsight Compute)
 set -uo pipefail
 MODE="${1:-all}"
 OUT="${OUT:-/tmp/hb-out}"; mkdir -p "$OUT"
@@ -39,6 +41,10 @@ if [ "$MODE" = lab ]; then
     echo "== $t"
     $LAB -DHB_D=128 -DHB_LAB_TEMPLATE="\"../$t\"" -o /tmp/lab_t && /tmp/lab_t ${LAB_ARGS:-}
   done
+  for m in ${LAB_MODS:-}; do
+    echo "== $m"
+    $LAB -DHB_D=128 ${LAB_DEFS:-} -DHB_LAB_MODS="\"../$m\"" -o /tmp/lab_m && /tmp/lab_m ${LAB_ARGS:-}
+  done
   if [ -n "${LAB_NCU:-}" ]; then
     ncu --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
       -k regex:'flex_bwd$' -c 1 /tmp/lab128 ${LAB_ARGS:-} > "$OUT/ncu_bwd.txt" 2>&1
@@ -59,7 +65,8 @@ cd /tmp  # import the installed package, not the source tree
 SRC=$OLDPWD
 if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   echo "== pytest on CUDA"
-  HINTBACKEND_TEST_DEVICE=cuda timeout 330 $PY -m pytest -q -rfE --tb=short -p no:cacheprovider "$SRC/tests/python" \
+  HINTBACKEND_TEST_DEVICE=cuda timeout 330 $PY -m pytest -q -rfE --tb=short -p no:cacheprovider ${TESTS_PYTEST_ARGS:-} \
+    "$SRC/tests/python" \
     > "$OUT/pytest_cuda.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_cuda.log" | tail -25
   echo "== demo on CUDA"

@@ -177,7 +177,11 @@ def _log_decisions(name: str, fx_nodes: int, compiled: Any) -> None:
 def rebuild(kind: str, payload: dict, opts: Options) -> Callable:
     """A compile cache hit: the C++ compile of a stored graph (compile_cache.py)."""
     name = f"{kind}_{next(_graph_ids)}"
-    fn, unsupported = _build(payload, opts, name)
+    # The stored document carries the name of the compile that stored it; this process names it anew (the
+    # dumps, the IR and error messages all say the name of its dump folder).
+    doc = json.loads(payload["document"])
+    doc["graph"]["name"] = name
+    fn, unsupported = _build({**payload, "document": json.dumps(doc)}, opts, name)
     if unsupported:  # entries hold only graphs that compiled: another build would have another key
         raise RuntimeError(f"hintbackend: cached graph {name} no longer compiles: {unsupported}")
     return fn
