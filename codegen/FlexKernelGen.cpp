@@ -112,12 +112,63 @@ const char* ctype(K k) {
 }
 bool floating(K k) { return k == K::T || k == K::Double; }
 
+// The values an integer can take, where known: roles from the node's static sizes, literals, and what
+// arithmetic on them gives. A value whose range fits in 32 bits is emitted as int (the GPU's integer
+// units are 32-bit: 64-bit arithmetic costs two or three instructions per op); an index whose range lies
+// inside the dimension it indexes is read without hb_index's check.
+struct Range {
+  int64_t lo = 0, hi = 0;
+  bool fits32() const { return lo >= INT32_MIN && hi <= INT32_MAX; }
+};
+
 struct Val {
   K kind = K::None;
   std::string expr;
   int buffer = -1;          // K::Buffer: which buffer
   bool const_true = false;  // a constant true (a noop mask)
+  std::optional<Range> range;  // K::Int / K::Bool: the values it can take, where known
 };
+
+// Interval arithmetic, nullopt where an operand is unknown or a bound leaves int64.
+std::optional<Range> checked(__int128 lo, __int128 hi) {
+  if (lo < INT64_MIN || hi > INT64_MAX) return std::nullopt;
+  return Range{static_cast<int64_t>(lo), static_cast<int64_t>(hi)};
+}
+std::optional<Range> range_add(const std::optional<Range>& a, const std::optional<Range>& b, bool subtract) {
+  if (!a || !b) return std::nullopt;
+  if (subtract) return checked(static_cast<__int128>(a->lo) - b->hi, static_cast<__int128>(a->hi) - b->lo);
+  return checked(static_cast<__int128>(a->lo) + b->lo, static_cast<__int128>(a->hi) + b->hi);
+}
+std::optional<Range> range_mul(const std::optional<Range>& a, const std::optional<Range>& b) {
+  if (!a || !b) return std::nullopt;
+  const __int128 c[4] = {static_cast<__int128>(a->lo) * b->lo, static_cast<__int128>(a->lo) * b->hi,
+                         static_cast<__int128>(a->hi) * b->lo, static_cast<__int128>(a->hi) * b->hi};
+  return checked(*std::min_element(c, c + 4), *std::max_element(c, c + 4));
+}
+std::optional<Range> range_union(const std::optional<Range>& a, const std::optional<Range>& b) {
+  if (!a || !b) return std::nullopt;
+  return Range{std::min(a->lo, b->lo), std::max(a->hi, b->hi)};
+}
+int64_t floor_div(int64_t x, int64_t y) {  // y > 0
+  return x >= 0 ? x / y : -((-x + y - 1) / y);
+}
+// Floor division by a positive divisor: monotone in each operand.
+std::optional<Range> floordiv_range(const std::optional<Range>& a, const std::optional<Range>& b) {
+  if (!a || !b || b->lo <= 0) return std::nullopt;
+  const int64_t c[4] = {floor_div(a->lo, b->lo), floor_div(a->lo, b->hi), floor_div(a->hi, b->lo), floor_div(a->hi, b->hi)};
+  return Range{*std::min_element(c, c + 4), *std::max_element(c, c + 4)};
+}
+// What an integer buffer element can hold.
+std::optional<Range> dtype_range(DType d) {
+  switch (d) {
+    case DType::Int32: return Range{INT32_MIN, INT32_MAX};
+    case DType::Int16: return Range{INT16_MIN, INT16_MAX};
+    case DType::Int8: return Range{INT8_MIN, INT8_MAX};
+    case DType::UInt8: return Range{0, UINT8_MAX};
+    case DType::Bool: return Range{0, 1};
+    default: return std::nullopt;
+  }
+}
 
 std::string cast(const Val& v, K to) {
   if (v.kind == to) return v.expr;
@@ -193,12 +244,27 @@ const std::map<std::string, std::string>& unary_math() {
 // Which placeholders a subgraph has, in order: the score and index arguments, then the buffers.
 enum class Role { Score, B, H, Q, KV, Grad, Buffer };
 
+// The sizes the index roles range over (b < B, h < H, q < Sq, kv < Skv), where static: the kernels
+// call the scalar functions only with indices inside the sequences.
+struct RoleExtents {
+  std::optional<int64_t> b, h, q, kv;
+};
+
+// A captured buffer's layout as the generated code bakes it in (sizes and strides static in the graph),
+// or none (read from the HbFlexBuffer at run time).
+struct BufferLayout {
+  bool fixed = false;
+  std::vector<int64_t> sizes, strides;
+};
+
 // Translates one subgraph into the body of a scalar function. `buffers_expr`: "t->score_buffers" or
 // "t->mask_buffers"; `buffer_base`: the buffer's number in error reports.
 class Translator {
  public:
-  Translator(const Graph& g, std::vector<Role> roles, std::string buffers_expr, int buffer_base, bool joint)
-      : g_(g), roles_(std::move(roles)), bufs_(std::move(buffers_expr)), buffer_base_(buffer_base), joint_(joint) {}
+  Translator(const Graph& g, std::vector<Role> roles, std::string buffers_expr, int buffer_base, bool joint,
+             RoleExtents extents = {})
+      : g_(g), roles_(std::move(roles)), bufs_(std::move(buffers_expr)), buffer_base_(buffer_base), joint_(joint),
+        extents_(extents) {}
 
   // Emits the statements; false with why_ set when something has no generated form.
   bool run() {
@@ -239,13 +305,21 @@ class Translator {
       case Arg::Kind::Ref: return vals_[a.ref];
       case Arg::Kind::Int:
         v.kind = K::Int;
-        v.expr = a.i == std::numeric_limits<int64_t>::min() ? "(-9223372036854775807LL - 1)" : std::to_string(a.i) + "LL";
+        v.range = Range{a.i, a.i};
+        // A literal that fits in 32 bits stays int, so arithmetic with int values stays 32-bit (their sum
+        // is range-checked where it is defined).
+        if (a.i > INT32_MIN && a.i <= INT32_MAX) v.expr = a.i < 0 ? "(" + std::to_string(a.i) + ")" : std::to_string(a.i);
+        else v.expr = a.i == std::numeric_limits<int64_t>::min() ? "(-9223372036854775807LL - 1)" : std::to_string(a.i) + "LL";
         return v;
       case Arg::Kind::Float: v.kind = K::T; v.expr = float_literal(a.f); return v;
-      case Arg::Kind::Bool: v.kind = K::Bool; v.expr = a.b ? "true" : "false"; v.const_true = a.b; return v;
+      case Arg::Kind::Bool:
+        v.kind = K::Bool, v.expr = a.b ? "true" : "false", v.const_true = a.b, v.range = Range{a.b, a.b};
+        return v;
       default: return v;  // K::None
     }
   }
+  // Per buffer of this subgraph (by its number): the layout the code bakes in.
+  const std::map<int, BufferLayout>& layouts() const { return layouts_; }
   std::set<int> scatter_buffers() const {
     std::set<int> s;
     for (const auto& kv : scatter_of_) s.insert(kv.second);
@@ -264,10 +338,10 @@ class Translator {
       switch (roles_[p]) {
         case Role::Score: v = {K::T, "score"}; return true;
         case Role::Grad: v = {K::T, "grad"}; return true;
-        case Role::B: v = {K::Int, "b"}; return true;
-        case Role::H: v = {K::Int, "h"}; return true;
-        case Role::Q: v = {K::Int, "q"}; return true;
-        case Role::KV: v = {K::Int, "kv"}; return true;
+        case Role::B: return bind_role(v, "b", extents_.b);
+        case Role::H: return bind_role(v, "h", extents_.h);
+        case Role::Q: return bind_role(v, "q", extents_.q);
+        case Role::KV: return bind_role(v, "kv", extents_.kv);
         case Role::Buffer: break;
       }
     }
@@ -289,6 +363,25 @@ class Translator {
       return fail(i, "is a captured buffer of unknown type or rank above 8");
     if (!load(t.dtype, "", "")) return fail(i, std::string("is a captured buffer of dtype ") + dtype_name(t.dtype));
     buffer_types_[v.buffer] = t;
+    BufferLayout& l = layouts_[v.buffer];
+    l.fixed = t.stride.size() == t.shape.size();
+    for (size_t d = 0; d < t.shape.size() && l.fixed; ++d) {
+      l.fixed = t.shape[d].is_static() && t.stride[d].is_static();
+      if (l.fixed) l.sizes.push_back(t.shape[d].value), l.strides.push_back(t.stride[d].value);
+    }
+    if (!l.fixed) l.sizes.clear(), l.strides.clear();
+    return true;
+  }
+
+  // An index role: int over a static extent below 2^31 (the caller passes long long), else long long.
+  static bool bind_role(Val& v, const char* name, const std::optional<int64_t>& extent) {
+    v.kind = K::Int;
+    if (extent && *extent >= 1 && *extent <= INT32_MAX) {
+      v.expr = std::string("((int)") + name + ")";
+      v.range = Range{0, *extent - 1};
+    } else {
+      v.expr = name;
+    }
     return true;
   }
 
@@ -317,13 +410,46 @@ class Translator {
     return fail(node, "is a buffer gradient that is not a sum of zeros_and_scatter");
   }
 
-  // The element offset of buffer `b` at `indices` (strided read, or row-major for the gradient).
+  // The element offset of buffer `b` at `indices` (strided read, or row-major for the gradient). With
+  // the buffer's layout static, sizes and strides are literals, an index proven inside its dimension is
+  // used as it is (one proven inside [-size, size) only wraps), and an offset below 2^31 is int.
   bool offset(int node, int buffer, const std::vector<Arg>& indices, bool dense, std::string* out) {
     const TensorType& t = buffer_types_[buffer];
     if (indices.size() != t.shape.size())
       return fail(node, "indexes a rank-" + std::to_string(t.shape.size()) + " buffer with " +
                             std::to_string(indices.size()) + " indices (only whole-element reads are generated)");
     const std::string B = bufs_ + "[" + std::to_string(buffer) + "]";
+    const BufferLayout& l = layouts_.at(buffer);
+    if (l.fixed) {
+      int64_t extent = 1;  // the largest offset + 1 (dense: the element count; strided: the span read)
+      for (size_t d = 0; d < l.sizes.size(); ++d)
+        extent = dense ? extent * l.sizes[d] : extent + (l.sizes[d] - 1) * std::abs(l.strides[d]);
+      const bool small = extent <= INT32_MAX;
+      std::string o;
+      for (size_t d = 0; d < indices.size(); ++d) {
+        const Val iv = value(indices[d]);
+        if (iv.kind != K::Int && iv.kind != K::Bool) return fail(node, "indexes with a non-integer index");
+        const int64_t size = l.sizes[d];
+        const std::string S = std::to_string(size);
+        std::string idx;
+        if (iv.range && iv.range->lo >= 0 && iv.range->hi < size) {
+          idx = iv.kind == K::Int ? iv.expr : "((int)" + iv.expr + ")";
+        } else if (iv.range && iv.range->lo >= -size && iv.range->hi < size) {
+          idx = "(" + iv.expr + " < 0 ? " + iv.expr + " + " + S + " : " + iv.expr + ")";
+        } else {
+          may_fail_ = true;  // an index out of range
+          idx = "hb_index(" + cast(iv, K::Int) + ", " + S + "LL, t, " + std::to_string(buffer_base_ + buffer) + ")";
+        }
+        if (!small) idx = "((long long)" + idx + ")";
+        const bool checked_idx = idx.find("hb_index(") != std::string::npos;
+        if (dense) o = d ? "(" + o + ") * " + S + " + " + idx : idx;
+        else if (l.strides[d] != 0 && size != 1)
+          o += (o.empty() ? "" : " + ") + idx + (l.strides[d] == 1 ? "" : " * " + std::to_string(l.strides[d]));
+        else if (checked_idx) o += (o.empty() ? "" : " + ") + idx + " * 0";  // adds nothing; still checked
+      }
+      *out = o.empty() ? "0" : o;
+      return true;
+    }
     std::string o = dense ? "0LL" : "";
     for (size_t d = 0; d < indices.size(); ++d) {
       const Val iv = value(indices[d]);
@@ -340,10 +466,14 @@ class Translator {
     return true;
   }
 
-  void def(int i, K kind, const std::string& expr) {
+  void def(int i, K kind, const std::string& expr, std::optional<Range> range = std::nullopt) {
     const std::string name = "v" + std::to_string(i);
-    body_ << "  const " << ctype(kind) << " " << name << " = " << expr << ";  // %" << g_.nodes[i].name << "\n";
+    const bool narrow = kind == K::Int && range && range->fits32();
+    body_ << "  const " << (narrow ? "int" : ctype(kind)) << " " << name << " = " << expr << ";  // %"
+          << g_.nodes[i].name << "\n";
     vals_[i] = {kind, name};
+    if (kind == K::Int) vals_[i].range = range;
+    if (kind == K::Bool) vals_[i].range = Range{0, 1};
   }
 
   bool emit(int i) {
@@ -377,18 +507,25 @@ class Translator {
     const K C = R == K::Bool ? K::Int : R;
     auto wrap = [&](const std::string& e) { return R == K::Bool ? "(" + e + " != 0)" : e; };
 
+    // The range of an integer result (R == K::Int), where the operands' ranges give it.
+    auto int_range = [&](std::optional<Range> r) { return R == K::Int ? r : std::nullopt; };
     if ((op == "add" || op == "sub") && binary) {
       std::string y = cast(a[1], C);
       std::optional<Val> alpha = a.size() > 2 && scalar(2) ? std::optional<Val>(a[2]) : kw("alpha");
-      if (alpha) y = cast(*alpha, C) + " * " + y;
-      def(i, R, wrap(cast(a[0], C) + (op == "add" ? " + " : " - ") + y));
+      std::optional<Range> ry = a[1].range;
+      if (alpha) y = cast(*alpha, C) + " * " + y, ry = range_mul(alpha->range, ry);
+      // alpha * y is computed in its own type: keep the range only where that product fits in 32 bits too.
+      if (alpha && ry && !ry->fits32()) ry.reset();
+      def(i, R, wrap(cast(a[0], C) + (op == "add" ? " + " : " - ") + y), int_range(range_add(a[0].range, ry, op == "sub")));
     } else if (op == "rsub" && binary) {
       std::string x = cast(a[0], C);
       std::optional<Val> alpha = a.size() > 2 && scalar(2) ? std::optional<Val>(a[2]) : kw("alpha");
-      if (alpha) x = cast(*alpha, C) + " * " + x;
-      def(i, R, wrap(cast(a[1], C) + " - " + x));
+      std::optional<Range> rx = a[0].range;
+      if (alpha) x = cast(*alpha, C) + " * " + x, rx = range_mul(alpha->range, rx);
+      if (alpha && rx && !rx->fits32()) rx.reset();
+      def(i, R, wrap(cast(a[1], C) + " - " + x), int_range(range_add(a[1].range, rx, true)));
     } else if (op == "mul" && binary) {
-      def(i, R, wrap(cast(a[0], C) + " * " + cast(a[1], C)));
+      def(i, R, wrap(cast(a[0], C) + " * " + cast(a[1], C)), int_range(range_mul(a[0].range, a[1].range)));
     } else if ((op == "div" || op == "true_divide") && binary) {
       std::optional<std::string> mode;
       const Arg* m = n.kwarg("rounding_mode");
@@ -398,7 +535,8 @@ class Translator {
         if (!mode) return fail(i, "divides integers into an integer without a rounding mode");
         may_fail_ = true;  // a division by zero
         def(i, R, wrap(std::string(*mode == "floor" ? "hb_floordiv(" : "hb_truncdiv(") + cast(a[0], K::Int) + ", " +
-                       cast(a[1], K::Int) + ", t)"));
+                       cast(a[1], K::Int) + ", t)"),
+            int_range(*mode == "floor" ? floordiv_range(a[0].range, a[1].range) : std::nullopt));
       } else {
         const std::string q = cast(a[0], R) + " / " + cast(a[1], R);
         def(i, R, !mode ? q : (*mode == "floor" ? "std::floor(" : "std::trunc(") + q + ")");
@@ -406,7 +544,8 @@ class Translator {
     } else if ((op == "maximum" || op == "minimum" || op == "fmax" || op == "fmin") && binary) {
       const bool mx = op == "maximum" || op == "fmax";
       if (floating(R)) def(i, R, std::string(mx ? "hb_max<" : "hb_min<") + ctype(R) + ">(" + cast(a[0], R) + ", " + cast(a[1], R) + ")");
-      else def(i, R, wrap("(" + cast(a[0], C) + (mx ? " > " : " < ") + cast(a[1], C) + " ? " + cast(a[0], C) + " : " + cast(a[1], C) + ")"));
+      else def(i, R, wrap("(" + cast(a[0], C) + (mx ? " > " : " < ") + cast(a[1], C) + " ? " + cast(a[0], C) + " : " + cast(a[1], C) + ")"),
+               int_range(range_union(a[0].range, a[1].range)));
     } else if (op == "pow" && binary) {
       if (!floating(R)) return fail(i, "raises integers to a power");
       def(i, R, "std::pow(" + cast(a[0], R) + ", " + cast(a[1], R) + ")");
@@ -418,8 +557,11 @@ class Translator {
                                     : "std::floor(" + x + " / " + y + ")");
       } else {
         may_fail_ = true;  // a division by zero
+        std::optional<Range> r;
+        if (op == "remainder" && a[1].range && a[1].range->lo > 0) r = Range{0, a[1].range->hi - 1};
+        if (op == "floor_divide") r = floordiv_range(a[0].range, a[1].range);
         def(i, R, wrap(std::string(op == "remainder" ? "hb_mod(" : op == "fmod" ? "hb_fmod(" : "hb_floordiv(") +
-                       cast(a[0], K::Int) + ", " + cast(a[1], K::Int) + ", t)"));
+                       cast(a[0], K::Int) + ", " + cast(a[1], K::Int) + ", t)"), int_range(r));
       }
     } else if ((op == "eq" || op == "ne" || op == "lt" || op == "le" || op == "gt" || op == "ge") && binary) {
       static const std::map<std::string, std::string> sym = {{"eq", "=="}, {"ne", "!="}, {"lt", "<"},
@@ -440,7 +582,8 @@ class Translator {
       if (floating(R)) return fail(i, "is a bitwise op on floating values");
       def(i, R, R == K::Bool ? "(!" + cast(a[0], K::Bool) + ")" : "(~" + cast(a[0], K::Int) + ")");
     } else if (op == "where" && a.size() == 3 && scalar(0) && scalar(1) && scalar(2)) {
-      def(i, R, "(" + cast(a[0], K::Bool) + " ? " + cast(a[1], R) + " : " + cast(a[2], R) + ")");
+      def(i, R, "(" + cast(a[0], K::Bool) + " ? " + cast(a[1], R) + " : " + cast(a[2], R) + ")",
+          int_range(range_union(a[1].range, a[2].range)));
     } else if (op == "masked_fill" && a.size() == 3 && scalar(0) && scalar(1) && scalar(2)) {
       def(i, R, "(" + cast(a[1], K::Bool) + " ? " + cast(a[2], R) + " : " + cast(a[0], R) + ")");
     } else if ((op == "clamp" || op == "clamp_min" || op == "clamp_max") && unary) {
@@ -464,7 +607,9 @@ class Translator {
       else if (op == "floor" || op == "ceil" || op == "trunc" || op == "round") def(i, R, cast(a[0], R));
       else return fail(i, "computes " + op + " into an integer");
     } else if (op == "neg" && unary) {
-      def(i, R, wrap("(-" + cast(a[0], C) + ")"));
+      def(i, R, wrap("(-" + cast(a[0], C) + ")"),
+          int_range(a[0].range ? checked(-static_cast<__int128>(a[0].range->hi), -static_cast<__int128>(a[0].range->lo))
+                               : std::nullopt));
     } else if ((op == "rsqrt" || op == "reciprocal") && unary && floating(R)) {
       const std::string one = "((" + std::string(ctype(R)) + ")1)";
       def(i, R, one + " / " + (op == "rsqrt" ? "std::sqrt(" + cast(a[0], R) + ")" : cast(a[0], R)));
@@ -481,7 +626,7 @@ class Translator {
     } else if ((op == "_to_copy" || op == "to" || op == "convert_element_type" || op == "clone" || op == "alias" ||
                 op == "detach" || op == "lift_fresh_copy" || op == "view" || op == "reshape" || op == "_unsafe_view" ||
                 op == "type_as" || op == "contiguous" || op == "positive") && unary) {
-      def(i, R, cast(a[0], R));
+      def(i, R, cast(a[0], R), int_range(a[0].kind == K::Int || a[0].kind == K::Bool ? a[0].range : std::nullopt));
       vals_[i].const_true = a[0].const_true;
     } else if (op == "scalar_tensor" || op == "full" || op == "new_full" || op == "full_like" || op == "new_ones" ||
                op == "ones" || op == "ones_like" || op == "new_zeros" || op == "zeros" || op == "zeros_like") {
@@ -502,7 +647,7 @@ class Translator {
       const std::string B = bufs_ + "[" + std::to_string(a[0].buffer) + "]";
       const TensorType& bt = buffer_types_[a[0].buffer];
       const std::optional<K> bk = kind_of_dtype(bt.dtype);
-      def(i, R, cast(Val{bk ? *bk : K::T, *load(bt.dtype, B, off)}, R));
+      def(i, R, cast(Val{bk ? *bk : K::T, *load(bt.dtype, B, off)}, R), int_range(dtype_range(bt.dtype)));
     } else {
       return fail(i, "has no generated form");
     }
@@ -535,7 +680,9 @@ class Translator {
   int buffer_base_ = 0;
   bool joint_ = false;
   std::vector<Val> vals_;
+  RoleExtents extents_;
   std::map<int, TensorType> buffer_types_;
+  std::map<int, BufferLayout> layouts_;
   std::map<int, int> scatter_of_;  // zeros_and_scatter node -> buffer
   std::set<int> sums_;             // add nodes that only sum scatters
   std::ostringstream body_;
@@ -667,20 +814,27 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
     }
   }
 
+  // The index roles' extents, where static: b < B, h < Hq, q < Sq, kv < Skv.
+  RoleExtents ext;
+  if (const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]);
+      q && k && q->shape.size() == 4 && k->shape.size() == 4) {
+    auto st = [](const Dim& d) { return d.is_static() ? std::optional<int64_t>(d.value) : std::nullopt; };
+    ext = {st(q->shape[0]), st(q->shape[1]), st(q->shape[2]), st(k->shape[2])};
+  }
   using R = Role;
-  Translator ts(*score, {R::Score, R::B, R::H, R::Q, R::KV}, "t->score_buffers", 0, false);
+  Translator ts(*score, {R::Score, R::B, R::H, R::Q, R::KV}, "t->score_buffers", 0, false, ext);
   if (!ts.run()) {
     *why = "score_mod: " + ts.why();
     return std::nullopt;
   }
-  Translator tm(*mask, {R::B, R::H, R::Q, R::KV}, "t->mask_buffers", nscore, false);
+  Translator tm(*mask, {R::B, R::H, R::Q, R::KV}, "t->mask_buffers", nscore, false, ext);
   if (!tm.run()) {
     *why = "mask_mod: " + tm.why();
     return std::nullopt;
   }
   std::optional<Translator> tj;
   if (backward) {
-    tj.emplace(*joint, std::vector<Role>{R::Score, R::B, R::H, R::Q, R::KV, R::Grad}, "t->score_buffers", 0, true);
+    tj.emplace(*joint, std::vector<Role>{R::Score, R::B, R::H, R::Q, R::KV, R::Grad}, "t->score_buffers", 0, true, ext);
     if (!tj->run()) {
       *why = "joint graph: " + tj->why();
       return std::nullopt;
@@ -769,6 +923,25 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
     }
   }
   out.may_fail = ts.may_fail() || tm.may_fail() || (tj && tj->may_fail());
+  // The layouts the code bakes in; the score_mod and the joint read the same buffers, so they must agree.
+  auto baked = [](const Translator& t, int b) -> std::optional<FlexKernelSource::Layout> {
+    auto it = t.layouts().find(b);
+    if (it == t.layouts().end() || !it->second.fixed) return std::nullopt;
+    return FlexKernelSource::Layout{it->second.sizes, it->second.strides};
+  };
+  for (int b = 0; b < nscore; ++b) {
+    std::optional<FlexKernelSource::Layout> l = baked(ts, b);
+    if (tj) {
+      const std::optional<FlexKernelSource::Layout> lj = baked(*tj, b);
+      if (tj->layouts().count(b) && (l.has_value() != lj.has_value() || (l && (l->sizes != lj->sizes || l->strides != lj->strides)))) {
+        *why = "score buffer " + std::to_string(b) + " has another layout in the joint graph than in score_mod";
+        return std::nullopt;
+      }
+      if (!ts.layouts().count(b)) l = lj;
+    }
+    out.buffer_layouts.push_back(l);
+  }
+  for (int b = 0; b < nmask; ++b) out.buffer_layouts.push_back(baked(tm, b));
   if (cuda) {
     src << "\n#define HB_D " << head_dim << "\n#define HB_HALF " << (half ? 1 : 0) << "\n#define HB_SCORE_MOD "
         << (out.score_mod ? 1 : 0) << "\n#define HB_MASK_MOD " << (out.mask_mod ? 1 : 0) << "\n#define HB_JOINT "

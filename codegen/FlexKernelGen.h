@@ -31,6 +31,13 @@ struct FlexKernelSource {
   bool joint_grad_zero = false;  // the joint returns no score gradient (score_mod ignores the score)
   std::vector<bool> buffer_grads;  // per score buffer: the joint scatters a gradient into it
   bool may_fail = false;       // the code can report an error (a buffer read out of range, a division by 0)
+  // Per captured buffer (score buffers, then mask buffers): the sizes and strides the code has as
+  // literals (static in the graph), or nullopt where it reads them from the HbFlexBuffer at run time. The
+  // runtime checks a buffer against them before every launch (backend/runtime/FlexFusedCall.cpp).
+  struct Layout {
+    std::vector<int64_t> sizes, strides;
+  };
+  std::vector<std::optional<Layout>> buffer_layouts;
   std::string summary;         // "score_mod: 9 ops; mask_mod: 1 op; joint: 12 ops, scatters into buffer 0"
 };
 

@@ -3,6 +3,8 @@
 // (KernelKind::FlexFusedForward / FlexFusedBackward): kernel selection generated and built the code
 // (codegen/FlexKernelGen.h, codegen/HostCompiler.h) and keeps the library in the plan; the lowering
 // resolves its entry points and the arguments once, the tiled kernel (FlexTiledCpu.h) runs per call.
+#include <ATen/ATen.h>
+
 #include "backend/ir/Error.h"
 #include "backend/runtime/Args.h"
 #include "backend/runtime/Call.h"
@@ -33,6 +35,30 @@ class FlexFusedCall : public Call {
   std::shared_ptr<HostModule> module;  // keeps the generated code loaded
   FlexKernelFns fns;
   std::vector<bool> buffer_grads;
+  std::vector<std::optional<FlexKernelSource::Layout>> layouts;  // score buffers, then mask buffers
+  std::string where;
+
+  // A buffer as the generated code reads it: the sizes and strides it was built with (strides of size-1
+  // dims aside), else a copy with those strides where they do not overlap, else an error.
+  at::Tensor laid_out(const at::Tensor& b, size_t i) const {
+    if (i >= layouts.size() || !layouts[i] || b.dim() == 0) return b;
+    const FlexKernelSource::Layout& l = *layouts[i];
+    bool same = static_cast<size_t>(b.dim()) == l.sizes.size(), overlaps = false;
+    for (size_t d = 0; d < l.sizes.size(); ++d) {
+      if (same) same = b.size(d) == l.sizes[d] && (l.sizes[d] == 1 || b.stride(d) == l.strides[d]);
+      overlaps = overlaps || (l.sizes[d] > 1 && l.strides[d] == 0);
+    }
+    if (same) return b;
+    TORCH_CHECK(!overlaps && static_cast<size_t>(b.dim()) == l.sizes.size() && b.sizes().vec() == l.sizes, where,
+                ": captured buffer ", i, " has sizes ", b.sizes(), " and strides ", b.strides(),
+                " at run time; the generated kernel was built for sizes ", c10::IntArrayRef(l.sizes), " and strides ",
+                c10::IntArrayRef(l.strides), " (kernel=\"aten\" in hinted_context runs the reference)");
+    return at::empty_strided(l.sizes, l.strides, b.options()).copy_(b);
+  }
+  std::vector<at::Tensor> laid_out(std::vector<at::Tensor> bufs, size_t first) const {
+    for (size_t i = 0; i < bufs.size(); ++i) bufs[i] = laid_out(bufs[i], first + i);
+    return bufs;
+  }
 
   c10::IValue run(const std::vector<c10::IValue>& slots, const at::Tensor&, CallStats&) const override {
     std::vector<at::Tensor> t;
@@ -50,8 +76,8 @@ class FlexFusedCall : public Call {
     }
     blocks.q_block = q_block;
     blocks.kv_block = kv_block;
-    const std::vector<at::Tensor> sbufs = captured_tensors(build_arg(score_buffers, slots));
-    const std::vector<at::Tensor> mbufs = captured_tensors(build_arg(mask_buffers, slots));
+    const std::vector<at::Tensor> sbufs = laid_out(captured_tensors(build_arg(score_buffers, slots)), 0);
+    const std::vector<at::Tensor> mbufs = laid_out(captured_tensors(build_arg(mask_buffers, slots)), sbufs.size());
     if (!backward) {
       std::vector<at::Tensor> r = cuda ? flex_cuda_forward(t[0], t[1], t[2], cuda_fns, blocks, scale, sbufs, mbufs)
                                        : flex_tiled_forward(t[0], t[1], t[2], fns, blocks, scale, sbufs, mbufs);
@@ -112,6 +138,8 @@ std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx) 
   call->module = choice.module;
   const HostModule& m = *choice.module;
   call->buffer_grads = src->buffer_grads;
+  call->layouts = src->buffer_layouts;
+  call->where = where;
   if (cuda) {
     call->cuda_fns.forward = entry<FlexCudaLaunch>(m, "hb_flex_cuda_forward", true, where);
     call->cuda_fns.backward = entry<FlexCudaLaunch>(m, "hb_flex_cuda_backward", true, where);

@@ -137,14 +137,43 @@ TEST(flex_kernel_gen, writes_each_node_as_a_scalar_statement) {
   EXPECT_EQ(s.buffer_grads, std::vector<bool>{true});
   EXPECT_EQ(s.summary, "score_mod: 7 ops; mask_mod: 1 op; joint: 8 ops, gradient scattered into buffer 0");
   for (const char* line : {
-           "const T v6 = score / ((T)(30LL));  // %div",
+           "const T v6 = score / ((T)(30));  // %div",
            "const T v7 = hb_tanh(v6);  // %tanh",
-           "const long long v10 = v9 + 7LL;  // %add",
-           "const bool v4 = (q >= kv);  // %ge",
+           // q < 8 and kv < 16 (the node's sizes): q - kv + 7 is int, and inside lb's 15 rows, so it is
+           // read with lb's strides as literals and no bounds check.
+           "const int v9 = ((int)q) - ((int)kv);  // %sub",
+           "const int v10 = v9 + 7;  // %add",
+           "const T v11 = ((const float*)t->score_buffers[0].data)[v10 * 2 + ((int)h)];  // %index",
+           "hb_scatter(t->score_buffers[0].grad, (v10) * 2 + ((int)h), ((double)(grad)));  // %scatter",
+           "const bool v4 = (((int)q) >= ((int)kv));  // %ge",
            "const T v13 = v12 * (((T)1) - v8 * v8);  // %tb",
            "extern \"C\" void hb_flex_joint_f64(",
        })
     EXPECT_NE(s.source.find(line), std::string::npos) << line << "\n" << s.source;
+  EXPECT_FALSE(s.may_fail);
+  ASSERT_EQ(s.buffer_layouts.size(), 1u);
+  ASSERT_TRUE(s.buffer_layouts[0].has_value());
+  EXPECT_EQ(s.buffer_layouts[0]->sizes, (std::vector<int64_t>{15, 2}));
+  EXPECT_EQ(s.buffer_layouts[0]->strides, (std::vector<int64_t>{2, 1}));
+}
+
+// What the range analysis keeps: a symbolic sequence length leaves q and kv 64-bit and the read checked;
+// a product that can leave 32 bits stays 64-bit.
+TEST(flex_kernel_gen, indices_stay_64_bit_and_checked_where_their_range_is_unknown) {
+  std::string ir = kBackward;
+  for (size_t at; (at = ir.find("f32[1, 2, 8, 16]")) != std::string::npos;) ir.replace(at, 16, "f32[1, 2, s0, 16]");
+  const FlexKernelSource dyn = generate(ir);
+  EXPECT_NE(dyn.source.find("const long long v9 = q - kv;  // %sub"), std::string::npos) << dyn.source;
+  EXPECT_NE(dyn.source.find("hb_index(v10, 15LL, t, 0)"), std::string::npos) << dyn.source;
+  EXPECT_TRUE(dyn.may_fail);
+  // (q - kv + 7) * 2^30 leaves int32: 64-bit, then checked against lb's 15 rows.
+  const FlexKernelSource big = generate(replace(
+      replace(kBackward, "  %index: f32[] = aten::index.Tensor(%lb, [%add, %h])",
+              "  %big: i64[] = aten::mul.Tensor(%add, 1073741824)\n  %index: f32[] = aten::index.Tensor(%lb, [%big, %h])"),
+      "  %add_1: f32[] = aten::add.Tensor(%mul, %index)", "  %add_1: f32[] = aten::add.Tensor(%mul, %index)"));
+  EXPECT_NE(big.source.find("const long long v"), std::string::npos) << big.source;
+  EXPECT_NE(big.source.find("hb_index("), std::string::npos) << big.source;
+  EXPECT_TRUE(big.may_fail);
 }
 
 TEST(flex_kernel_gen, the_identity_and_the_noop_mask_generate_nothing_to_call) {
@@ -260,11 +289,16 @@ TEST(flex_kernel_gen, the_float_tanh_matches_the_library_and_keeps_nan_and_infin
 
 TEST(flex_kernel_gen, an_out_of_range_read_reports_the_index) {
   if (!have_compiler()) GTEST_SKIP() << "no c++ on PATH";
-  const FlexKernelSource s = generate(kBackward);
+  // lb declared with 4 rows, too few for q - kv + 7: the read is checked (the range analysis proves
+  // nothing) and reports the index.
+  std::string ir = kBackward;
+  for (size_t at; (at = ir.find("[15, 2]")) != std::string::npos;) ir.replace(at, 7, "[4, 2]");
+  const FlexKernelSource s = generate(ir);
+  EXPECT_TRUE(s.may_fail);
   const HostBuild build = build_host_module(s.source, {"c++", temp_dir()});
   ASSERT_TRUE(build.module) << build.error;
   auto score = reinterpret_cast<FlexScoreF32>(build.module->symbol("hb_flex_score_f32"));
-  std::vector<float> lb(4 * 2, 1.0f);  // too short for q - kv + 7
+  std::vector<float> lb(4 * 2, 1.0f);
   HbFlexBuffer buf{};
   buf.data = lb.data();
   buf.rank = 2;

@@ -202,10 +202,15 @@ TEST(flex_lowering, generated_code_says_whether_it_can_fail) {
   std::optional<FlexKernelSource> s = generate_flex_kernel(*plain, plain->find("flex_attention"), &why);
   ASSERT_TRUE(s.has_value()) << why;
   EXPECT_FALSE(s->may_fail);
-  auto reads = flex_graph("bf16", "@cuda:0", "",
-                          "  %i: f32[] = aten::index.Tensor(%buf, [%q_idx])\n  %out: f32[] = aten::add.Tensor(%score, %i)\n",
-                          true);
+  // buf[q_idx] with buf as long as the sequence: the range analysis proves the read in range.
+  const std::string read_q = "  %i: f32[] = aten::index.Tensor(%buf, [%q_idx])\n  %out: f32[] = aten::add.Tensor(%score, %i)\n";
+  auto reads = flex_graph("bf16", "@cuda:0", "", read_q, true);
   s = generate_flex_kernel(*reads, reads->find("flex_attention"), &why);
+  ASSERT_TRUE(s.has_value()) << why;
+  EXPECT_FALSE(s->may_fail);
+  // A shorter buf can be read out of range.
+  auto short_buf = flex_graph("bf16", "@cuda:0", "", read_q, true, "f32[100]");
+  s = generate_flex_kernel(*short_buf, short_buf->find("flex_attention"), &why);
   ASSERT_TRUE(s.has_value()) << why;
   EXPECT_TRUE(s->may_fail);
 }
