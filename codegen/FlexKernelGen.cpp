@@ -127,6 +127,7 @@ struct Val {
   int buffer = -1;          // K::Buffer: which buffer
   bool const_true = false;  // a constant true (a noop mask)
   std::optional<Range> range;  // K::Int / K::Bool: the values it can take, where known
+  bool i32 = false;            // K::Int held in a C int (else long long)
 };
 
 // Interval arithmetic, nullopt where an operand is unknown or a bound leaves int64.
@@ -308,7 +309,8 @@ class Translator {
         v.range = Range{a.i, a.i};
         // A literal that fits in 32 bits stays int, so arithmetic with int values stays 32-bit (their sum
         // is range-checked where it is defined).
-        if (a.i > INT32_MIN && a.i <= INT32_MAX) v.expr = a.i < 0 ? "(" + std::to_string(a.i) + ")" : std::to_string(a.i);
+        v.i32 = a.i > INT32_MIN && a.i <= INT32_MAX;
+        if (v.i32) v.expr = a.i < 0 ? "(" + std::to_string(a.i) + ")" : std::to_string(a.i);
         else v.expr = a.i == std::numeric_limits<int64_t>::min() ? "(-9223372036854775807LL - 1)" : std::to_string(a.i) + "LL";
         return v;
       case Arg::Kind::Float: v.kind = K::T; v.expr = float_literal(a.f); return v;
@@ -379,6 +381,7 @@ class Translator {
     if (extent && *extent >= 1 && *extent <= INT32_MAX) {
       v.expr = std::string("((int)") + name + ")";
       v.range = Range{0, *extent - 1};
+      v.i32 = true;
     } else {
       v.expr = name;
     }
@@ -472,7 +475,7 @@ class Translator {
     body_ << "  const " << (narrow ? "int" : ctype(kind)) << " " << name << " = " << expr << ";  // %"
           << g_.nodes[i].name << "\n";
     vals_[i] = {kind, name};
-    if (kind == K::Int) vals_[i].range = range;
+    if (kind == K::Int) vals_[i].range = range, vals_[i].i32 = narrow;
     if (kind == K::Bool) vals_[i].range = Range{0, 1};
   }
 
@@ -509,23 +512,31 @@ class Translator {
 
     // The range of an integer result (R == K::Int), where the operands' ranges give it.
     auto int_range = [&](std::optional<Range> r) { return R == K::Int ? r : std::nullopt; };
+    // Integer arithmetic is int only where its result is proven to fit: otherwise the operands are
+    // widened first (two int values can overflow int before the result is stored in a long long).
+    auto narrow = [&](const std::optional<Range>& r) { return R == K::Int && r && r->fits32(); };
+    auto opnd = [&](const Val& v, bool in32) {
+      return C == K::Int && !in32 && v.i32 ? "((long long)" + v.expr + ")" : cast(v, C);
+    };
     if ((op == "add" || op == "sub") && binary) {
-      std::string y = cast(a[1], C);
       std::optional<Val> alpha = a.size() > 2 && scalar(2) ? std::optional<Val>(a[2]) : kw("alpha");
-      std::optional<Range> ry = a[1].range;
-      if (alpha) y = cast(*alpha, C) + " * " + y, ry = range_mul(alpha->range, ry);
-      // alpha * y is computed in its own type: keep the range only where that product fits in 32 bits too.
-      if (alpha && ry && !ry->fits32()) ry.reset();
-      def(i, R, wrap(cast(a[0], C) + (op == "add" ? " + " : " - ") + y), int_range(range_add(a[0].range, ry, op == "sub")));
+      std::optional<Range> ry = alpha ? range_mul(alpha->range, a[1].range) : a[1].range;
+      const std::optional<Range> r = range_add(a[0].range, ry, op == "sub");
+      const bool n32 = narrow(r) && ry->fits32();  // alpha * y is computed on its own first
+      std::string y = opnd(a[1], n32);
+      if (alpha) y = opnd(*alpha, n32) + " * " + y;
+      def(i, R, wrap(opnd(a[0], n32) + (op == "add" ? " + " : " - ") + y), int_range(r));
     } else if (op == "rsub" && binary) {
-      std::string x = cast(a[0], C);
       std::optional<Val> alpha = a.size() > 2 && scalar(2) ? std::optional<Val>(a[2]) : kw("alpha");
-      std::optional<Range> rx = a[0].range;
-      if (alpha) x = cast(*alpha, C) + " * " + x, rx = range_mul(alpha->range, rx);
-      if (alpha && rx && !rx->fits32()) rx.reset();
-      def(i, R, wrap(cast(a[1], C) + " - " + x), int_range(range_add(a[1].range, rx, true)));
+      std::optional<Range> rx = alpha ? range_mul(alpha->range, a[0].range) : a[0].range;
+      const std::optional<Range> r = range_add(a[1].range, rx, true);
+      const bool n32 = narrow(r) && rx->fits32();
+      std::string x = opnd(a[0], n32);
+      if (alpha) x = opnd(*alpha, n32) + " * " + x;
+      def(i, R, wrap(opnd(a[1], n32) + " - " + x), int_range(r));
     } else if (op == "mul" && binary) {
-      def(i, R, wrap(cast(a[0], C) + " * " + cast(a[1], C)), int_range(range_mul(a[0].range, a[1].range)));
+      const std::optional<Range> r = range_mul(a[0].range, a[1].range);
+      def(i, R, wrap(opnd(a[0], narrow(r)) + " * " + opnd(a[1], narrow(r))), int_range(r));
     } else if ((op == "div" || op == "true_divide") && binary) {
       std::optional<std::string> mode;
       const Arg* m = n.kwarg("rounding_mode");
@@ -603,13 +614,16 @@ class Translator {
       def(i, R, e);
     } else if (unary_math().count(op) && unary) {
       if (floating(R)) def(i, R, unary_math().at(op) + "(" + cast(a[0], R) + ")");
-      else if (op == "abs") def(i, R, "(" + cast(a[0], K::Int) + " < 0 ? -" + cast(a[0], K::Int) + " : " + cast(a[0], K::Int) + ")");
+      else if (op == "abs") {
+        const std::string x = "((long long)" + cast(a[0], K::Int) + ")";  // -INT_MIN fits only in 64 bits
+        def(i, R, "(" + x + " < 0 ? -" + x + " : " + x + ")");
+      }
       else if (op == "floor" || op == "ceil" || op == "trunc" || op == "round") def(i, R, cast(a[0], R));
       else return fail(i, "computes " + op + " into an integer");
     } else if (op == "neg" && unary) {
-      def(i, R, wrap("(-" + cast(a[0], C) + ")"),
-          int_range(a[0].range ? checked(-static_cast<__int128>(a[0].range->hi), -static_cast<__int128>(a[0].range->lo))
-                               : std::nullopt));
+      const std::optional<Range> r =
+          a[0].range ? checked(-static_cast<__int128>(a[0].range->hi), -static_cast<__int128>(a[0].range->lo)) : std::nullopt;
+      def(i, R, wrap("(-" + opnd(a[0], narrow(r)) + ")"), int_range(r));
     } else if ((op == "rsqrt" || op == "reciprocal") && unary && floating(R)) {
       const std::string one = "((" + std::string(ctype(R)) + ")1)";
       def(i, R, one + " / " + (op == "rsqrt" ? "std::sqrt(" + cast(a[0], R) + ")" : cast(a[0], R)));

@@ -171,9 +171,27 @@ TEST(flex_kernel_gen, indices_stay_64_bit_and_checked_where_their_range_is_unkno
       replace(kBackward, "  %index: f32[] = aten::index.Tensor(%lb, [%add, %h])",
               "  %big: i64[] = aten::mul.Tensor(%add, 1073741824)\n  %index: f32[] = aten::index.Tensor(%lb, [%big, %h])"),
       "  %add_1: f32[] = aten::add.Tensor(%mul, %index)", "  %add_1: f32[] = aten::add.Tensor(%mul, %index)"));
-  EXPECT_NE(big.source.find("const long long v"), std::string::npos) << big.source;
+  EXPECT_NE(big.source.find("= ((long long)v10) * ((long long)1073741824);  // %big"), std::string::npos) << big.source;
   EXPECT_NE(big.source.find("hb_index("), std::string::npos) << big.source;
   EXPECT_TRUE(big.may_fail);
+  if (!have_compiler()) return;
+  // Run it: the index reported is the 64-bit product, 7 * 2^30 at q = kv = 0 (no int overflow on the way).
+  const HostBuild build = build_host_module(big.source, {"c++", temp_dir()});
+  ASSERT_TRUE(build.module) << build.error;
+  auto score = reinterpret_cast<FlexScoreF32>(build.module->symbol("hb_flex_score_f32"));
+  std::vector<float> lb(15 * 2, 1.0f);
+  HbFlexBuffer buf{};
+  buf.data = lb.data();
+  buf.rank = 2;
+  buf.sizes[0] = 15, buf.sizes[1] = 2, buf.strides[0] = 2, buf.strides[1] = 1;
+  HbFlexTile t{};
+  t.nq = 1, t.nk = 1, t.ld = 1;
+  t.score_buffers = &buf;
+  float sc = 0.f;
+  score(&sc, &t);
+  EXPECT_EQ(t.error, kFlexErrorIndex);
+  EXPECT_EQ(t.error_index, 7LL << 30);
+  EXPECT_EQ(t.error_size, 15);
 }
 
 TEST(flex_kernel_gen, the_identity_and_the_noop_mask_generate_nothing_to_call) {
