@@ -213,8 +213,10 @@ HostBuild build_cuda_module(const std::string& source, const CudaCompileSettings
     return r;
   }
   // sm_XX machine code only (no PTX for the driver to compile at load); the runtime statically linked,
-  // so the library needs nothing beyond the driver that torch already loaded.
-  const std::string cmd = s.nvcc + " -O3 -std=c++17 -shared -Xcompiler -fPIC -w -gencode arch=compute_" + s.arch +
+  // so the library needs nothing beyond the driver that torch already loaded. -prec-div=false: float
+  // division within 2 ulp (a score_mod's `score / c` runs per score element; IEEE division is a long
+  // instruction sequence; the approximate one is a reciprocal and a multiply).
+  const std::string cmd = s.nvcc + " -O3 -std=c++17 -prec-div=false -shared -Xcompiler -fPIC -w -gencode arch=compute_" + s.arch +
                           ",code=sm_" + s.arch + " -I" + quote(s.cutlass_include);
   std::string cutlass;  // the headers' version is part of what the kernel is built from
   read_file(s.cutlass_include + "/cutlass/version.h", &cutlass);
