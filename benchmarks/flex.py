@@ -173,9 +173,10 @@ def main() -> None:
             BIASES["dense"] = torch.randn(1, H, S, S, device="cuda", requires_grad=True) if row == "dense" else None
             BIASES["slope"] = torch.exp2(-torch.arange(1, H + 1, device="cuda", dtype=torch.float32) * 8 / H)
             score_mod = SCORE_MODS.get(row)
-            # The bias of a kv-dependent row as a [1, H, S, S] tensor, for SDPA-cuDNN's ceiling.
+            # The bias of a kv-dependent row as a [1, H, S, S] tensor, for SDPA-cuDNN's ceiling (only when
+            # that peer runs: at S 32768 it alone is 64 GiB).
             sdpa_mask = None
-            if row in ("relbias", "relbias16", "dense", "alibi", "relpos"):
+            if row in ("relbias", "relbias16", "dense", "alibi", "relpos") and "sdpa-cudnn" in args.peers.split(","):
                 with torch.no_grad():
                     qi = torch.arange(S, device="cuda").view(1, 1, S, 1)
                     ki = torch.arange(S, device="cuda").view(1, 1, 1, S)

@@ -98,9 +98,48 @@ std::string fused_why_not(const Graph& g, int node, const Target& target, FlexKe
   return "";
 }
 
+// The bias tensor cuDNN's path would build for flex node `node` ([B|1, H, Sq, Skv] float32, for a score_mod
+// that adds a buffer read other than a dense [.., H, Sq, Skv] buffer, which is passed as it is), in bytes;
+// nullopt when it builds none or the sizes are symbolic.
+std::optional<int64_t> materialized_bias_bytes(const Graph& g, int node, const FlexAnalysis& a) {
+  if (a.score_identity || a.score_row_shift || a.softcap > 0 || a.score_pointwise ||
+      a.bias_layout.kind == FlexBiasLayout::Kind::Dense)
+    return std::nullopt;
+  const Node& n = g.nodes[node];
+  const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]);
+  if (!q || !k || q->shape.size() != 4 || k->shape.size() != 4) return std::nullopt;
+  int64_t bytes = 4;
+  for (const Dim& d : {a.bias_reads_b ? q->shape[0] : Dim{1, ""}, q->shape[1], q->shape[2], k->shape[2]}) {
+    if (!d.is_static()) return std::nullopt;
+    bytes *= d.value;
+  }
+  return bytes;
+}
+
+// Above this, a bias cuDNN would materialize is not built: the generated kernel reads the buffer in place
+// (at B4 H16 S4096 a relative bias is 1 GiB and cuDNN's path is twice the generated kernel's speed; at
+// S 32768 it is 64 GiB, and with its gradient it does not fit an H200).
+constexpr int64_t kMaxMaterializedBias = int64_t{8} << 30;
+
+// Why the memory a materialized bias takes rules cuDNN out for this node ("" = it does not): above
+// kMaxMaterializedBias, above the region's memory_budget, or in a region whose dfs schedule asks for
+// memory over speed.
+std::string bias_memory_why(const Graph& g, int node, const FlexAnalysis& a) {
+  const std::optional<int64_t> bytes = materialized_bias_bytes(g, node, a);
+  if (!bytes) return "";
+  const Hints& h = g.nodes[node].hints;
+  const std::string size = std::to_string((*bytes + (1 << 20) - 1) >> 20) + " MiB";
+  if (*bytes > kMaxMaterializedBias) return "it would materialize a " + size + " float32 bias (above 8 GiB)";
+  if (h.memory_budget && *bytes > *h.memory_budget)
+    return "it would materialize a " + size + " float32 bias, above the region's memory_budget";
+  if (h.schedule == Schedule::DFS) return "it would materialize a " + size + " float32 bias, and the region is dfs-hinted";
+  return "";
+}
+
 // A flex node: cuDNN's SDPA when the target has it and it can run the node as flex defines it (and the
 // region's kernel= hint allows it), else the generated tiled kernel where the target can build it, else
-// the reference; the dump says which and why.
+// the reference; the dump says which and why. A bias cuDNN would materialize past what memory allows
+// (bias_memory_why) goes to the generated kernel first, where it can run.
 void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c) {
   const Node& n = g.nodes[node];
   const bool backward = c.kind == KernelKind::FlexBackward;
@@ -120,6 +159,17 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
     c.why += "; kernel=aten hint; " + what;
     return;
   }
+  // Memory before speed: the generated kernel, if it runs, where cuDNN's bias would not fit.
+  FlexKernelSource src;
+  HostBuild build;
+  std::string fused_not;
+  bool fused_tried = false;
+  const std::string memory_why = why_not.empty() && !pref ? bias_memory_why(g, node, a) : "";
+  if (!memory_why.empty()) {
+    fused_not = fused_why_not(g, node, target, &src, &build);
+    fused_tried = true;
+    if (fused_not.empty()) why_not = memory_why;
+  }
   if (why_not.empty() && pref != KernelPref::Fused) {
     c.kind = backward ? KernelKind::FlexCudnnBackward : KernelKind::FlexCudnnForward;
     c.why = "cudnn: " + (a.band.unbounded() ? std::string("no mask") : to_string(a.band) + " band") +
@@ -133,13 +183,12 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
                                        std::string(a.bias_reads_b ? "B" : "1") + ", H, Sq, Skv] (" +
                                        to_string(a.bias_layout) + ")" +
                                        (a.buffer_grads ? "; dBias scattered into its buffers' gradients" : "")) +
-            (backward && n.hints.deterministic.value_or(false) ? ", deterministic" : "");
+            (backward && n.hints.deterministic.value_or(false) ? ", deterministic" : "") +
+            (memory_why.empty() ? "" : " (" + memory_why + ", but the generated kernel cannot run: " + fused_not + ")");
     return;
   }
   // The generated tiled kernel: built here, once, so a compiler failure falls back with its reason.
-  FlexKernelSource src;
-  HostBuild build;
-  const std::string fused_not = fused_why_not(g, node, target, &src, &build);
+  if (!fused_tried) fused_not = fused_why_not(g, node, target, &src, &build);
   if (pref == KernelPref::Fused) {
     HB_USER_CHECK(fused_not.empty()) << describe(g, node) << ": kernel=\"fused\" was asked for (hinted_context), but the "
                                      << "generated kernel cannot run this FlexAttention: " << fused_not
