@@ -122,18 +122,12 @@ std::optional<int64_t> materialized_bias_bytes(const Graph& g, int node, const F
 constexpr int64_t kMaxMaterializedBias = int64_t{8} << 30;
 
 // Why the memory a materialized bias takes rules cuDNN out for this node ("" = it does not): above
-// kMaxMaterializedBias, above the region's memory_budget, or in a region whose dfs schedule asks for
-// memory over speed.
+// kMaxMaterializedBias. (A dfs hint or a region's memory_budget could ask the same of smaller biases; that
+// needs the generated kernel inside slice loops checked on a GPU first.)
 std::string bias_memory_why(const Graph& g, int node, const FlexAnalysis& a) {
   const std::optional<int64_t> bytes = materialized_bias_bytes(g, node, a);
-  if (!bytes) return "";
-  const Hints& h = g.nodes[node].hints;
-  const std::string size = std::to_string((*bytes + (1 << 20) - 1) >> 20) + " MiB";
-  if (*bytes > kMaxMaterializedBias) return "it would materialize a " + size + " float32 bias (above 8 GiB)";
-  if (h.memory_budget && *bytes > *h.memory_budget)
-    return "it would materialize a " + size + " float32 bias, above the region's memory_budget";
-  if (h.schedule == Schedule::DFS) return "it would materialize a " + size + " float32 bias, and the region is dfs-hinted";
-  return "";
+  if (!bytes || *bytes <= kMaxMaterializedBias) return "";
+  return "it would materialize a " + std::to_string((*bytes + (1 << 20) - 1) >> 20) + " MiB float32 bias (above 8 GiB)";
 }
 
 // A flex node: cuDNN's SDPA when the target has it and it can run the node as flex defines it (and the

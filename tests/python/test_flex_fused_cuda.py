@@ -34,9 +34,8 @@ MASKS = {"none": None, "causal": causal, "window": window}
 
 
 def run_case(tmp_path, score, mask, dtype=torch.bfloat16, shape=(2, 4, 4, 300, 64), buf_dtype=torch.float32,
-             with_lse_grad=False, hints=None):
-    """kernel="fused" (or `hints`, which must lead to it) against float64 and the baselines; asserts the
-    bound; returns the kernels dump."""
+             with_lse_grad=False):
+    """kernel="fused" against float64 and the baselines; asserts the bound; returns the kernels dump."""
     B, Hq, Hkv, S, D = shape
     buf_shape, wants_grad, make_mod = SCORE_MODS[score]
     torch.manual_seed(zlib.crc32(repr((score, mask, dtype, shape, buf_dtype, with_lse_grad)).encode()))
@@ -61,7 +60,7 @@ def run_case(tmp_path, score, mask, dtype=torch.bfloat16, shape=(2, 4, 4, 300, 6
 
     def compiled(kernel):
         def f(qq, kk, vv, sm):
-            with hinted_context(**(hints if hints and kernel == "fused" else {"kernel": kernel})):
+            with hinted_context(kernel=kernel):
                 return flex_attention(qq, kk, vv, sm, bm, enable_gqa=Hq != Hkv, return_lse=True)
 
         def call(qq, kk, vv, sm):
@@ -109,13 +108,6 @@ def test_cuda_fused_float16(tmp_path, dtype):
 @pytest.mark.parametrize("shape", [(1, 8, 2, 1000, 128), (2, 4, 1, 130, 32), (1, 2, 2, 256, 16)])
 def test_cuda_fused_shapes(tmp_path, shape):
     run_case(tmp_path, "relative", "causal", shape=shape)
-
-
-def test_a_dfs_hint_takes_a_materialized_bias_to_the_generated_kernel(tmp_path):
-    """A learned relative bias cuDNN would materialize as [1, H, S, S]: in a dfs-hinted region (memory over
-    speed) the generated kernel runs it instead, reading the table in place."""
-    kernels = run_case(tmp_path, "relative", "causal", hints={"schedule": "dfs"})
-    assert "and the region is dfs-hinted" in kernels, kernels
 
 
 def test_cuda_fused_bf16_buffer_and_logsumexp_gradient(tmp_path):

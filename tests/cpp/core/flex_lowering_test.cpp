@@ -247,24 +247,24 @@ TEST(flex_lowering, a_kv_independent_bias_is_a_row_shift_cudnn_runs) {
   EXPECT_NE(c_mul.why.find("pointwise nodes (computes aten::index.Tensor, aten::mul.Tensor)"), std::string::npos) << c_mul.why;
 }
 
-// A bias cuDNN would materialize gives way to the generated kernel where memory asks for it: here a dfs
-// hint (the 1 MiB bias of this small graph; past 8 GiB without any hint). Without CUTLASS the generated
-// CUDA kernel cannot be built, so cuDNN runs and says why the rule did not apply; with nvcc and CUTLASS
-// (HB_TEST_CUTLASS_INCLUDE, as CI sets it) the generated kernel is chosen.
+// A bias cuDNN would materialize past 8 GiB gives way to the generated kernel, which reads the table in
+// place (at S 65536 over 4 heads, 64 GiB). Without CUTLASS the generated CUDA kernel cannot be built, so
+// cuDNN runs and says why the rule did not apply; with nvcc and CUTLASS (HB_TEST_CUTLASS_INCLUDE, as CI
+// sets it) the generated kernel is chosen.
 TEST(flex_lowering, a_bias_too_big_for_memory_goes_to_the_generated_kernel) {
   const std::string rel_body =
       "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n"
       "  %d1: i32[] = aten::add.Tensor(%d, 127)\n"
       "  %i: f32[] = aten::index.Tensor(%buf, [%d1])\n"
       "  %out: f32[] = aten::add.Tensor(%i, %score)\n";
-  auto plain = flex_graph("bf16", "@cuda:0", "", rel_body, true, "f32[255]");
-  const int flex = plain->find("flex_attention");
-  EXPECT_EQ(select_kernel(*plain, flex, with_cudnn()).kind, KernelKind::FlexCudnnForward);
-  auto dfs = flex_graph("bf16", "@cuda:0", "schedule=dfs", rel_body, true, "f32[255]");
-  KernelChoice c = select_kernel(*dfs, flex, with_cudnn());
+  auto g = flex_graph("bf16", "@cuda:0", "", rel_body, true, "f32[255]");
+  const int flex = g->find("flex_attention");
+  EXPECT_EQ(select_kernel(*g, flex, with_cudnn()).kind, KernelKind::FlexCudnnForward);  // 256 KiB: cuDNN
+  for (const char* name : {"q", "k", "v"}) g->nodes[g->find(name)].type.tensor.shape[2].value = 65536;
+  KernelChoice c = select_kernel(*g, flex, with_cudnn());
   EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
-  EXPECT_NE(c.why.find("(it would materialize a 1 MiB float32 bias, and the region is dfs-hinted, but the generated "
-                       "kernel cannot run: cannot build CUDA kernels"),
+  EXPECT_NE(c.why.find("(it would materialize a 65536 MiB float32 bias (above 8 GiB), but the generated kernel cannot "
+                       "run: cannot build CUDA kernels"),
             std::string::npos) << c.why;
   const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
   if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
@@ -273,11 +273,11 @@ TEST(flex_lowering, a_bias_too_big_for_memory_goes_to_the_generated_kernel) {
   ASSERT_NE(mkdtemp(dir), nullptr);
   Target target = with_cudnn();
   target.cuda = {"nvcc", "90", cutlass, dir};
-  c = select_kernel(*dfs, flex, target);
+  c = select_kernel(*g, flex, target);
   std::filesystem::remove_all(dir);
   EXPECT_EQ(c.kind, KernelKind::FlexFusedForward) << c.why;
-  EXPECT_NE(c.why.find("(not cuDNN: it would materialize a 1 MiB float32 bias, and the region is dfs-hinted)"),
-            std::string::npos) << c.why;
+  EXPECT_NE(c.why.find("(not cuDNN: it would materialize a 65536 MiB float32 bias (above 8 GiB))"), std::string::npos)
+      << c.why;
 }
 
 TEST(flex_lowering, a_kv_dependent_additive_term_is_a_materialized_cudnn_bias) {
