@@ -21,6 +21,7 @@
 #include "codegen/HostCompiler.h"
 #include "codegen/KernelSelect.h"
 #include "codegen/TargetModel.h"
+#include "tests/cpp/core/TempDir.h"
 
 namespace hb {
 namespace {
@@ -112,24 +113,29 @@ std::string replace(std::string s, const std::string& from, const std::string& t
   return at == std::string::npos ? s : s.replace(at, from.size(), to);
 }
 
-// Kernel caches under /tmp, removed when the test program ends.
-std::string temp_dir() {
-  struct Dirs {
-    std::vector<std::string> made;
-    ~Dirs() {
-      for (const std::string& d : made) std::filesystem::remove_all(d);
-    }
-  };
-  static Dirs dirs;
-  char tmpl[] = "/tmp/hb_kernel_cache_XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  if (!d) return "/tmp";
-  dirs.made.push_back(d);
-  return d;
-}
+using test::temp_dir;
 
 bool have_compiler() { return std::system("c++ --version > /dev/null 2>&1") == 0; }
+
+// Builds kBackward's generated CPU code and runs its score_mod over the n x n tile at q = kv = 0, h = 0,
+// with lb a [rows, 2] table of ones: the tile's error fields say what the code reported.
+HbFlexTile run_score_mod(const FlexKernelSource& s, int64_t rows, int n) {
+  HbFlexTile t{};
+  const HostBuild build = build_host_module(s.source, {"c++", temp_dir()});
+  EXPECT_TRUE(build.module) << build.error;
+  if (!build.module) return t;
+  auto score = reinterpret_cast<FlexScoreF32>(build.module->symbol("hb_flex_score_f32"));
+  std::vector<float> lb(rows * 2, 1.0f), sc(n * n, 0.f);
+  HbFlexBuffer buf{};
+  buf.data = lb.data();
+  buf.rank = 2;
+  buf.sizes[0] = rows, buf.sizes[1] = 2, buf.strides[0] = 2, buf.strides[1] = 1;
+  t.nq = n, t.nk = n, t.ld = n;
+  t.score_buffers = &buf;
+  score(sc.data(), &t);
+  t.score_buffers = nullptr;
+  return t;
+}
 
 TEST(flex_kernel_gen, writes_each_node_as_a_scalar_statement) {
   const FlexKernelSource s = generate(kBackward);
@@ -176,19 +182,7 @@ TEST(flex_kernel_gen, indices_stay_64_bit_and_checked_where_their_range_is_unkno
   EXPECT_TRUE(big.may_fail);
   if (!have_compiler()) return;
   // Run it: the index reported is the 64-bit product, 7 * 2^30 at q = kv = 0 (no int overflow on the way).
-  const HostBuild build = build_host_module(big.source, {"c++", temp_dir()});
-  ASSERT_TRUE(build.module) << build.error;
-  auto score = reinterpret_cast<FlexScoreF32>(build.module->symbol("hb_flex_score_f32"));
-  std::vector<float> lb(15 * 2, 1.0f);
-  HbFlexBuffer buf{};
-  buf.data = lb.data();
-  buf.rank = 2;
-  buf.sizes[0] = 15, buf.sizes[1] = 2, buf.strides[0] = 2, buf.strides[1] = 1;
-  HbFlexTile t{};
-  t.nq = 1, t.nk = 1, t.ld = 1;
-  t.score_buffers = &buf;
-  float sc = 0.f;
-  score(&sc, &t);
+  const HbFlexTile t = run_score_mod(big, 15, 1);
   EXPECT_EQ(t.error, kFlexErrorIndex);
   EXPECT_EQ(t.error_index, 7LL << 30);
   EXPECT_EQ(t.error_size, 15);
@@ -313,19 +307,7 @@ TEST(flex_kernel_gen, an_out_of_range_read_reports_the_index) {
   for (size_t at; (at = ir.find("[15, 2]")) != std::string::npos;) ir.replace(at, 7, "[4, 2]");
   const FlexKernelSource s = generate(ir);
   EXPECT_TRUE(s.may_fail);
-  const HostBuild build = build_host_module(s.source, {"c++", temp_dir()});
-  ASSERT_TRUE(build.module) << build.error;
-  auto score = reinterpret_cast<FlexScoreF32>(build.module->symbol("hb_flex_score_f32"));
-  std::vector<float> lb(4 * 2, 1.0f);
-  HbFlexBuffer buf{};
-  buf.data = lb.data();
-  buf.rank = 2;
-  buf.sizes[0] = 4, buf.sizes[1] = 2, buf.strides[0] = 2, buf.strides[1] = 1;
-  HbFlexTile t{};
-  t.h = 0, t.nq = 2, t.nk = 2, t.ld = 2;
-  t.score_buffers = &buf;
-  std::vector<float> sc(4, 0.f);
-  score(sc.data(), &t);
+  const HbFlexTile t = run_score_mod(s, 4, 2);
   EXPECT_EQ(t.error, kFlexErrorIndex);
   EXPECT_EQ(t.error_buffer, 0);
   EXPECT_EQ(t.error_index, 7);  // q=0, kv=0: 0 - 0 + 7

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
 #include "tests/cpp/core/IrTestUtil.h"
+#include "tests/cpp/core/TempDir.h"
 
 namespace hb {
 namespace {
@@ -269,12 +269,9 @@ TEST(flex_lowering, a_bias_too_big_for_memory_goes_to_the_generated_kernel) {
   const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
   if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
-  char dir[] = "/tmp/hb_select_cache_XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
   Target target = with_cudnn();
-  target.cuda = {"nvcc", "90", cutlass, dir};
+  target.cuda = {"nvcc", "90", cutlass, test::temp_dir()};
   c = select_kernel(*g, flex, target);
-  std::filesystem::remove_all(dir);
   EXPECT_EQ(c.kind, KernelKind::FlexFusedForward) << c.why;
   EXPECT_NE(c.why.find("(not cuDNN: it would materialize a 65536 MiB float32 bias (above 8 GiB))"), std::string::npos)
       << c.why;
