@@ -145,6 +145,7 @@ struct Walk {
   std::vector<int> ext_order;
   std::vector<std::vector<int64_t>> groups;
   std::set<std::pair<int, int>> replicated;  // (node, tuple element or -1): see SliceRegion::replicated
+  std::set<std::pair<int, int>> summed;      // (node, tuple element or -1): see SliceRegion::summed
 
   // Per node, proposals that commit only when the node's rule succeeds.
   std::map<int, SliceMap> pending_ext;
@@ -517,6 +518,7 @@ std::vector<SliceMap> rule_attention(Walk& w, int i, bool flex) {
   }
   if (!M.sliced()) return std::vector<SliceMap>(std::max<size_t>(1, n.type.elems.size()));
   if (M.dim + M.ndims > 2) throw Fail{"attention is sliced only along batch and heads, not " + to_string(M)};
+  std::set<int> grad_buffers;  // a flex backward's score_mod buffers when it returns their gradients
   if (flex) {
     // score_mod/mask_mod see global batch/head indices; inside a slice they would see local ones.
     auto check = [&](const Arg& a, int b_pos) {
@@ -534,10 +536,16 @@ std::vector<SliceMap> rule_attention(Walk& w, int i, bool flex) {
         for (const Arg& e : n.args[k].items)
           if (e.kind == Arg::Kind::Graph) check(e, 0);  // mask_mod(b, h, q_idx, kv_idx)
     }
+    // The gradients of captured buffers (result 3, one per score_mod buffer): every slice reads the
+    // buffers whole and adds its part of their gradient, so the loop sums them (summed).
+    bool buffer_grads = false;
     if (bw && n.type.kind == ValueType::Kind::Tuple && n.type.elems.size() >= 4)
-      for (const ValueType& e : n.type.elems[3].elems)
-        if (e.kind == ValueType::Kind::Tensor)
-          throw Fail{"returns gradients of captured buffers, which sum over all batches and heads"};
+      for (const ValueType& e : n.type.elems[3].elems) buffer_grads |= e.kind == ValueType::Kind::Tensor;
+    if (buffer_grads) {
+      for (const Arg& e : n.args[12].items)
+        if (e.kind == Arg::Kind::Ref) grad_buffers.insert(e.ref);
+      w.summed.insert({i, 3});
+    }
     // Block-mask tensors [Bm, Hm, ...] are aligned on their leading dims with q (1 = broadcast).
     if (mask_pos < n.args.size()) {
       for (const Arg& e : n.args[mask_pos].items) {
@@ -565,6 +573,15 @@ std::vector<SliceMap> rule_attention(Walk& w, int i, bool flex) {
         for (const Arg& e : n.args[mask_pos].items) is_mask |= e.kind == Arg::Kind::Ref && e.ref == t;
     }
     if (is_mask) continue;
+    if (grad_buffers.count(t)) {
+      // Read whole by every slice (right for any buffer: the checks above keep the score_mod off the
+      // sliced indices), so that the slices' parts of its gradient add up.
+      if (auto k = w.known(t); k && k->sliced())
+        throw Fail{"returns the gradient of captured buffer " + w.name(t) + ", which is sliced as " + to_string(*k) +
+                   ": only a buffer every slice reads whole gets its gradient summed over the slices"};
+      w.require(t, SliceMap{}, i);
+      continue;
+    }
     if (rank(T) < 3) {
       if (auto k = w.known(t); k && k->sliced()) throw Fail{w.name(t) + " is sliced but attention reads it whole"};
       w.require(t, SliceMap{}, i);
@@ -620,6 +637,10 @@ std::vector<SliceMap> rule_getitem(Walk& w, int i) {
   const int64_t k = n.args.size() > 1 ? n.args[1].i : 0;
   auto it = w.maps.find(t);
   if (it == w.maps.end()) return {SliceMap{}};  // of an outside tuple: loop-invariant
+  if (w.summed.count({t, -1}) || w.summed.count({t, static_cast<int>(k)})) {  // a part of a sum, or a tuple of them
+    w.summed.insert({i, -1});
+    return {SliceMap{}};
+  }
   if (k < 0 || k >= static_cast<int64_t>(it->second.size())) throw Fail{"index out of range"};
   if (w.replicated.count({t, static_cast<int>(k)})) w.replicated.insert({i, -1});
   return {it->second[k]};
@@ -657,6 +678,10 @@ std::vector<SliceMap> apply_rule(Walk& w, int i) {
       throw Fail{"is a malformed getitem"};
     return rule_getitem(w, i);
   }
+  n.for_each_input([&](const Arg& a) {
+    if (w.summed.count({a.ref, -1}))
+      throw Fail{"reads " + w.name(a.ref) + ", a gradient summed over the slices, complete only after the loop"};
+  });
   if (ns == "higher_order" && (op == "flex_attention" || op == "flex_attention_backward")) {
     if (n.args.size() != (op == "flex_attention" ? 9u : 14u)) throw Fail{"is a malformed " + op};
     tensors(3);
@@ -757,6 +782,8 @@ SliceRegion walk_region(const Graph& g, SliceRegion R, int stop, const std::stri
   R.maps = w.maps;
   for (const auto& [node, elem] : w.replicated)
     if (elem < 0 && w.maps.count(node)) R.replicated.insert(node);
+  for (const auto& [node, elem] : w.summed)
+    if (elem < 0 && w.maps.count(node)) R.summed.insert(node);
   for (int x : w.ext_order) R.inputs.push_back({x, w.ext[x]});
   auto add_group = [&](const ValueType& v, SliceMap m) {
     if (!m.sliced() || v.kind != ValueType::Kind::Tensor) return;
@@ -812,7 +839,7 @@ SliceLegality slice_legality(const Graph& g) {
       for (int s : R.outputs) {
         const ValueType& v = g.nodes[s].type;
         if (v.kind != ValueType::Kind::Tensor) { bad = s; why = "its tuple result is used whole after the sliced part"; break; }
-        if (!R.maps[s][0].sliced() && !R.replicated.count(s)) {
+        if (!R.maps[s][0].sliced() && !R.replicated.count(s) && !R.summed.count(s)) {
           bad = s;
           why = "its result is used after the sliced part but is not split by slice";
           break;
@@ -841,7 +868,9 @@ std::string to_string(const SliceLegality& L, const Graph& g) {
     }
     if (!R.outputs.empty()) {
       os << "  outputs:";
-      for (size_t k = 0; k < R.outputs.size(); ++k) os << (k ? ", " : " ") << "%" << g.nodes[R.outputs[k]].name;
+      for (size_t k = 0; k < R.outputs.size(); ++k)
+        os << (k ? ", " : " ") << "%" << g.nodes[R.outputs[k]].name
+           << (R.summed.count(R.outputs[k]) ? " (summed)" : R.replicated.count(R.outputs[k]) ? " (replicated)" : "");
       os << "\n";
     }
     if (R.end_node >= 0) os << "  ends at " << describe(g, R.end_node) << ": " << R.end_reason << "\n";

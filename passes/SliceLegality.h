@@ -11,6 +11,9 @@
 //   whole        a value every slice reads in full (a bias broadcast over batch and heads, a scalar).
 //   replicated   a whole result every slice computes alike, or whose value nobody may depend on (an
 //                attention kernel's RNG seed and offset without dropout): the loop returns slice 0's.
+//   summed       a whole result each slice computes a part of, the loop returning their sum: the
+//                gradient of a captured buffer that every slice of a flex backward reads whole. Only
+//                getitem may read it inside the loop (any other reader ends the sliceable subgraph).
 //
 // The sliceable subgraph is the longest run of region nodes, in order, that each have a rule; the
 // first region node without one ends it (end_node, end_reason). A node outside the region that reads
@@ -60,6 +63,8 @@ struct SliceRegion {
   // offset an attention kernel returns without dropout): they may leave the loop, which returns
   // slice 0's. Every other value leaving the loop must be split by slice.
   std::set<int> replicated;
+  // Whole values each slice computes a part of (summed, above): the loop returns their sum.
+  std::set<int> summed;
   // Sizes of every distinct group seen (a slice count is valid when it gives a box in each).
   std::vector<std::vector<int64_t>> groups;
   int end_node = -1;             // the node that ends the sliceable subgraph, -1 when none does

@@ -152,7 +152,7 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
   loop.type.kind = ValueType::Kind::Tuple;
   for (int o : R.outputs) {
     const SliceMap m = R.maps.at(o)[0];
-    out_dims.push_back(m.dim);
+    out_dims.push_back(R.summed.count(o) ? kOutSummed : m.sliced() ? m.dim : kOutReplicated);
     out_ndims.push_back(m.ndims);
     loop.type.elems.push_back(g.nodes[o].type);
   }

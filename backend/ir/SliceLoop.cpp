@@ -24,6 +24,12 @@ SliceLoopArgs slice_loop_args(const Node& loop) {
   a.in_ndims = ints_of(loop.kwarg("in_ndims"));
   a.out_dims = ints_of(loop.kwarg("out_dims"));
   a.out_ndims = ints_of(loop.kwarg("out_ndims"));
+  HB_INTERNAL_CHECK(a.in_dims.size() == a.inputs.size() && a.in_ndims.size() == a.inputs.size() &&
+                    a.out_dims.size() == a.out_ndims.size())
+      << "slice_loop %" << loop.name << ": one in_dims/in_ndims per input and one out_ndims per out_dims";
+  for (int64_t d : a.out_dims)
+    HB_INTERNAL_CHECK(d >= kOutSummed) << "slice_loop %" << loop.name << ": out_dims " << d << " is not a dim, "
+                                       << kOutReplicated << " (replicated) or " << kOutSummed << " (summed)";
   const Arg* s = loop.kwarg("slices");
   const Arg* e = loop.kwarg("extent");
   HB_INTERNAL_CHECK(s && e) << "slice_loop %" << loop.name << " lacks slices/extent";

@@ -20,17 +20,25 @@
 //              sizes multiply to E; e.g. 2 for [B, H, S, D], 1 for the merged [B*H, S, D]); 0 when whole.
 //   slices     Int N >= 2, divides E.
 //   extent     Int E: the product of the sliced dims (B*H).
-//   out_dims, out_ndims: the same for each result T_k (never -1: every result is split by slice).
+//   out_dims, out_ndims: the same for each result T_k, where out_dims[k] is one of
+//              >= 0            split by slice: slice i of r_k is slice i's t_k;
+//              kOutReplicated  (-1) whole, the same in every slice as far as anyone may read it (an
+//                              attention kernel's RNG seed and offset without dropout): r_k = slice 0's t_k;
+//              kOutSummed      (-2) whole, each slice's t_k a part of a sum over slices (the gradient of a
+//                              captured buffer every slice reads whole): r_k = t_k summed over the slices.
+//              out_ndims[k] is 0 for both whole kinds.
 // The loop node's type is a Tuple of the FULL result types T_k (shape, dtype, device).
 //
 // Execution, with c = E / N:
-//   allocate each result r_k with type T_k (contiguous), once;
-//   for i in 0 .. N-1:                       (slices are independent: any order is correct)
+//   allocate each split result r_k with type T_k (its traced strides), once;
+//   for i in 0 .. N-1:                       (slices are independent: any order is correct; the runtime
+//                                             runs them in order, so summed results are repeatable)
 //     v_j = x_j                                   if in_dims[j] == -1
 //         = slice_view(x_j, in_dims[j], in_ndims[j], N, i)   otherwise
 //     (t_0, ..., t_m-1) = body(v_0, ..., v_n-1)
 //     slice_view(r_k, out_dims[k], out_ndims[k], N, i).copy_(t_k)     (or the body's last op writes
 //                                                                      there directly via out=)
+//     r_k = t_k if i == 0, r_k += t_k otherwise   for summed results (accumulated in float32 at least)
 //   the loop's value is (r_0, ..., r_m-1).
 // slice_view(t, d, k, N, i): the view of t where dims d .. d+k-1 are narrowed to the ranges
 //   slice_box({t.size(d), ..., t.size(d+k-1)}, N, i) gives (below); it is always a box, so
@@ -51,6 +59,8 @@
 namespace hb {
 
 constexpr const char* kSliceLoopTarget = "hintbackend::slice_loop";
+constexpr int64_t kOutReplicated = -1;  // out_dims values of whole results (the contract above)
+constexpr int64_t kOutSummed = -2;
 
 // One slice_loop node's arguments, read back (runtime, planner, tests). Throws hb::InternalError if malformed.
 struct SliceLoopArgs {

@@ -1,7 +1,8 @@
 // A DFS region's slice loop as a Call (the contract: backend/ir/SliceLoop.h): the body runs once per
 // slice on views of the inputs, in one arena for all slices (its memory plan, MemoryPlan::bodies), and
 // writes its results into slice i of preallocated full results, straight through its out= overloads
-// where the plan says it can (MemoryPlan::output_writes), else by a copy.
+// where the plan says it can (MemoryPlan::output_writes), else by a copy. Whole results are slice 0's
+// (replicated) or the sum over the slices (summed: a captured buffer's gradient), added in slice order.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
@@ -25,6 +26,36 @@ at::Tensor slice_view(const at::Tensor& t, int64_t d, int64_t k, int64_t slices,
   return v;
 }
 
+at::TensorOptions options_of(const TensorType& t) {
+  return at::TensorOptions().dtype(to_scalar_type(t.dtype)).device(device_of(t));
+}
+std::vector<int64_t> sizes_of(const TensorType& t) {
+  std::vector<int64_t> v;
+  for (const Dim& d : t.shape) v.push_back(d.value);
+  return v;
+}
+std::vector<int64_t> strides_of(const TensorType& t) {
+  std::vector<int64_t> v;
+  for (const Dim& d : t.stride) v.push_back(d.value);
+  return v;
+}
+// A new tensor of type t: the traced strides, not contiguous ones (a later view, flex's output
+// transposed and viewed say, relies on the layout eager gave the value).
+at::Tensor new_traced(const TensorType& t) {
+  const std::vector<int64_t> shape = sizes_of(t), stride = strides_of(t);
+  return stride.size() == shape.size() ? at::empty_strided(shape, stride, options_of(t))
+                                       : at::empty(shape, options_of(t));
+}
+// x as type t: itself when dtype and strides already match, else a copy into new_traced(t).
+at::Tensor as_traced(const at::Tensor& x, const TensorType& t) {
+  const std::vector<int64_t> stride = strides_of(t);
+  if (x.scalar_type() == to_scalar_type(t.dtype) && (stride.size() != t.shape.size() || x.strides().equals(stride)))
+    return x;
+  at::Tensor r = new_traced(t);
+  r.copy_(x);
+  return r;
+}
+
 class SliceLoopCall : public Call {
  public:
   std::shared_ptr<Executor> body;
@@ -35,17 +66,11 @@ class SliceLoopCall : public Call {
     std::vector<at::Tensor> full;
     for (size_t k = 0; k < results.size(); ++k) {
       const TensorType& t = results[k];
-      if (loop.out_dims[k] < 0) {  // replicated: taken from slice 0 below
+      if (loop.out_dims[k] < 0) {  // replicated or summed: from the slices' values below
         full.emplace_back();
         continue;
       }
-      // The traced strides, not contiguous ones: a later view (flex's output transposed and viewed, say)
-      // relies on the layout eager gave the value.
-      std::vector<int64_t> shape, stride;
-      for (const Dim& d : t.shape) shape.push_back(d.value);
-      for (const Dim& d : t.stride) stride.push_back(d.value);
-      const auto opts = at::TensorOptions().dtype(to_scalar_type(t.dtype)).device(device_of(t));
-      full.push_back(stride.size() == shape.size() ? at::empty_strided(shape, stride, opts) : at::empty(shape, opts));
+      full.push_back(new_traced(t));
     }
     // The body's arena, once for all slices: nothing placed in slice i outlives its body call (the
     // body's outputs are never in its arena, and they are copied out before slice i + 1 runs).
@@ -84,8 +109,14 @@ class SliceLoopCall : public Call {
       HB_INTERNAL_CHECK(out.size() == full.size()) << "slice body returned " << out.size() << " values";
       stats.written += body->arena_stats().written;
       for (size_t k = 0; k < out.size(); ++k) {
-        if (loop.out_dims[k] < 0) {  // replicated (slice-legality): slice 0's value is the loop's
+        if (loop.out_dims[k] == kOutReplicated) {  // slice 0's value is the loop's
           if (i == 0) full[k] = out[k].toTensor();
+          continue;
+        }
+        if (loop.out_dims[k] == kOutSummed) {  // in float32 at least: N parts rounded to bf16 would drift
+          const at::Tensor& t = out[k].toTensor();
+          if (i == 0) full[k] = at::isReducedFloatingType(t.scalar_type()) ? t.to(at::kFloat) : t.clone();
+          else full[k].add_(t);
           continue;
         }
         const at::Tensor& t = out[k].toTensor();
@@ -96,6 +127,8 @@ class SliceLoopCall : public Call {
         dests[k].copy_(t);
       }
     }
+    for (size_t k = 0; k < full.size(); ++k)  // a summed result in its own dtype and traced strides
+      if (loop.out_dims[k] == kOutSummed) full[k] = as_traced(full[k], results[k]);
     std::vector<c10::IValue> r(full.begin(), full.end());
     return c10::ivalue::Tuple::create(std::move(r));
   }

@@ -5,8 +5,20 @@ import math
 import os
 
 import torch
+from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
+from torch.nn.attention import flex_attention as _fa
 
 from helpers import graph_dirs
+
+
+def hop(q, k, v, score_mod=None, block_mask=None, scale=None):
+    """The higher-order-op call the public API makes (which refuses backward on CPU): (out, lse base 2)."""
+    score_mod = _fa._identity if score_mod is None else score_mod
+    block_mask = _fa._create_empty_block_mask(q, k) if block_mask is None else block_mask
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    opts = _fa._apply_kernel_options(q, k, v, False, None, None)
+    out, lse, _ = flex_hop(q, k, v, score_mod, block_mask.as_tuple(), scale, opts)
+    return out, lse
 
 
 def dense(q, k, v, score_mod=None, mask_mod=None, scale=None):

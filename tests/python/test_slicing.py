@@ -436,6 +436,54 @@ def test_flex_attention_default_block_mask_stays_outside_the_loop(tmp_path):
     assert "higher_order::flex_attention" in ir[len(loop):], ir             # the attention: in the body
 
 
+@pytest.mark.parametrize("buf_dtype", [torch.float32, torch.bfloat16])
+def test_flex_backward_with_a_learned_bias_sums_its_gradient_over_batch_slices(tmp_path, buf_dtype):
+    """A learned relative bias lb[q - kv + S - 1, h] under a causal mask (its score_mod reads the head
+    index, so the region slices along batch only: slice_dims=[0]) trained in a dfs region: the backward's
+    slice loop computes each batch's part of lb's gradient and sums them (out_dims -2 in the dump), q/k/v's
+    gradients are split by slice. Outputs and every gradient sit as close to a float64 reference as the
+    unsliced compile's."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from flex_reference import causal, dense, hop
+
+    Bn = 4
+    mask = create_block_mask(causal, None, None, S, S, device=device())
+
+    def f(q, k, v, lb, hints):
+        with hinted_context(**hints):
+            out = hop(q, k, v, lambda s, b, h, qi, ki: s + lb[qi - ki + S - 1, h], block_mask=mask)[0]
+        return out * 2
+
+    torch.manual_seed(8)
+    q, k, v = (randn(Bn, H, S, D) for _ in range(3))
+    lb = (torch.randn(2 * S - 1, H, device=device()) * 0.5).to(buf_dtype)
+    grad = randn(Bn, H, S, D)
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v, lb)]
+    want = dense(*leaves[:3], lambda s, b, h, qi, ki: s + leaves[3][qi - ki + S - 1, h], causal)[0] * 2
+    want.backward(grad.double())
+    ref = [want.detach()] + [t.grad for t in leaves]
+
+    results = {}
+    for name, hints in (("bfs", {"schedule": "bfs"}), ("dfs", {"schedule": "dfs", "slice_dims": [0]})):
+        torch._dynamo.reset()
+        xs = [t.detach().clone().requires_grad_(True) for t in (q, k, v, lb)]
+        compiled = torch.compile(lambda *a: f(*a, hints), backend="hintbackend",
+                                 options={"strict": True, "dump_dir": str(tmp_path / name)})
+        out = compiled(*xs)
+        out.backward(grad)
+        results[name] = [out.detach()] + [t.grad for t in xs]
+    err = lambda a, r: (a.double() - r).abs().max().item()  # noqa: E731
+    for what, d, b, r in zip(("out", "dq", "dk", "dv", "dlb"), results["dfs"], results["bfs"], ref):
+        assert d.dtype == b.dtype and d.shape == b.shape, what
+        assert err(d, r) <= 2 * err(b, r) + 1e-5, (what, err(d, r), err(b, r))
+    backward = "".join(t for d, t in final_ir(str(tmp_path / "dfs")).items() if d.startswith("backward"))
+    loop = main_graph(backward)
+    assert re.search(r"hintbackend::slice_loop\(.*slices=4, extent=4, out_dims=\[[-0-9, ]*-2", loop), backward
+    assert "higher_order::flex_attention_backward" not in loop, loop  # it runs in the body, per slice
+    assert "higher_order::flex_attention_backward" in backward[len(loop):], backward
+
+
 def test_small_values_of_heavy_ops_are_saved_not_recomputed():
     """Attention through a log-sum-exp: the default partition saves S x S values (the scores, the
     probabilities) and the B x H x S x 1 log-sum-exp. hintbackend's recomputes the S x S values but

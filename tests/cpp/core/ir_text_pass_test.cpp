@@ -280,6 +280,103 @@ graph g {
 )");
 }
 
+// A flex backward whose score_mod adds a learned relative bias lb[q - kv + 7, h] (it reads the head
+// index, so slice_dims=[0]: along batch only), returning lb's gradient: each slice reads lb whole and
+// computes its batch's part of the gradient, so the loop sums it (out_dims -2, the contract in
+// backend/ir/SliceLoop.h); the q/k/v gradients are split by slice as usual.
+const char* kFlexBackwardWithBufferGrad = R"(
+graph g {
+  %q: f32[2, 2, 8, 16] = placeholder
+  %k: f32[2, 2, 8, 16] = placeholder
+  %v: f32[2, 2, 8, 16] = placeholder
+  %out: f32[2, 2, 8, 16] = placeholder
+  %lse: f32[2, 2, 8] = placeholder
+  %dout: f32[2, 2, 8, 16] = placeholder
+  %lb: f32[15, 2] = placeholder
+  %kvn: i32[1, 1, 1] = placeholder
+  %kvi: i32[1, 1, 1, 1] = placeholder
+  %fb: (f32[2, 2, 8, 16], f32[2, 2, 8, 16], f32[2, 2, 8, 16], (f32[15, 2])) = higher_order::flex_attention_backward(%q, %k, %v, %out, %lse, %dout, none, @fw0, @joint0, (8, 8, %kvn, %kvi, none, none, none, none, none, none, 128, 128, @mask0), 0.25, {}, (%lb,), ())  {region=0 path=0 schedule=dfs slice_dims=[0]}
+  %dq: f32[2, 2, 8, 16] = operator::getitem(%fb, 0)  {region=0 path=0 schedule=dfs slice_dims=[0]}
+  %grads: (f32[15, 2]) = operator::getitem(%fb, 3)  {region=0 path=0 schedule=dfs slice_dims=[0]}
+  %dlb: f32[15, 2] = operator::getitem(%grads, 0)  {region=0 path=0 schedule=dfs slice_dims=[0]}
+  TAIL
+}
+graph fw0 {
+  %s: f32[] = placeholder
+  %b: i32[] = placeholder
+  %h: i32[] = placeholder
+  %qi: i32[] = placeholder
+  %ki: i32[] = placeholder
+  %lb: f32[15, 2] = placeholder
+  %sub: i32[] = aten::sub.Tensor(%qi, %ki)
+  %add: i32[] = aten::add.Tensor(%sub, 7)
+  %index: f32[] = aten::index.Tensor(%lb, [%add, %h])
+  %add_1: f32[] = aten::add.Tensor(%s, %index)
+  return %add_1
+}
+graph joint0 {
+  %s: f32[] = placeholder
+  %b: i32[] = placeholder
+  %h: i32[] = placeholder
+  %qi: i32[] = placeholder
+  %ki: i32[] = placeholder
+  %g: f32[] = placeholder
+  %lb: f32[15, 2] = placeholder
+  %sub: i32[] = aten::sub.Tensor(%qi, %ki)
+  %add: i32[] = aten::add.Tensor(%sub, 7)
+  %scatter: f32[15, 2] = flex_lib::zeros_and_scatter.default([15, 2], [%add, %h], %g)
+  return [%g, none, none, none, none, %scatter]
+}
+graph mask0 {
+  %b: i32[] = placeholder
+  %h: i32[] = placeholder
+  %qi: i32[] = placeholder
+  %ki: i32[] = placeholder
+  %ge: b8[] = aten::ge.Tensor(%qi, %ki)
+  return (%ge,)
+}
+)";
+
+std::string with_tail(const std::string& checks, const std::string& tail) {
+  std::string test = std::string("// RUN: slice-legality,slice-schedule") + kFlexBackwardWithBufferGrad + checks;
+  test.replace(test.find("TAIL"), 4, tail);
+  return test;
+}
+
+TEST(ir_text, slice_schedule_sums_a_captured_buffer_gradient_over_the_slices) {
+  file_check(with_tail(R"(
+// CHECK: %slice_loop_0: (f32[2, 2, 8, 16], f32[15, 2]) = hintbackend::slice_loop(@slice_body_0, [%q, %k, %v, %out, %lse, %dout, %lb, %kvn, %kvi], in_dims=[0, 0, 0, 0, 0, 0, -1, -1, -1], in_ndims=[1, 1, 1, 1, 1, 1, 0, 0, 0], slices=2, extent=2, out_dims=[0, -2], out_ndims=[1, 0])
+// CHECK-NEXT: %dq: f32[2, 2, 8, 16] = operator::getitem(%slice_loop_0, 0)
+// CHECK-NEXT: %dlb: f32[15, 2] = operator::getitem(%slice_loop_0, 1)
+// CHECK: graph slice_body_0 {
+// CHECK: %fb: (f32[1, 2, 8, 16], f32[1, 2, 8, 16], f32[1, 2, 8, 16], (f32[15, 2])) = higher_order::flex_attention_backward(
+// CHECK: %dlb: f32[15, 2] = operator::getitem(%grads, 0)
+// CHECK: // note:   outputs: %dq, %dlb (summed)
+// CHECK-NEXT: // note:   the whole region is sliceable
+)", "return (%dq, %dlb)"));
+}
+
+TEST(ir_text, slice_legality_ends_where_a_summed_gradient_is_read_inside_the_loop) {
+  // %scaled reads the summed gradient inside the region: only the sum of all slices' parts is lb's
+  // gradient, so the sliceable part ends before it and %dlb leaves the loop summed.
+  file_check(with_tail(R"(
+// CHECK: out_dims=[0, -2]
+// CHECK: %scaled: f32[15, 2] = aten::mul.Tensor(%dlb, 2.0)
+// CHECK: // note:   outputs: %dq, %dlb (summed)
+// CHECK-NEXT: // note:   ends at %scaled (aten::mul.Tensor) in graph 'g': reads %dlb, a gradient summed over the slices, complete only after the loop
+)", "%scaled: f32[15, 2] = aten::mul.Tensor(%dlb, 2.0)  {region=0 path=0 schedule=dfs slice_dims=[0]}\n  return (%dq, %scaled)"));
+}
+
+TEST(ir_text, slice_legality_keeps_a_buffer_gradient_whole_when_the_score_mod_reads_a_sliced_index) {
+  // Along batch and heads, the score_mod's read of h would see slice-local heads: nothing is sliced.
+  std::string test = with_tail(R"(
+// CHECK-NOT: slice_loop
+// CHECK: ends at %fb (higher_order::flex_attention_backward) in graph 'g': @fw0 reads the head index
+)", "return (%dq, %dlb)");
+  for (size_t at; (at = test.find("slice_dims=[0]")) != std::string::npos;) test.replace(at, 14, "slice_dims=[0,1]");
+  file_check(test);
+}
+
 TEST(ir_text, slice_schedule_leaves_bfs_and_single_slice_regions_alone) {
   // bfs is op-major over whole tensors, and 1 slice is BFS: neither writes a loop.
   for (const char* hints : {"schedule=bfs", "schedule=dfs slices=1"}) {
