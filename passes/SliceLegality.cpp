@@ -646,6 +646,38 @@ std::vector<SliceMap> rule_getitem(Walk& w, int i) {
   return {it->second[k]};
 }
 
+// The default slice dims (batch and heads) narrowed for the region's FlexAttention nodes: a score_mod or
+// mask_mod that reads h would see slice-local heads when heads are sliced, so the region slices along
+// batch only (and along heads only when one reads b); reading both leaves the default, which the rule
+// then refuses with the reason. A slice_dims hint is kept as given.
+void narrow_default_dims(const Graph& g, SliceRegion& R) {
+  if (!R.slice_dims.empty()) return;
+  std::string reads_b, reads_h;
+  for (int i : R.nodes) {
+    const Node& n = g.nodes[i];
+    const std::string op = op_name(n.target);
+    if (op_namespace(n.target) != "higher_order" || (op != "flex_attention" && op != "flex_attention_backward")) continue;
+    const size_t mask_pos = op == "flex_attention_backward" ? 9 : 4;
+    auto look = [&](const Arg& a, int b_pos) {
+      if (a.kind != Arg::Kind::Graph) return;
+      if (reads_b.empty() && reads_placeholder(g, a.s, b_pos)) reads_b = "@" + a.s + " reads the batch index";
+      if (reads_h.empty() && reads_placeholder(g, a.s, b_pos + 1)) reads_h = "@" + a.s + " reads the head index";
+    };
+    for (size_t k = 0; k < n.args.size(); ++k) {
+      look(n.args[k], 1);  // score_mod(score, b, h, q_idx, kv_idx), the joint graph alike
+      if (k == mask_pos)
+        for (const Arg& e : n.args[k].items) look(e, 0);  // mask_mod(b, h, q_idx, kv_idx)
+    }
+  }
+  if (!reads_h.empty() && reads_b.empty()) {
+    R.slice_dims = {0};
+    R.narrowed = "batch only: " + reads_h;
+  } else if (!reads_b.empty() && reads_h.empty()) {
+    R.slice_dims = {1};
+    R.narrowed = "heads only: " + reads_b;
+  }
+}
+
 // Dispatches a node to its rule. Throws Fail with the reason when there is none or it does not apply.
 std::vector<SliceMap> apply_rule(Walk& w, int i) {
   const Node& n = w.node(i);
@@ -829,6 +861,7 @@ SliceLegality slice_legality(const Graph& g) {
     L.regions[it->second].nodes.push_back(i);
   }
   for (SliceRegion& R : L.regions) {
+    narrow_default_dims(g, R);
     SliceRegion base = R;
     R = walk_region(g, base, -1, "");
     // A value leaving the loop must be a tensor split by slice (the loop writes slice i of it); when
@@ -860,6 +893,7 @@ std::string to_string(const SliceLegality& L, const Graph& g) {
        << (R.hints.schedule ? schedule_name(*R.hints.schedule) : "unset") << "): " << R.sliceable.size() << " of "
        << R.nodes.size() << " nodes sliceable along dims "
        << (R.slice_dims.empty() ? std::string("batch,heads") : dims_str(R.slice_dims)) << ", extent " << R.extent << "\n";
+    if (!R.narrowed.empty()) os << "  no slice_dims hint: " << R.narrowed << "\n";
     if (!R.inputs.empty()) {
       os << "  inputs:";
       for (size_t k = 0; k < R.inputs.size(); ++k)

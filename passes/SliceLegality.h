@@ -53,6 +53,9 @@ struct SliceRegion {
   Hints hints;                   // the region's hints (from its first node)
   std::vector<int> nodes;        // every node of the region, in order
   std::vector<int64_t> slice_dims;  // as hinted; empty = default (batch and heads)
+  // Without a slice_dims hint, a FlexAttention score_mod or mask_mod that reads the head (batch) index
+  // narrows the default to batch (heads) only, so the region still slices: why, for the note ("" = not).
+  std::string narrowed;
   int64_t extent = 0;            // E; 0 when nothing could be sliced
   // The sliceable subgraph, in node order, and one map per value (one per tuple element).
   std::vector<int> sliceable;

@@ -307,7 +307,10 @@ bool slice_schedule(Graph& g, PassContext& ctx) {
       }
     } else {
       n = R->extent;
-      how = "dfs default: one slice per batch x head";
+      how = R->narrowed.empty() ? "dfs default: one slice per batch x head"
+                                : "dfs default: one slice per batch (" + R->narrowed + ")";
+      if (!R->narrowed.empty() && R->narrowed.rfind("heads", 0) == 0)
+        how = "dfs default: one slice per head (" + R->narrowed + ")";
     }
     if (n <= 1) {
       ctx.notes.push_back(head + how + "; 1 slice, left as is");

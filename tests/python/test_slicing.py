@@ -441,8 +441,8 @@ def test_flex_backward_with_a_learned_bias_sums_its_gradient_over_batch_slices(t
     """A learned relative bias lb[q - kv + S - 1, h] under a causal mask (its score_mod reads the head
     index, so the region slices along batch only: slice_dims=[0]) trained in a dfs region: the backward's
     slice loop computes each batch's part of lb's gradient and sums them (out_dims -2 in the dump), q/k/v's
-    gradients are split by slice. Outputs and every gradient sit as close to a float64 reference as the
-    unsliced compile's."""
+    gradients are split by slice. Without a slice_dims hint the region narrows to batch by itself. Outputs
+    and every gradient sit as close to a float64 reference as the unsliced compile's."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     from flex_reference import causal, dense, hop
@@ -465,7 +465,9 @@ def test_flex_backward_with_a_learned_bias_sums_its_gradient_over_batch_slices(t
     ref = [want.detach()] + [t.grad for t in leaves]
 
     results = {}
-    for name, hints in (("bfs", {"schedule": "bfs"}), ("dfs", {"schedule": "dfs", "slice_dims": [0]})):
+    # Without slice_dims, slice-legality narrows the default (batch and heads) to batch: the score_mod reads h.
+    for name, hints in (("bfs", {"schedule": "bfs"}), ("dfs", {"schedule": "dfs", "slice_dims": [0]}),
+                        ("dfs-default", {"schedule": "dfs"})):
         torch._dynamo.reset()
         xs = [t.detach().clone().requires_grad_(True) for t in (q, k, v, lb)]
         compiled = torch.compile(lambda *a: f(*a, hints), backend="hintbackend",
@@ -474,14 +476,17 @@ def test_flex_backward_with_a_learned_bias_sums_its_gradient_over_batch_slices(t
         out.backward(grad)
         results[name] = [out.detach()] + [t.grad for t in xs]
     err = lambda a, r: (a.double() - r).abs().max().item()  # noqa: E731
-    for what, d, b, r in zip(("out", "dq", "dk", "dv", "dlb"), results["dfs"], results["bfs"], ref):
-        assert d.dtype == b.dtype and d.shape == b.shape, what
-        assert err(d, r) <= 2 * err(b, r) + 1e-5, (what, err(d, r), err(b, r))
-    backward = "".join(t for d, t in final_ir(str(tmp_path / "dfs")).items() if d.startswith("backward"))
-    loop = main_graph(backward)
-    assert re.search(r"hintbackend::slice_loop\(.*slices=4, extent=4, out_dims=\[[-0-9, ]*-2", loop), backward
-    assert "higher_order::flex_attention_backward" not in loop, loop  # it runs in the body, per slice
-    assert "higher_order::flex_attention_backward" in backward[len(loop):], backward
+    for dfs in ("dfs", "dfs-default"):
+        for what, d, b, r in zip(("out", "dq", "dk", "dv", "dlb"), results[dfs], results["bfs"], ref):
+            assert d.dtype == b.dtype and d.shape == b.shape, what
+            assert err(d, r) <= 2 * err(b, r) + 1e-5, (dfs, what, err(d, r), err(b, r))
+        backward = "".join(t for d, t in final_ir(str(tmp_path / dfs)).items() if d.startswith("backward"))
+        loop = main_graph(backward)
+        assert re.search(r"hintbackend::slice_loop\(.*slices=4, extent=4, out_dims=\[[-0-9, ]*-2", loop), backward
+        assert "higher_order::flex_attention_backward" not in loop, loop  # it runs in the body, per slice
+        assert "higher_order::flex_attention_backward" in backward[len(loop):], backward
+    notes = "".join(open(tmp_path / "dfs-default" / d / "notes.txt").read() for d in graph_dirs(str(tmp_path / "dfs-default")))
+    assert "no slice_dims hint: batch only:" in notes and "reads the head index" in notes, notes
 
 
 def test_small_values_of_heavy_ops_are_saved_not_recomputed():

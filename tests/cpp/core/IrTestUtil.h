@@ -90,6 +90,8 @@ inline void file_check(const std::string& test, PassContext ctx = {}) {
       checks.push_back({Check::Not, *c2});
     } else if (auto c3 = after(line, "// CHECK:")) {
       checks.push_back({Check::Plain, *c3});
+    } else if (after(line, "// CHECK") || after(line, "// RUN")) {  // a misspelt directive would check nothing
+      FAIL() << "unknown directive (CHECK:, CHECK-NEXT:, CHECK-NOT:, RUN:): " << line;
     } else {
       input += line + "\n";
     }

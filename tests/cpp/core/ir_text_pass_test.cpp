@@ -377,6 +377,19 @@ TEST(ir_text, slice_legality_keeps_a_buffer_gradient_whole_when_the_score_mod_re
   file_check(test);
 }
 
+TEST(ir_text, slice_legality_narrows_the_default_dims_to_batch_for_a_head_reading_score_mod) {
+  // No slice_dims hint: the default (batch and heads) would refuse the score_mod's read of h, so the
+  // region slices along batch only and the note says why.
+  std::string test = with_tail(R"(
+// CHECK: slices=2, extent=2, out_dims=[0, -2]
+// CHECK: // note: slice-legality region 0 (schedule=dfs): 4 of 4 nodes sliceable along dims [0], extent 2
+// CHECK-NEXT: // note:   no slice_dims hint: batch only: @fw0 reads the head index
+// CHECK: one slice per batch (batch only: @fw0 reads the head index)
+)", "return (%dq, %dlb)");
+  for (size_t at; (at = test.find(" slice_dims=[0]")) != std::string::npos;) test.erase(at, 15);
+  file_check(test);
+}
+
 TEST(ir_text, slice_schedule_leaves_bfs_and_single_slice_regions_alone) {
   // bfs is op-major over whole tensors, and 1 slice is BFS: neither writes a loop.
   for (const char* hints : {"schedule=bfs", "schedule=dfs slices=1"}) {
