@@ -146,6 +146,7 @@ struct Walk {
   std::vector<std::vector<int64_t>> groups;
   std::set<std::pair<int, int>> replicated;  // (node, tuple element or -1): see SliceRegion::replicated
   std::set<std::pair<int, int>> summed;      // (node, tuple element or -1): see SliceRegion::summed
+  std::map<int, std::vector<int>> global_index;  // see SliceRegion::global_index
 
   // Per node, proposals that commit only when the node's rule succeeds.
   std::map<int, SliceMap> pending_ext;
@@ -520,13 +521,13 @@ std::vector<SliceMap> rule_attention(Walk& w, int i, bool flex) {
   if (M.dim + M.ndims > 2) throw Fail{"attention is sliced only along batch and heads, not " + to_string(M)};
   std::set<int> grad_buffers;  // a flex backward's score_mod buffers when it returns their gradients
   if (flex) {
-    // score_mod/mask_mod see global batch/head indices; inside a slice they would see local ones.
+    // score_mod/mask_mod see global batch/head indices; inside a slice they would see local ones, so
+    // slice-schedule gives the body the global ones (global_index) where the group is q's leading dims.
+    std::set<int> reads;
     auto check = [&](const Arg& a, int b_pos) {
       if (a.kind != Arg::Kind::Graph) return;
-      if (in_group(M, 0) && reads_placeholder(w.g, a.s, b_pos))
-        throw Fail{"@" + a.s + " reads the batch index, which slicing along batch would change"};
-      if (in_group(M, 1) && reads_placeholder(w.g, a.s, b_pos + 1))
-        throw Fail{"@" + a.s + " reads the head index, which slicing along heads would change"};
+      for (int d : {0, 1})
+        if (in_group(M, d) && reads_placeholder(w.g, a.s, b_pos + d)) reads.insert(d);
     };
     const bool bw = op == "flex_attention_backward";
     const size_t mask_pos = bw ? 9 : 4;
@@ -536,6 +537,7 @@ std::vector<SliceMap> rule_attention(Walk& w, int i, bool flex) {
         for (const Arg& e : n.args[k].items)
           if (e.kind == Arg::Kind::Graph) check(e, 0);  // mask_mod(b, h, q_idx, kv_idx)
     }
+    if (!reads.empty()) w.global_index[i] = std::vector<int>(reads.begin(), reads.end());
     // The gradients of captured buffers (result 3, one per score_mod buffer): every slice reads the
     // buffers whole and adds its part of their gradient, so the loop sums them (summed).
     bool buffer_grads = false;
@@ -653,10 +655,15 @@ std::vector<SliceMap> rule_getitem(Walk& w, int i) {
 void narrow_default_dims(const Graph& g, SliceRegion& R) {
   if (!R.slice_dims.empty()) return;
   std::string reads_b, reads_h;
+  int64_t size_b = 0, size_h = 0;  // q's batch and heads (of the last flex node)
   for (int i : R.nodes) {
     const Node& n = g.nodes[i];
     const std::string op = op_name(n.target);
     if (op_namespace(n.target) != "higher_order" || (op != "flex_attention" && op != "flex_attention_backward")) continue;
+    if (const TensorType* q = n.args.empty() ? nullptr : g.tensor_type(n.args[0]); q && q->shape.size() == 4) {
+      size_b = q->shape[0].value;
+      size_h = q->shape[1].value;
+    }
     const size_t mask_pos = op == "flex_attention_backward" ? 9 : 4;
     auto look = [&](const Arg& a, int b_pos) {
       if (a.kind != Arg::Kind::Graph) return;
@@ -669,10 +676,12 @@ void narrow_default_dims(const Graph& g, SliceRegion& R) {
         for (const Arg& e : n.args[k].items) look(e, 0);  // mask_mod(b, h, q_idx, kv_idx)
     }
   }
-  if (!reads_h.empty() && reads_b.empty()) {
+  // Only where the narrowed dim has more than one index (a batch of 1 would leave nothing to slice):
+  // otherwise the default stays and the body reads global indices (slice-schedule).
+  if (!reads_h.empty() && reads_b.empty() && size_b > 1) {
     R.slice_dims = {0};
     R.narrowed = "batch only: " + reads_h;
-  } else if (!reads_b.empty() && reads_h.empty()) {
+  } else if (!reads_b.empty() && reads_h.empty() && size_h > 1) {
     R.slice_dims = {1};
     R.narrowed = "heads only: " + reads_b;
   }
@@ -816,6 +825,8 @@ SliceRegion walk_region(const Graph& g, SliceRegion R, int stop, const std::stri
     if (elem < 0 && w.maps.count(node)) R.replicated.insert(node);
   for (const auto& [node, elem] : w.summed)
     if (elem < 0 && w.maps.count(node)) R.summed.insert(node);
+  for (const auto& [node, dims] : w.global_index)
+    if (w.maps.count(node)) R.global_index[node] = dims;
   for (int x : w.ext_order) R.inputs.push_back({x, w.ext[x]});
   auto add_group = [&](const ValueType& v, SliceMap m) {
     if (!m.sliced() || v.kind != ValueType::Kind::Tensor) return;
@@ -842,6 +853,8 @@ SliceRegion walk_region(const Graph& g, SliceRegion R, int stop, const std::stri
 }
 
 }  // namespace
+
+bool subgraph_reads_placeholder(const Graph& g, const std::string& sub, int k) { return reads_placeholder(g, sub, k); }
 
 SliceLegality slice_legality(const Graph& g) {
   SliceLegality L;
@@ -894,6 +907,11 @@ std::string to_string(const SliceLegality& L, const Graph& g) {
        << R.nodes.size() << " nodes sliceable along dims "
        << (R.slice_dims.empty() ? std::string("batch,heads") : dims_str(R.slice_dims)) << ", extent " << R.extent << "\n";
     if (!R.narrowed.empty()) os << "  no slice_dims hint: " << R.narrowed << "\n";
+    for (const auto& [node, dims] : R.global_index) {
+      os << "  " << describe(g, node) << " reads the";
+      for (size_t k = 0; k < dims.size(); ++k) os << (k ? " and" : "") << (dims[k] == 0 ? " batch" : " head");
+      os << " index: each slice reads the global one from an index table\n";
+    }
     if (!R.inputs.empty()) {
       os << "  inputs:";
       for (size_t k = 0; k < R.inputs.size(); ++k)

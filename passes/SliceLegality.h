@@ -68,6 +68,10 @@ struct SliceRegion {
   std::set<int> replicated;
   // Whole values each slice computes a part of (summed, above): the loop returns their sum.
   std::set<int> summed;
+  // FlexAttention nodes whose score_mod/mask_mod read the batch or head index along a sliced dim: q's
+  // dims (0 batch, 1 heads) whose indices slice-schedule turns into global ones in the body (each
+  // slice reads them from an index table sliced like q).
+  std::map<int, std::vector<int>> global_index;
   // Sizes of every distinct group seen (a slice count is valid when it gives a box in each).
   std::vector<std::vector<int64_t>> groups;
   int end_node = -1;             // the node that ends the sliceable subgraph, -1 when none does
@@ -83,6 +87,10 @@ struct SliceLegality {
 };
 
 SliceLegality slice_legality(const Graph& g);
+
+// Whether subgraph `sub` of g reads its k-th placeholder's value (uses that read only its dtype or
+// device, such as new_ones, do not count).
+bool subgraph_reads_placeholder(const Graph& g, const std::string& sub, int k);
 
 // For the dump:
 //   slice-legality region 0 (schedule=dfs): 7 of 9 nodes sliceable along dims [0,1], extent 64

@@ -78,6 +78,151 @@ std::string counts_str(const std::vector<int64_t>& v) {
   return s;
 }
 
+// ---- global batch/head indices for FlexAttention subgraphs (SliceRegion::global_index) ----------
+
+bool is_flex(const Node& n) {
+  return n.target == "higher_order::flex_attention" || n.target == "higher_order::flex_attention_backward";
+}
+
+// The index tables a region's flex nodes read: for q dim d (0 batch, 1 heads) in the group, a tensor of
+// the group's sizes whose element at (local indices) is the global index along d. Sliced like q, each
+// slice's view holds its own indices.
+struct IndexTables {
+  SliceMap group;                  // q's group dims (the same for every flex node of the region)
+  std::vector<int64_t> sizes;      // q's sizes along them
+  std::map<int, ValueType> index_type;  // d -> the subgraphs' type for index d (i32[] or i64[])
+  std::map<int, int> node;         // d -> the table's node in the graph (once built)
+};
+
+// Builds table d's nodes (arange, and for a 2-dim group view + expand) at position `pos` of `nodes`
+// (the rebuilt main graph: every index is final); returns the table's index there.
+int build_index_table(std::vector<Node>& nodes, const Graph& g, const IndexTables& T, int d, const std::string& device,
+                      const Hints& hints) {
+  const int p = d - T.group.dim;  // position of d in the group
+  const int n = T.group.ndims;
+  const DType dt = T.index_type.at(d).tensor.dtype;
+  auto tensor = [&](std::vector<int64_t> shape, std::vector<int64_t> stride) {
+    ValueType v;
+    v.kind = ValueType::Kind::Tensor;
+    v.tensor.dtype = dt;
+    v.tensor.device = device;
+    for (int64_t x : shape) v.tensor.shape.push_back(Dim{x});
+    for (int64_t x : stride) v.tensor.stride.push_back(Dim{x});
+    return v;
+  };
+  const std::string base = std::string("slice_") + (d == 0 ? "batch" : "head") + "_index";
+  std::set<std::string> taken;
+  for (const Node& x : nodes) taken.insert(x.name);
+  auto fresh = [&](const std::string& b) {
+    std::string name = unique_name(g, b);
+    for (int k = 1; taken.count(name); ++k) name = unique_name(g, b + "_" + std::to_string(k));
+    taken.insert(name);
+    return name;
+  };
+  Node a;
+  a.name = fresh(base);
+  a.target = "aten::arange.default";
+  a.args = {Arg::of_int(T.sizes[p])};
+  Arg dev;
+  dev.kind = Arg::Kind::Device;
+  dev.s = device;
+  a.kwargs = {{"dtype", Arg::of_dtype(dt)}, {"device", dev}};
+  a.type = tensor({T.sizes[p]}, {1});
+  a.hints = hints;
+  nodes.push_back(a);
+  int at = static_cast<int>(nodes.size()) - 1;
+  if (n == 1) return at;
+  // [B] as [B, 1] expanded to [B, H]; [H] as [1, H] expanded to [B, H].
+  std::vector<int64_t> unit = p == 0 ? std::vector<int64_t>{T.sizes[0], 1} : std::vector<int64_t>{1, T.sizes[1]};
+  Arg shape;
+  shape.kind = Arg::Kind::List;
+  for (int64_t x : unit) shape.items.push_back(Arg::of_int(x));
+  Node v;
+  v.name = fresh(base + "_view");
+  v.target = "aten::view.default";
+  v.args = {Arg::of_ref(at, a.name), shape};
+  v.effects.is_view = true;
+  v.type = tensor(unit, p == 0 ? std::vector<int64_t>{1, 1} : std::vector<int64_t>{T.sizes[1], 1});
+  v.hints = hints;
+  nodes.push_back(v);
+  at = static_cast<int>(nodes.size()) - 1;
+  Arg full;
+  full.kind = Arg::Kind::List;
+  for (int64_t x : T.sizes) full.items.push_back(Arg::of_int(x));
+  Node e;
+  e.name = fresh(base + "_table");
+  e.target = "aten::expand.default";
+  e.args = {Arg::of_ref(at, v.name), full};
+  e.effects.is_view = true;
+  e.type = tensor(T.sizes, p == 0 ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{0, 1});
+  e.hints = hints;
+  nodes.push_back(e);
+  return static_cast<int>(nodes.size()) - 1;
+}
+
+// A copy of subgraph `sub` (named `name`) taking the index tables `dims` as extra placeholders after
+// its own, and reading every index of `dims` it uses through them: `%h` becomes
+// `aten::index.Tensor(%slice_head_index, [%b, %h])` (the local indices of the group's dims).
+// first_index: the position of b among its placeholders (1 for score_mod/joint, 0 for mask_mod).
+// A joint graph also returns one more (empty) gradient per table.
+std::shared_ptr<Graph> with_global_indices(const Graph& sub, const std::string& name, int first_index,
+                                           const IndexTables& T, const std::vector<int>& dims, bool joint,
+                                           const std::map<int, ValueType>& slice_types) {
+  auto c = std::make_shared<Graph>(sub);
+  c->name = name;
+  std::vector<int> ph = c->placeholders();
+  HB_INTERNAL_CHECK(static_cast<int>(ph.size()) >= first_index + 2) << "@" << sub.name << ": no b/h placeholders";
+  const std::string local_b = c->nodes[ph[first_index]].name, local_h = c->nodes[ph[first_index + 1]].name;
+  int pos = ph.back() + 1;
+  std::map<int, std::string> table_name;
+  for (int d : dims) {
+    Node p;
+    p.op = OpKind::Placeholder;
+    p.name = unique_name(*c, std::string("slice_") + (d == 0 ? "batch" : "head") + "_index");
+    p.type = slice_types.at(d);  // the slice's view of the table, as the body passes it
+    table_name[d] = p.name;
+    insert_node(*c, pos++, p);
+  }
+  std::map<std::string, std::string> replace;  // local index -> global one
+  const std::vector<std::vector<int>> users = c->users();
+  for (int d : dims) {
+    const std::string local = d == 0 ? local_b : local_h;
+    if (users[c->find(local)].empty()) continue;  // this graph of the side does not read it
+    Node ix;
+    ix.name = unique_name(*c, (d == 0 ? std::string("global_b") : std::string("global_h")));
+    ix.target = "aten::index.Tensor";
+    Arg idx;
+    idx.kind = Arg::Kind::List;
+    for (int k = 0; k < T.group.ndims; ++k) {
+      const std::string& l = T.group.dim + k == 0 ? local_b : local_h;
+      idx.items.push_back(Arg::of_ref(c->find(l), l));
+    }
+    ix.args = {Arg::of_ref(c->find(table_name[d]), table_name[d]), idx};
+    ix.type = T.index_type.at(d);
+    replace[local] = ix.name;
+    insert_node(*c, pos++, ix);
+  }
+  // Every later read of a local index reads the global one.
+  std::map<int, int> to;
+  for (const auto& [l, gl] : replace) to[c->find(l)] = c->find(gl);
+  for (int i = pos; i < static_cast<int>(c->nodes.size()); ++i) {
+    auto fix = [&](Arg& a) {
+      auto it = to.find(a.ref);
+      if (it == to.end()) return;
+      a.ref = it->second;
+      a.s = c->nodes[it->second].name;
+    };
+    for (Arg& a : c->nodes[i].args) a.for_each_ref_mut(fix);
+    for (auto& kv : c->nodes[i].kwargs) kv.second.for_each_ref_mut(fix);
+  }
+  if (joint) {
+    const int out = c->output_node();
+    HB_INTERNAL_CHECK(out >= 0 && !c->nodes[out].args.empty()) << "@" << sub.name << ": a joint graph without output";
+    for (size_t k = 0; k < dims.size(); ++k) c->nodes[out].args[0].items.push_back(Arg::none());
+  }
+  return c;
+}
+
 }  // namespace
 
 int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
@@ -94,6 +239,65 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
     p.name = g.nodes[in.node].name;
     p.type = slice_type(g.nodes[in.node].type, in.map, slices, /*keep_strides=*/true, describe(g, in.node));
     body_index[in.node] = static_cast<int>(body->nodes.size());
+    body->nodes.push_back(p);
+  }
+  // Flex nodes that read the batch/head index along a sliced dim read the global one from an index
+  // table, one more loop input per dim (built before the loop, below); which side of each node reads which.
+  IndexTables T;
+  std::set<int> table_dims;
+  struct Sides { std::vector<int> score, mask; };
+  std::map<int, Sides> sides;
+  std::string device = "cpu";
+  for (const auto& [s, dims] : R.global_index) {
+    const Node& n = g.nodes[s];
+    HB_INTERNAL_CHECK(is_flex(n)) << "slice-schedule: " << describe(g, s) << " reads global indices but is not flex";
+    const bool bw = n.target == "higher_order::flex_attention_backward";
+    const TensorType* q = g.tensor_type(n.args[0]);
+    HB_INTERNAL_CHECK(q && q->shape.size() == 4) << describe(g, s) << ": its query is not 4-d";
+    const SliceMap M = R.maps.at(s)[0];
+    T.group = M;
+    T.sizes.clear();
+    for (int d = M.dim; d < M.dim + M.ndims; ++d) T.sizes.push_back(q->shape[d].value);
+    device = q->device;
+    const std::vector<int> score_graphs = bw ? std::vector<int>{7, 8} : std::vector<int>{3};
+    const int mask_pos = bw ? 9 : 4;
+    Sides& side = sides[s];
+    for (int d : dims) {
+      bool in_score = false, in_mask = false;
+      for (int k : score_graphs) {
+        const Arg& a = n.args[k];
+        if (a.kind != Arg::Kind::Graph) continue;
+        if (subgraph_reads_placeholder(g, a.s, 1 + d)) in_score = true;
+        if (!T.index_type.count(d)) T.index_type[d] = g.subgraphs.at(a.s)->nodes[g.subgraphs.at(a.s)->placeholders().at(1 + d)].type;
+      }
+      for (const Arg& e : n.args[mask_pos].items)
+        if (e.kind == Arg::Kind::Graph && subgraph_reads_placeholder(g, e.s, d)) {
+          in_mask = true;
+          if (!T.index_type.count(d)) T.index_type[d] = g.subgraphs.at(e.s)->nodes[g.subgraphs.at(e.s)->placeholders().at(d)].type;
+        }
+      if (in_score) side.score.push_back(d);
+      if (in_mask) side.mask.push_back(d);
+      table_dims.insert(d);
+    }
+  }
+  std::map<int, int> table_body;  // d -> the table's placeholder in the body
+  auto table_type = [&](int d) {
+    ValueType v;
+    v.kind = ValueType::Kind::Tensor;
+    v.tensor.dtype = T.index_type.at(d).tensor.dtype;
+    v.tensor.device = device;
+    for (int64_t x : T.sizes) v.tensor.shape.push_back(Dim{x});
+    const int p = d - T.group.dim;
+    if (T.sizes.size() == 1) v.tensor.stride = {Dim{1}};
+    else v.tensor.stride = p == 0 ? std::vector<Dim>{Dim{1}, Dim{0}} : std::vector<Dim>{Dim{0}, Dim{1}};
+    return v;
+  };
+  for (int d : table_dims) {
+    Node p;
+    p.op = OpKind::Placeholder;
+    p.name = unique_name(g, std::string("slice_") + (d == 0 ? "batch" : "head") + "_index_table");
+    p.type = slice_type(table_type(d), SliceMap{0, T.group.ndims}, slices, /*keep_strides=*/true, p.name);
+    table_body[d] = static_cast<int>(body->nodes.size());
     body->nodes.push_back(p);
   }
   for (int s : R.sliceable) {
@@ -123,6 +327,40 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
       kv.second.for_each_ref_mut(remap);
       collect_subgraphs(kv.second, g, *body);
     }
+    if (auto it = sides.find(s); it != sides.end()) {  // global indices: rewritten subgraphs, more buffers
+      const bool bw = b.target == "higher_order::flex_attention_backward";
+      auto rewrite = [&](Arg& a, int first_index, const std::vector<int>& dims, bool joint) {
+        if (a.kind != Arg::Kind::Graph || dims.empty()) return;
+        const std::string name = unique_name(*body, a.s + "_global");
+        std::map<int, ValueType> slice_types;
+        for (const auto& [d, at] : table_body) slice_types[d] = body->nodes[at].type;
+        body->subgraphs[name] = with_global_indices(*g.subgraphs.at(a.s), name, first_index, T, dims, joint, slice_types);
+        a.s = name;
+      };
+      auto add_buffers = [&](Arg& list, const std::vector<int>& dims) {
+        for (int d : dims) list.items.push_back(Arg::of_ref(table_body.at(d), body->nodes[table_body.at(d)].name));
+      };
+      const Sides& side = it->second;
+      if (bw) {
+        rewrite(b.args[7], 1, side.score, false);
+        rewrite(b.args[8], 1, side.score, true);
+        add_buffers(b.args[12], side.score);
+        for (size_t k = 0; k < side.score.size(); ++k) {  // one (empty) gradient per table
+          ValueType none;
+          none.kind = ValueType::Kind::None;
+          b.type.elems.at(3).elems.push_back(none);
+        }
+      } else {
+        rewrite(b.args[3], 1, side.score, false);
+        add_buffers(b.args[7], side.score);
+      }
+      for (Arg& e : b.args[bw ? 9 : 4].items) rewrite(e, 0, side.mask, false);
+      add_buffers(b.args[bw ? 13 : 8], side.mask);
+    }
+    // A getitem of a flex backward's buffer gradients (result 3) follows its new type.
+    if (b.target == "operator::getitem" && b.args.size() >= 2 && b.args[1].kind == Arg::Kind::Int &&
+        b.args[1].i == 3 && sides.count(g.nodes[s].args[0].ref))
+      b.type = body->nodes[b.args[0].ref].type.elems.at(3);
     body_index[s] = static_cast<int>(body->nodes.size());
     body->nodes.push_back(std::move(b));
   }
@@ -148,6 +386,10 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
     inputs.items.push_back(Arg::of_ref(in.node, g.nodes[in.node].name));
     in_dims.push_back(in.map.dim);
     in_ndims.push_back(in.map.ndims);
+  }
+  for (size_t k = 0; k < table_dims.size(); ++k) {  // the index tables (their refs are added when built)
+    in_dims.push_back(0);
+    in_ndims.push_back(T.group.ndims);
   }
   loop.type.kind = ValueType::Kind::Tuple;
   for (int o : R.outputs) {
@@ -185,6 +427,10 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
     }
     if (i != last) continue;
     renumber(loop);
+    for (int d : table_dims) {
+      const int t = build_index_table(nodes, g, T, d, device, Hints{});
+      loop.args[1].items.push_back(Arg::of_ref(t, nodes[t].name));
+    }
     loop_index = static_cast<int>(nodes.size());
     nodes.push_back(loop);
     for (size_t k = 0; k < R.outputs.size(); ++k) {

@@ -441,8 +441,9 @@ def test_flex_backward_with_a_learned_bias_sums_its_gradient_over_batch_slices(t
     """A learned relative bias lb[q - kv + S - 1, h] under a causal mask (its score_mod reads the head
     index, so the region slices along batch only: slice_dims=[0]) trained in a dfs region: the backward's
     slice loop computes each batch's part of lb's gradient and sums them (out_dims -2 in the dump), q/k/v's
-    gradients are split by slice. Without a slice_dims hint the region narrows to batch by itself. Outputs
-    and every gradient sit as close to a float64 reference as the unsliced compile's."""
+    gradients are split by slice. Without a slice_dims hint the region narrows to batch by itself; along
+    batch and heads each slice reads its global head index from a table. Outputs and every gradient sit as
+    close to a float64 reference as the unsliced compile's."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     from flex_reference import causal, dense, hop
@@ -466,8 +467,9 @@ def test_flex_backward_with_a_learned_bias_sums_its_gradient_over_batch_slices(t
 
     results = {}
     # Without slice_dims, slice-legality narrows the default (batch and heads) to batch: the score_mod reads h.
+    # Along batch and heads, each slice reads its global head index from a table (slice-schedule).
     for name, hints in (("bfs", {"schedule": "bfs"}), ("dfs", {"schedule": "dfs", "slice_dims": [0]}),
-                        ("dfs-default", {"schedule": "dfs"})):
+                        ("dfs-default", {"schedule": "dfs"}), ("dfs-heads", {"schedule": "dfs", "slice_dims": [0, 1]})):
         torch._dynamo.reset()
         xs = [t.detach().clone().requires_grad_(True) for t in (q, k, v, lb)]
         compiled = torch.compile(lambda *a: f(*a, hints), backend="hintbackend",
@@ -476,17 +478,20 @@ def test_flex_backward_with_a_learned_bias_sums_its_gradient_over_batch_slices(t
         out.backward(grad)
         results[name] = [out.detach()] + [t.grad for t in xs]
     err = lambda a, r: (a.double() - r).abs().max().item()  # noqa: E731
-    for dfs in ("dfs", "dfs-default"):
+    for dfs, slices in (("dfs", 4), ("dfs-default", 4), ("dfs-heads", 4 * H)):
         for what, d, b, r in zip(("out", "dq", "dk", "dv", "dlb"), results[dfs], results["bfs"], ref):
             assert d.dtype == b.dtype and d.shape == b.shape, what
             assert err(d, r) <= 2 * err(b, r) + 1e-5, (dfs, what, err(d, r), err(b, r))
         backward = "".join(t for d, t in final_ir(str(tmp_path / dfs)).items() if d.startswith("backward"))
         loop = main_graph(backward)
-        assert re.search(r"hintbackend::slice_loop\(.*slices=4, extent=4, out_dims=\[[-0-9, ]*-2", loop), backward
+        assert re.search(rf"hintbackend::slice_loop\(.*slices={slices}, extent={slices}, out_dims=\[[-0-9, ]*-2", loop), \
+            backward
         assert "higher_order::flex_attention_backward" not in loop, loop  # it runs in the body, per slice
         assert "higher_order::flex_attention_backward" in backward[len(loop):], backward
     notes = "".join(open(tmp_path / "dfs-default" / d / "notes.txt").read() for d in graph_dirs(str(tmp_path / "dfs-default")))
     assert "no slice_dims hint: batch only:" in notes and "reads the head index" in notes, notes
+    notes = "".join(open(tmp_path / "dfs-heads" / d / "notes.txt").read() for d in graph_dirs(str(tmp_path / "dfs-heads")))
+    assert "reads the head index: each slice reads the global one from an index table" in notes, notes
 
 
 def test_small_values_of_heavy_ops_are_saved_not_recomputed():

@@ -367,11 +367,29 @@ TEST(ir_text, slice_legality_ends_where_a_summed_gradient_is_read_inside_the_loo
 )", "%scaled: f32[15, 2] = aten::mul.Tensor(%dlb, 2.0)  {region=0 path=0 schedule=dfs slice_dims=[0]}\n  return (%dq, %scaled)"));
 }
 
-TEST(ir_text, slice_legality_keeps_a_buffer_gradient_whole_when_the_score_mod_reads_a_sliced_index) {
-  // Along batch and heads, the score_mod's read of h would see slice-local heads: nothing is sliced.
+TEST(ir_text, slice_schedule_gives_a_head_reading_score_mod_the_global_head_index) {
+  // Along batch and heads (slice_dims=[0,1]): inside a slice, h is the slice's local head. The loop gets
+  // an index table [B, H] holding each element's head, sliced like q; the body's score_mod and joint
+  // read lb[..., table[b, h]] (copies named *_global), take the table as one more buffer, and the joint
+  // returns one more (empty) gradient.
   std::string test = with_tail(R"(
-// CHECK-NOT: slice_loop
-// CHECK: ends at %fb (higher_order::flex_attention_backward) in graph 'g': @fw0 reads the head index
+// CHECK: %slice_head_index: i32[2] = aten::arange.default(2, dtype=
+// CHECK-NEXT: %slice_head_index_view: i32[1, 2] = aten::view.default(%slice_head_index, [1, 2]) !view
+// CHECK-NEXT: %slice_head_index_table: i32[2, 2][0, 1] = aten::expand.default(%slice_head_index_view, [2, 2]) !view
+// CHECK-NEXT: %slice_loop_0: (f32[2, 2, 8, 16], f32[15, 2]) = hintbackend::slice_loop(@slice_body_0, [%q, %k, %v, %out, %lse, %dout, %lb, %kvn, %kvi, %slice_head_index_table], in_dims=[0, 0, 0, 0, 0, 0, -1, -1, -1, 0], in_ndims=[2, 2, 2, 2, 2, 2, 0, 0, 0, 2], slices=4, extent=4, out_dims=[0, -2], out_ndims=[2, 0])
+// CHECK: graph slice_body_0 {
+// CHECK: %slice_head_index_table: i32[1, 1][0, 1] = placeholder
+// CHECK-NEXT: %fb: (f32[1, 1, 8, 16], f32[1, 1, 8, 16], f32[1, 1, 8, 16], (f32[15, 2], none)) = higher_order::flex_attention_backward(%q, %k, %v, %out, %lse, %dout, none, @fw0_global, @joint0_global, (8, 8, %kvn, %kvi, none, none, none, none, none, none, 128, 128, @mask0), 0.25, {}, (%lb, %slice_head_index_table), ())
+// CHECK: %grads: (f32[15, 2], none) = operator::getitem(%fb, 3)
+// CHECK: graph slice_body_0/fw0_global {
+// CHECK: %lb: f32[15, 2] = placeholder
+// CHECK-NEXT: %slice_head_index: i32[1, 1][0, 1] = placeholder
+// CHECK-NEXT: %global_h: i32[] = aten::index.Tensor(%slice_head_index, [%b, %h])
+// CHECK: %index: f32[] = aten::index.Tensor(%lb, [%add, %global_h])
+// CHECK: graph slice_body_0/joint0_global {
+// CHECK: %scatter: f32[15, 2] = flex_lib::zeros_and_scatter.default([15, 2], [%add, %global_h], %g)
+// CHECK-NEXT: return [%g, none, none, none, none, %scatter, none]
+// CHECK: // note:   %fb (higher_order::flex_attention_backward) in graph 'g' reads the head index: each slice reads the global one from an index table
 )", "return (%dq, %dlb)");
   for (size_t at; (at = test.find("slice_dims=[0]")) != std::string::npos;) test.replace(at, 14, "slice_dims=[0,1]");
   file_check(test);
@@ -387,6 +405,20 @@ TEST(ir_text, slice_legality_narrows_the_default_dims_to_batch_for_a_head_readin
 // CHECK: one slice per batch (batch only: @fw0 reads the head index)
 )", "return (%dq, %dlb)");
   for (size_t at; (at = test.find(" slice_dims=[0]")) != std::string::npos;) test.erase(at, 15);
+  file_check(test);
+}
+
+TEST(ir_text, slice_legality_keeps_the_default_dims_for_a_batch_of_one) {
+  // B = 1: narrowing to batch would leave nothing to slice, so the default (batch and heads) stays and
+  // the body reads global head indices.
+  std::string test = with_tail(R"(
+// CHECK: slices=2, extent=2, out_dims=[0, -2]
+// CHECK: // note: slice-legality region 0 (schedule=dfs): 4 of 4 nodes sliceable along dims batch,heads, extent 2
+// CHECK-NOT: no slice_dims hint
+// CHECK: reads the head index: each slice reads the global one from an index table
+)", "return (%dq, %dlb)");
+  for (size_t at; (at = test.find(" slice_dims=[0]")) != std::string::npos;) test.erase(at, 15);
+  for (size_t at; (at = test.find("[2, 2, 8")) != std::string::npos;) test.replace(at, 8, "[1, 2, 8");
   file_check(test);
 }
 

@@ -124,9 +124,18 @@ TEST(slice_legality, attention_ops_slice_along_batch_and_heads) {
     EXPECT_EQ(outs, (std::vector<std::string>{"getitem_1", "getitem_2", "getitem_3", "relu"}));
   }
   {
+    // The score_mod reads h while heads are sliced: the region still slices, and the node is marked
+    // for slice-schedule to give its body global head indices.
+    auto g = load("flex_head_bias.json");
+    const SliceRegion R = slice_legality(*g).regions.at(0);
+    EXPECT_EQ(R.end_node, -1) << R.end_reason;
+    EXPECT_EQ(R.global_index, (std::map<int, std::vector<int>>{{g->find("flex_attention"), {1}}}));
+  }
+  {
     auto g = load("flex_dfs.json");
     const SliceRegion R = slice_legality(*g).regions.at(0);
     EXPECT_EQ(R.end_node, -1) << R.end_reason;
+    EXPECT_TRUE(R.global_index.empty());
     for (const SliceInput& x : R.inputs)
       if (g->nodes[x.node].name == "kv_num_blocks") EXPECT_FALSE(x.map.sliced());  // [1, 1, n] block mask
   }
@@ -153,7 +162,6 @@ TEST(slice_legality, rules_name_the_node_that_ends_the_region) {
       {"rule_symbolic.json", "exp", "symbolic shape", 0},
       {"sdpa_gqa.json", "sdpa", "grouped-query heads", 0},
       {"sdpa_dropout.json", "sdpa", "dropout", 0},
-      {"flex_head_bias.json", "flex_attention", "@sdpa_score0 reads the head index", 0},
       {"attention_bfs.json", "", "", 18},
   };
   for (const Case& c : cases) {
