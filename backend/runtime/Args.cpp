@@ -53,6 +53,17 @@ c10::Device device_of(const TensorType& t) {
   return d;
 }
 
+std::vector<int64_t> sizes_of(const TensorType& t) {
+  std::vector<int64_t> v;
+  for (const Dim& d : t.shape) v.push_back(d.value);
+  return v;
+}
+std::vector<int64_t> strides_of(const TensorType& t) {
+  std::vector<int64_t> v;
+  for (const Dim& d : t.stride) v.push_back(d.value);
+  return v;
+}
+
 namespace {
 
 c10::Layout to_layout(const std::string& s, const std::string& where) {

@@ -39,6 +39,9 @@ double float_arg(const Arg& a, const std::string& where);
 at::Tensor wrapped_number(const c10::IValue& v);
 c10::ScalarType to_scalar_type(DType d);
 c10::Device device_of(const TensorType& t);  // "cuda" -> cuda:0
+// Sizes and strides of a static IR type (strides empty when the type has none).
+std::vector<int64_t> sizes_of(const TensorType& t);
+std::vector<int64_t> strides_of(const TensorType& t);
 // "aten::addmm.default" -> ("aten::addmm", ""); "aten::add.Tensor" -> ("aten::add", "Tensor")
 std::pair<std::string, std::string> split_target(const std::string& target);
 

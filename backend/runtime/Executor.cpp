@@ -101,17 +101,6 @@ Step plan_aten(const Graph& g, int i) {
   return s;
 }
 
-// Sizes and strides of a static IR type.
-std::vector<int64_t> sizes_of(const TensorType& t) {
-  std::vector<int64_t> v;
-  for (const Dim& d : t.shape) v.push_back(d.value);
-  return v;
-}
-std::vector<int64_t> strides_of(const TensorType& t) {
-  std::vector<int64_t> v;
-  for (const Dim& d : t.stride) v.push_back(d.value);
-  return v;
-}
 
 // The out= overload a planned ATen step writes through; the plan was made with this runtime's target,
 // so it must exist (fused groups write through their kernel and need none).

@@ -29,16 +29,6 @@ at::Tensor slice_view(const at::Tensor& t, int64_t d, int64_t k, int64_t slices,
 at::TensorOptions options_of(const TensorType& t) {
   return at::TensorOptions().dtype(to_scalar_type(t.dtype)).device(device_of(t));
 }
-std::vector<int64_t> sizes_of(const TensorType& t) {
-  std::vector<int64_t> v;
-  for (const Dim& d : t.shape) v.push_back(d.value);
-  return v;
-}
-std::vector<int64_t> strides_of(const TensorType& t) {
-  std::vector<int64_t> v;
-  for (const Dim& d : t.stride) v.push_back(d.value);
-  return v;
-}
 // A new tensor of type t: the traced strides, not contiguous ones (a later view, flex's output
 // transposed and viewed say, relies on the layout eager gave the value).
 at::Tensor new_traced(const TensorType& t) {
