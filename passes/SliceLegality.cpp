@@ -147,6 +147,7 @@ struct Walk {
   std::set<std::pair<int, int>> replicated;  // (node, tuple element or -1): see SliceRegion::replicated
   std::set<std::pair<int, int>> summed;      // (node, tuple element or -1): see SliceRegion::summed
   std::map<int, std::vector<int>> global_index;  // see SliceRegion::global_index
+  std::vector<int64_t> global_group;             // the group sizes their index tables have
 
   // Per node, proposals that commit only when the node's rule succeeds.
   std::map<int, SliceMap> pending_ext;
@@ -537,7 +538,15 @@ std::vector<SliceMap> rule_attention(Walk& w, int i, bool flex) {
         for (const Arg& e : n.args[k].items)
           if (e.kind == Arg::Kind::Graph) check(e, 0);  // mask_mod(b, h, q_idx, kv_idx)
     }
-    if (!reads.empty()) w.global_index[i] = std::vector<int>(reads.begin(), reads.end());
+    if (!reads.empty()) {
+      // One set of index tables serves the region: every node reading them has q's group alike.
+      const std::vector<int64_t> sizes = group_sizes(Q, M);
+      if (!w.global_group.empty() && w.global_group != sizes)
+        throw Fail{"reads the batch or head index over a group of sizes " + dims_str(sizes) + " where an earlier " +
+                   "attention in the region reads it over " + dims_str(w.global_group)};
+      w.global_group = sizes;
+      w.global_index[i] = std::vector<int>(reads.begin(), reads.end());
+    }
     // The gradients of captured buffers (result 3, one per score_mod buffer): every slice reads the
     // buffers whole and adds its part of their gradient, so the loop sums them (summed).
     bool buffer_grads = false;

@@ -255,9 +255,12 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
     const TensorType* q = g.tensor_type(n.args[0]);
     HB_INTERNAL_CHECK(q && q->shape.size() == 4) << describe(g, s) << ": its query is not 4-d";
     const SliceMap M = R.maps.at(s)[0];
+    std::vector<int64_t> sizes;
+    for (int d = M.dim; d < M.dim + M.ndims; ++d) sizes.push_back(q->shape[d].value);
+    HB_INTERNAL_CHECK(T.sizes.empty() || (T.group == M && T.sizes == sizes))
+        << describe(g, s) << ": its index tables differ from the region's (slice-legality keeps them alike)";
     T.group = M;
-    T.sizes.clear();
-    for (int d = M.dim; d < M.dim + M.ndims; ++d) T.sizes.push_back(q->shape[d].value);
+    T.sizes = sizes;
     device = q->device;
     const std::vector<int> score_graphs = bw ? std::vector<int>{7, 8} : std::vector<int>{3};
     const int mask_pos = bw ? 9 : 4;
