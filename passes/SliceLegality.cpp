@@ -527,8 +527,16 @@ std::vector<SliceMap> rule_attention(Walk& w, int i, bool flex) {
     std::set<int> reads;
     auto check = [&](const Arg& a, int b_pos) {
       if (a.kind != Arg::Kind::Graph) return;
-      for (int d : {0, 1})
-        if (in_group(M, d) && reads_placeholder(w.g, a.s, b_pos + d)) reads.insert(d);
+      for (int d : {0, 1}) {
+        if (!in_group(M, d) || !reads_placeholder(w.g, a.s, b_pos + d)) continue;
+        const Graph& sub = *w.g.subgraphs.at(a.s);  // reads_placeholder: it exists, with that placeholder
+        const ValueType& t = sub.nodes[sub.placeholders()[b_pos + d]].type;
+        if (t.kind != ValueType::Kind::Tensor || !t.tensor.shape.empty() ||
+            (t.tensor.dtype != DType::Int32 && t.tensor.dtype != DType::Int64))
+          throw Fail{"@" + a.s + " reads the " + (d == 0 ? "batch" : "head") + " index as " + to_string(t) +
+                     ", not an integer scalar"};
+        reads.insert(d);
+      }
     };
     const bool bw = op == "flex_attention_backward";
     const size_t mask_pos = bw ? 9 : 4;

@@ -270,13 +270,16 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
       for (int k : score_graphs) {
         const Arg& a = n.args[k];
         if (a.kind != Arg::Kind::Graph) continue;
-        if (subgraph_reads_placeholder(g, a.s, 1 + d)) in_score = true;
-        if (!T.index_type.count(d)) T.index_type[d] = g.subgraphs.at(a.s)->nodes[g.subgraphs.at(a.s)->placeholders().at(1 + d)].type;
+        if (!subgraph_reads_placeholder(g, a.s, 1 + d)) continue;  // true only for a subgraph that has it
+        in_score = true;
+        const Graph& sub = *g.subgraphs.at(a.s);
+        if (!T.index_type.count(d)) T.index_type[d] = sub.nodes[sub.placeholders().at(1 + d)].type;
       }
       for (const Arg& e : n.args[mask_pos].items)
         if (e.kind == Arg::Kind::Graph && subgraph_reads_placeholder(g, e.s, d)) {
           in_mask = true;
-          if (!T.index_type.count(d)) T.index_type[d] = g.subgraphs.at(e.s)->nodes[g.subgraphs.at(e.s)->placeholders().at(d)].type;
+          const Graph& sub = *g.subgraphs.at(e.s);
+          if (!T.index_type.count(d)) T.index_type[d] = sub.nodes[sub.placeholders().at(d)].type;
         }
       if (in_score) side.score.push_back(d);
       if (in_mask) side.mask.push_back(d);
@@ -334,6 +337,7 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
       const bool bw = b.target == "higher_order::flex_attention_backward";
       auto rewrite = [&](Arg& a, int first_index, const std::vector<int>& dims, bool joint) {
         if (a.kind != Arg::Kind::Graph || dims.empty()) return;
+        HB_INTERNAL_CHECK(g.subgraphs.count(a.s)) << describe(g, s) << ": subgraph @" << a.s << " is missing";
         const std::string name = unique_name(*body, a.s + "_global");
         std::map<int, ValueType> slice_types;
         for (const auto& [d, at] : table_body) slice_types[d] = body->nodes[at].type;
