@@ -1,7 +1,7 @@
 """Demo: train a small GPT-style model whose attention is FlexAttention with a causal block mask and
 a learned relative-position bias, compiled with backend="hintbackend", side by side with a reference.
 
-    python -m hintbackend.demo [--steps 5] [--device cuda|cpu] [--dump-dir hb-dumps]
+    python -m hintbackend.demo [--steps 5] [--device cuda|cpu] [--dump-dir hb-dumps] [--dfs [--slice-dims 0,1]]
 
 Prints the loss per step for both runs and the largest difference of loss and parameters, and
 writes a graph dump. On CUDA the reference is eager PyTorch with the public flex_attention API. On
@@ -101,13 +101,26 @@ def main(argv=None) -> int:
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay each compiled graph as a CUDA graph (options={'cuda_graphs': True}, what "
                         "mode='reduce-overhead' sets)")
+    p.add_argument("--dfs", action="store_true",
+                   help="run each attention in a hinted_context(schedule='dfs') region: one slice at a time, "
+                        "the learned bias's gradient summed over the slices (docs/hints.md)")
+    p.add_argument("--slice-dims", default="",
+                   help="with --dfs: the slice_dims hint, e.g. 0,1 (batch and heads: each slice reads its global "
+                        "head index); default: batch and heads, narrowed to batch because the bias reads h")
     args = p.parse_args(argv)
+    hints = None
+    if args.dfs:
+        hints = {"schedule": "dfs"}
+        if args.slice_dims:
+            hints["slice_dims"] = [int(x) for x in args.slice_dims.split(",")]
+    elif args.slice_dims:
+        p.error("--slice-dims needs --dfs")
 
     torch.manual_seed(0)
     dev = args.device
     on_cpu = dev == "cpu"
     attn_dtype = None if args.attn_dtype == "float32" else getattr(torch, args.attn_dtype)
-    model = TinyGPT(seq=args.seq, device=dev, attn_dtype=attn_dtype).to(dev)
+    model = TinyGPT(seq=args.seq, device=dev, attn_dtype=attn_dtype, attn_hints=hints).to(dev)
     ref_model = copy.deepcopy(model)
     if on_cpu:
         variant = ("CPU variant: flex_attention's higher-order op called directly (torch 2.11's public API "
@@ -118,7 +131,7 @@ def main(argv=None) -> int:
         ref = ref_model
     print(f"hintbackend demo: {variant}")
     print(f"model: TinyGPT, 2 blocks, d=64, 4 heads, seq={args.seq}, batch={args.batch}, causal block mask + "
-          f"learned relative bias, attention in {args.attn_dtype}")
+          f"learned relative bias, attention in {args.attn_dtype}" + (f", in a hinted_context{hints} region" if hints else ""))
     compiled = torch.compile(model, backend="hintbackend",
                              options={"dump_dir": args.dump_dir, "strict": True, "cuda_graphs": args.cuda_graphs})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -149,6 +162,12 @@ def main(argv=None) -> int:
     print(f"max |loss diff| = {worst:.3e}; max |parameter diff| after {args.steps} steps = {pdiff:.3e}")
     dumps = sorted(os.listdir(args.dump_dir)) if os.path.isdir(args.dump_dir) else []
     print(f"graph dump: {os.path.abspath(args.dump_dir)} ({', '.join(dumps)})")
+    if hints:  # what slice-schedule did with the region, per graph (the dump's notes.txt)
+        for d in dumps:
+            notes = os.path.join(args.dump_dir, d, "notes.txt")
+            for line in open(notes).read().splitlines() if os.path.exists(notes) else []:
+                if line.startswith("slice-schedule region"):
+                    print(f"  {d}: {line.strip()}")
     # float32: both runs compute the same math; a half-precision attention rounds differently in each
     # (cuDNN's fused kernel against eager's math path), by about its epsilon per step.
     tol = 1e-3 if attn_dtype is None else 2e-2
