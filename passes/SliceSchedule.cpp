@@ -341,7 +341,8 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
         const std::string name = unique_name(*body, a.s + "_global");
         std::map<int, ValueType> slice_types;
         for (const auto& [d, at] : table_body) slice_types[d] = body->nodes[at].type;
-        body->subgraphs[name] = with_global_indices(*g.subgraphs.at(a.s), name, first_index, T, dims, joint, slice_types);
+        body->subgraphs[name] =
+            with_global_indices(*g.subgraphs.at(a.s), name, first_index, T, dims, joint, slice_types);
         a.s = name;
       };
       auto add_buffers = [&](Arg& list, const std::vector<int>& dims) {

@@ -130,8 +130,9 @@ def main(argv=None) -> int:
         variant = f"{dev} variant: public flex_attention API; reference = eager PyTorch"
         ref = ref_model
     print(f"hintbackend demo: {variant}")
+    region = f", in a hinted_context{hints} region" if hints else ""
     print(f"model: TinyGPT, 2 blocks, d=64, 4 heads, seq={args.seq}, batch={args.batch}, causal block mask + "
-          f"learned relative bias, attention in {args.attn_dtype}" + (f", in a hinted_context{hints} region" if hints else ""))
+          f"learned relative bias, attention in {args.attn_dtype}{region}")
     compiled = torch.compile(model, backend="hintbackend",
                              options={"dump_dir": args.dump_dir, "strict": True, "cuda_graphs": args.cuda_graphs})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -484,14 +484,15 @@ def test_flex_backward_with_a_learned_bias_sums_its_gradient_over_batch_slices(t
             assert err(d, r) <= 2 * err(b, r) + 1e-5, (dfs, what, err(d, r), err(b, r))
         backward = "".join(t for d, t in final_ir(str(tmp_path / dfs)).items() if d.startswith("backward"))
         loop = main_graph(backward)
-        assert re.search(rf"hintbackend::slice_loop\(.*slices={slices}, extent={slices}, out_dims=\[[-0-9, ]*-2", loop), \
-            backward
+        summed = rf"hintbackend::slice_loop\(.*slices={slices}, extent={slices}, out_dims=\[[-0-9, ]*-2"
+        assert re.search(summed, loop), backward
         assert "higher_order::flex_attention_backward" not in loop, loop  # it runs in the body, per slice
         assert "higher_order::flex_attention_backward" in backward[len(loop):], backward
-    notes = "".join(open(tmp_path / "dfs-default" / d / "notes.txt").read() for d in graph_dirs(str(tmp_path / "dfs-default")))
-    assert "no slice_dims hint: batch only:" in notes and "reads the head index" in notes, notes
-    notes = "".join(open(tmp_path / "dfs-heads" / d / "notes.txt").read() for d in graph_dirs(str(tmp_path / "dfs-heads")))
-    assert "reads the head index: each slice reads the global one from an index table" in notes, notes
+    def notes(run):
+        return "".join(open(tmp_path / run / d / "notes.txt").read() for d in graph_dirs(str(tmp_path / run)))
+
+    assert "no slice_dims hint: batch only:" in notes("dfs-default") and "reads the head index" in notes("dfs-default")
+    assert "reads the head index: each slice reads the global one from an index table" in notes("dfs-heads")
 
 
 def test_flex_mask_reading_the_head_index_slices_along_heads(tmp_path):
