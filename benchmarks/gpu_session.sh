@@ -7,7 +7,8 @@
 #        tests: TESTS_PYTEST_ARGS adds pytest flags (e.g. -n 4);
 #        fused: the generated CUDA FlexAttention kernels' tests (FUSED_K: a pytest -k filter) and, with
 #        FUSED_BENCH set, benchmarks/flex.py --fused $FUSED_BENCH; FUSED_PYTEST_ARGS adds pytest flags, e.g.
-#        -n 8); lab: no package build, only
+#        -n 8); dfs: the slicing tests and the demo with --dfs on CUDA, then benchmarks/slicing.py
+#        --region flex-learned (DFS of a learned relative bias, DFS_ARGS adds flags); lab: no package build, only
 #        benchmarks/flex_kernel_lab.cu for head dims $LAB_DIMS (default 128 64) with $LAB_ARGS, then each
 #        template copy in $LAB_TEMPLATES (paths from the repository root) at D 128, each score_mod/joint
 #        file in $LAB_MODS (with $LAB_DEFS; see the lab's HB_LAB_MODS), and with LAB_NCU set the
@@ -83,6 +84,15 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
   done
   echo "== slicing benchmark, flex_attention region"
   timeout 240 $PY "$SRC/benchmarks/slicing.py" --region flex > "$OUT/slicing_flex.log" 2>&1; tail -16 "$OUT/slicing_flex.log"
+fi
+if [ "$MODE" = dfs ]; then
+  echo "== slicing tests and the demo with a dfs region, on CUDA"
+  HINTBACKEND_TEST_DEVICE=cuda timeout 300 $PY -m pytest -q -rfE --tb=short -p no:cacheprovider \
+    "$SRC/tests/python/test_slicing.py" "$SRC/tests/python/test_demo.py" > "$OUT/pytest_dfs.log" 2>&1
+  grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/pytest_dfs.log" | head -30
+  echo "== benchmarks/slicing.py --region flex-learned ${DFS_ARGS:-}"
+  timeout 300 $PY "$SRC/benchmarks/slicing.py" --region flex-learned ${DFS_ARGS:-} > "$OUT/slicing_learned.log" 2>&1
+  tail -16 "$OUT/slicing_learned.log"
 fi
 if [ "$MODE" = fused ]; then
   echo "== generated CUDA FlexAttention kernels: tests ${FUSED_K:+(-k $FUSED_K)}"
