@@ -91,13 +91,11 @@ struct IndexTables {
   SliceMap group;                  // q's group dims (the same for every flex node of the region)
   std::vector<int64_t> sizes;      // q's sizes along them
   std::map<int, ValueType> index_type;  // d -> the subgraphs' type for index d (i32[] or i64[])
-  std::map<int, int> node;         // d -> the table's node in the graph (once built)
 };
 
-// Builds table d's nodes (arange, and for a 2-dim group view + expand) at position `pos` of `nodes`
-// (the rebuilt main graph: every index is final); returns the table's index there.
-int build_index_table(std::vector<Node>& nodes, const Graph& g, const IndexTables& T, int d, const std::string& device,
-                      const Hints& hints) {
+// Appends table d's nodes (arange, and for a 2-dim group view + expand) to `nodes`, the main graph being
+// rebuilt (names unique in g and in `nodes`); returns the table's index there. Outside the region: no hints.
+int build_index_table(std::vector<Node>& nodes, const Graph& g, const IndexTables& T, int d, const std::string& device) {
   const int p = d - T.group.dim;  // position of d in the group
   const int n = T.group.ndims;
   const DType dt = T.index_type.at(d).tensor.dtype;
@@ -106,8 +104,8 @@ int build_index_table(std::vector<Node>& nodes, const Graph& g, const IndexTable
     v.kind = ValueType::Kind::Tensor;
     v.tensor.dtype = dt;
     v.tensor.device = device;
-    for (int64_t x : shape) v.tensor.shape.push_back(Dim{x});
-    for (int64_t x : stride) v.tensor.stride.push_back(Dim{x});
+    for (int64_t x : shape) v.tensor.shape.push_back(Dim{x, {}});
+    for (int64_t x : stride) v.tensor.stride.push_back(Dim{x, {}});
     return v;
   };
   const std::string base = std::string("slice_") + (d == 0 ? "batch" : "head") + "_index";
@@ -128,7 +126,6 @@ int build_index_table(std::vector<Node>& nodes, const Graph& g, const IndexTable
   dev.s = device;
   a.kwargs = {{"dtype", Arg::of_dtype(dt)}, {"device", dev}};
   a.type = tensor({T.sizes[p]}, {1});
-  a.hints = hints;
   nodes.push_back(a);
   int at = static_cast<int>(nodes.size()) - 1;
   if (n == 1) return at;
@@ -143,7 +140,6 @@ int build_index_table(std::vector<Node>& nodes, const Graph& g, const IndexTable
   v.args = {Arg::of_ref(at, a.name), shape};
   v.effects.is_view = true;
   v.type = tensor(unit, p == 0 ? std::vector<int64_t>{1, 1} : std::vector<int64_t>{T.sizes[1], 1});
-  v.hints = hints;
   nodes.push_back(v);
   at = static_cast<int>(nodes.size()) - 1;
   Arg full;
@@ -155,7 +151,6 @@ int build_index_table(std::vector<Node>& nodes, const Graph& g, const IndexTable
   e.args = {Arg::of_ref(at, v.name), full};
   e.effects.is_view = true;
   e.type = tensor(T.sizes, p == 0 ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{0, 1});
-  e.hints = hints;
   nodes.push_back(e);
   return static_cast<int>(nodes.size()) - 1;
 }
@@ -292,10 +287,10 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
     v.kind = ValueType::Kind::Tensor;
     v.tensor.dtype = T.index_type.at(d).tensor.dtype;
     v.tensor.device = device;
-    for (int64_t x : T.sizes) v.tensor.shape.push_back(Dim{x});
+    for (int64_t x : T.sizes) v.tensor.shape.push_back(Dim{x, {}});
     const int p = d - T.group.dim;
-    if (T.sizes.size() == 1) v.tensor.stride = {Dim{1}};
-    else v.tensor.stride = p == 0 ? std::vector<Dim>{Dim{1}, Dim{0}} : std::vector<Dim>{Dim{0}, Dim{1}};
+    if (T.sizes.size() == 1) v.tensor.stride = {Dim{1, {}}};
+    else v.tensor.stride = p == 0 ? std::vector<Dim>{Dim{1, {}}, Dim{0, {}}} : std::vector<Dim>{Dim{0, {}}, Dim{1, {}}};
     return v;
   };
   for (int d : table_dims) {
@@ -436,7 +431,7 @@ int make_slice_loop(Graph& g, const SliceRegion& R, int64_t slices) {
     if (i != last) continue;
     renumber(loop);
     for (int d : table_dims) {
-      const int t = build_index_table(nodes, g, T, d, device, Hints{});
+      const int t = build_index_table(nodes, g, T, d, device);
       loop.args[1].items.push_back(Arg::of_ref(t, nodes[t].name));
     }
     loop_index = static_cast<int>(nodes.size());
@@ -561,10 +556,10 @@ bool slice_schedule(Graph& g, PassContext& ctx) {
       }
     } else {
       n = R->extent;
-      how = R->narrowed.empty() ? "dfs default: one slice per batch x head"
-                                : "dfs default: one slice per batch (" + R->narrowed + ")";
-      if (!R->narrowed.empty() && R->narrowed.rfind("heads", 0) == 0)
-        how = "dfs default: one slice per head (" + R->narrowed + ")";
+      const std::string per = R->narrowed.empty()                 ? "batch x head"
+                              : R->narrowed.rfind("heads", 0) == 0 ? "head (" + R->narrowed + ")"
+                                                                   : "batch (" + R->narrowed + ")";
+      how = "dfs default: one slice per " + per;
     }
     if (n <= 1) {
       ctx.notes.push_back(head + how + "; 1 slice, left as is");
