@@ -667,8 +667,9 @@ std::vector<SliceMap> rule_getitem(Walk& w, int i) {
 
 // The default slice dims (batch and heads) narrowed for the region's FlexAttention nodes: a score_mod or
 // mask_mod that reads h would see slice-local heads when heads are sliced, so the region slices along
-// batch only (and along heads only when one reads b); reading both leaves the default, which the rule
-// then refuses with the reason. A slice_dims hint is kept as given.
+// batch only (and along heads only when one reads b), which keeps the subgraphs as they are. Reading
+// both, or a batch (heads) of one, leaves the default: the body then reads global indices from index
+// tables (slice-schedule). A slice_dims hint is kept as given.
 void narrow_default_dims(const Graph& g, SliceRegion& R) {
   if (!R.slice_dims.empty()) return;
   std::string reads_b, reads_h;
