@@ -6,6 +6,7 @@
 
 #include "backend/importer/JsonImport.h"
 #include "backend/ir/Error.h"
+#include "backend/ir/Parser.h"
 #include "backend/runtime/Executor.h"
 #include "backend/runtime/Placement.h"
 #include "codegen/KernelSelect.h"
@@ -120,6 +121,38 @@ TEST(Executor, PlanErrorsNameTheNode) {
     FAIL() << "an unknown operator must raise";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("not registered"), std::string::npos) << e.what();
+  }
+}
+
+// The slice loop's summed results (out_dims -2, backend/ir/SliceLoop.h): the sum of every slice's value,
+// added in float32 for bf16 parts. Row 0 is 1 and rows 1..8 are 2^-8: one at a time in bf16 each add
+// rounds back to 1 (half the spacing at 1, ties to even), while the float32 sum is 1 + 2^-5, exact in bf16.
+TEST(SliceLoop, SummedResultsAddTheSlicesInFloat32) {
+  for (const char* dtype : {"bf16", "f32"}) {
+    SCOPED_TRACE(dtype);
+    std::string text = R"(graph g {
+  %x: T[9, 4] = placeholder
+  %slice_loop_0: (T[4]) = hintbackend::slice_loop(@body, [%x], in_dims=[0], in_ndims=[1], slices=9, extent=9, out_dims=[-2], out_ndims=[0])
+  %y: T[4] = operator::getitem(%slice_loop_0, 0)
+  return (%y,)
+}
+graph body {
+  %x: T[1, 4] = placeholder
+  %r: T[4] = aten::view.default(%x, [4]) !view
+  return (%r,)
+}
+)";
+    for (size_t at; (at = text.find("T[")) != std::string::npos;) text.replace(at, 1, dtype);
+    const auto type = std::string(dtype) == "bf16" ? at::kBFloat16 : at::kFloat;
+    at::Tensor x = at::full({9, 4}, 1.0 / 256, at::TensorOptions().dtype(type));
+    x[0].fill_(1.0);
+    rt::Executor ex(rt::program_of(parse_graph(text)), std::make_shared<const std::vector<at::Tensor>>());
+    auto r = ex.run({x});
+    ASSERT_EQ(r.size(), 1u);
+    const at::Tensor y = r[0].toTensor();
+    EXPECT_EQ(y.scalar_type(), type);
+    EXPECT_EQ(y.sizes(), at::IntArrayRef({4}));
+    EXPECT_TRUE(at::equal(y.to(at::kFloat), at::full({4}, 1.0 + 1.0 / 32))) << y;
   }
 }
 
