@@ -1,6 +1,7 @@
 // The executor on small hand-written documents: results against ATen called directly, multi-output
 // ops with getitem, in-place ops and views with correct aliasing, None and constant outputs, inputs
-// returned as outputs, sym arithmetic, constants, and errors that name the node.
+// returned as outputs, sym arithmetic, constants, errors that name the node, and a slice loop summing
+// its slices.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
