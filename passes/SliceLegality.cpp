@@ -520,7 +520,10 @@ std::vector<SliceMap> rule_attention(Walk& w, int i, bool flex) {
   }
   if (!M.sliced()) return std::vector<SliceMap>(std::max<size_t>(1, n.type.elems.size()));
   if (M.dim + M.ndims > 2) throw Fail{"attention is sliced only along batch and heads, not " + to_string(M)};
-  std::set<int> grad_buffers;  // a flex backward's score_mod buffers when it returns their gradients
+  // A flex node's captured buffers (score_mod's and mask_mod's): every slice reads them whole, as the
+  // subgraphs index them with global indices (b and h are made global where they are sliced), and a
+  // backward's parts of their gradients then add up over the slices.
+  std::set<int> captured;
   if (flex) {
     // score_mod/mask_mod see global batch/head indices; inside a slice they would see local ones, so
     // slice-schedule gives the body the global ones (global_index) where the group is q's leading dims.
@@ -560,11 +563,10 @@ std::vector<SliceMap> rule_attention(Walk& w, int i, bool flex) {
     bool buffer_grads = false;
     if (bw && n.type.kind == ValueType::Kind::Tuple && n.type.elems.size() >= 4)
       for (const ValueType& e : n.type.elems[3].elems) buffer_grads |= e.kind == ValueType::Kind::Tensor;
-    if (buffer_grads) {
-      for (const Arg& e : n.args[12].items)
-        if (e.kind == Arg::Kind::Ref) grad_buffers.insert(e.ref);
-      w.summed.insert({i, 3});
-    }
+    if (buffer_grads) w.summed.insert({i, 3});
+    for (size_t k : bw ? std::vector<size_t>{12, 13} : std::vector<size_t>{7, 8})
+      for (const Arg& e : n.args[k].items)
+        if (e.kind == Arg::Kind::Ref) captured.insert(e.ref);
     // Block-mask tensors [Bm, Hm, ...] are aligned on their leading dims with q (1 = broadcast).
     if (mask_pos < n.args.size()) {
       for (const Arg& e : n.args[mask_pos].items) {
@@ -592,12 +594,10 @@ std::vector<SliceMap> rule_attention(Walk& w, int i, bool flex) {
         for (const Arg& e : n.args[mask_pos].items) is_mask |= e.kind == Arg::Kind::Ref && e.ref == t;
     }
     if (is_mask) continue;
-    if (grad_buffers.count(t)) {
-      // Read whole by every slice (right for any buffer: the checks above keep the score_mod off the
-      // sliced indices), so that the slices' parts of its gradient add up.
+    if (captured.count(t)) {
       if (auto k = w.known(t); k && k->sliced())
-        throw Fail{"returns the gradient of captured buffer " + w.name(t) + ", which is sliced as " + to_string(*k) +
-                   ": only a buffer every slice reads whole gets its gradient summed over the slices"};
+        throw Fail{"reads captured buffer " + w.name(t) + " whole, which is sliced as " + to_string(*k) +
+                   " (the subgraphs index it with global batch and head indices)"};
       w.require(t, SliceMap{}, i);
       continue;
     }
