@@ -1,9 +1,11 @@
-// A fresh folder under /tmp for a test (kernel caches), removed when the test program ends.
+// A fresh folder in the system's temporary directory ($TMPDIR, else /tmp) for a test (kernel caches),
+// removed when the test program ends.
 #pragma once
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -17,10 +19,10 @@ inline std::string temp_dir() {
     }
   };
   static Dirs dirs;
-  char tmpl[] = "/tmp/hb_kernel_cache_XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  if (!d) return "/tmp";
+  std::string tmpl = (std::filesystem::temp_directory_path() / "hb_test_XXXXXX").string();
+  const char* d = mkdtemp(tmpl.data());
+  // No fallback folder: a test writing into a shared one would see another run's cache.
+  if (!d) throw std::runtime_error("temp_dir: mkdtemp failed for " + tmpl);
   dirs.made.push_back(d);
   return d;
 }
