@@ -178,7 +178,8 @@ std::string to_string(const FlexBiasLayout& l) {
                       (l.offset >= 0 ? " + " : " - ") + std::to_string(l.offset >= 0 ? l.offset : -l.offset);
       std::vector<std::string> idx(l.h_dim < 0 ? 1 : 2);
       idx[l.d_dim] = d;
-      if (l.h_dim >= 0) idx[l.h_dim] = "h";
+      if (l.h_dim >= 0)
+        idx[l.h_dim] = l.h_map < 0 ? std::string("h") : "buf" + std::to_string(l.h_map) + (l.h_map_reads_b ? "[b, h]" : "[h]");
       return "toeplitz " + buf + "[" + idx[0] + (idx.size() > 1 ? ", " + idx[1] : "") + "]";
     }
   }
@@ -233,6 +234,28 @@ bool affine_index(const Graph& g, const std::vector<int>& ph, const Arg& x, int6
     if (a1 == 0 && c1 == 0) { *a = a0 * k1; *c = c0 * k1; *k = k0 * k1; return true; }
   }
   return false;
+}
+
+// Whether x reads the head through a captured integer buffer, map[h] or map[b, h] (the DFS slice's
+// global head, slice-schedule's index table): the buffer's number among the captured ones, else -1.
+int head_map(const Graph& g, const std::vector<int>& ph, const Arg& x, bool* reads_b) {
+  if (x.kind != Arg::Kind::Ref || ph.size() < 5) return -1;
+  const Node& n = g.nodes[through_casts(g, x.ref)];
+  if (n.op != OpKind::CallFunction || n.target != "aten::index.Tensor" || n.args.size() != 2 ||
+      n.args[0].kind != Arg::Kind::Ref || n.args[1].kind != Arg::Kind::List)
+    return -1;
+  const std::vector<Arg>& idx = n.args[1].items;
+  auto is_ph = [&](const Arg& a, int p) { return a.kind == Arg::Kind::Ref && through_casts(g, a.ref) == ph[p]; };
+  const bool h_only = idx.size() == 1 && is_ph(idx[0], 2), bh = idx.size() == 2 && is_ph(idx[0], 1) && is_ph(idx[1], 2);
+  if (!h_only && !bh) return -1;
+  const auto at = std::find(ph.begin() + 5, ph.end(), n.args[0].ref);
+  if (at == ph.end()) return -1;
+  const ValueType& t = g.nodes[*at].type;
+  if (t.kind != ValueType::Kind::Tensor || t.tensor.shape.size() != idx.size() ||
+      (t.tensor.dtype != DType::Int64 && t.tensor.dtype != DType::Int32))
+    return -1;
+  *reads_b = bh;
+  return static_cast<int>(at - ph.begin()) - 5;
 }
 
 // The layout of t (the score_mod's additive term, node `t`), as FlexBiasLayout describes.
@@ -291,9 +314,15 @@ FlexBiasLayout bias_layout(const Graph& g, int t) {
   if (idx.size() > 2) return l;
   for (int d = 0; d < static_cast<int>(idx.size()); ++d) {
     int64_t a = 0, c = 0, k = 0;
+    bool map_reads_b = false;
     if (is_ph(idx[d], 2)) {
       if (l.h_dim >= 0) return FlexBiasLayout{};
       l.h_dim = d;
+    } else if (const int m = head_map(g, ph, idx[d], &map_reads_b); m >= 0) {
+      if (l.h_dim >= 0) return FlexBiasLayout{};
+      l.h_dim = d;
+      l.h_map = m;
+      l.h_map_reads_b = map_reads_b;
     } else if (affine_index(g, ph, idx[d], &a, &c, &k) && a == -c && (a == 1 || a == -1) && l.d_dim < 0) {
       l.d_dim = d;
       l.sign = static_cast<int>(a);
@@ -596,6 +625,47 @@ std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a) {
   if (a.uses_max_scores) return "max_scores is read (cuDNN does not return it)";
   if (backward && n.args[6].kind != Arg::Kind::None) return "the backward takes a logsumexp gradient";
   return "";
+}
+
+
+std::optional<int64_t> materialized_bias_bytes(const Graph& g, int node, const FlexAnalysis& a) {
+  if (!a.score_bias || a.score_pointwise || a.softcap > 0 || a.bias_layout.kind == FlexBiasLayout::Kind::Dense)
+    return std::nullopt;
+  const Node& n = g.nodes[node];
+  const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]);
+  if (!q || !k || q->shape.size() != 4 || k->shape.size() != 4) return std::nullopt;
+  // A Toeplitz gather builds [1, H, Sq, Skv] (its head map, read at b = 0, is the same for every b).
+  const bool per_batch = a.bias_reads_b && a.bias_layout.kind != FlexBiasLayout::Kind::Toeplitz;
+  int64_t bytes = 4;
+  for (const Dim& d : {per_batch ? q->shape[0] : Dim{1, ""}, q->shape[1], q->shape[2], k->shape[2]}) {
+    if (!d.is_static()) return std::nullopt;
+    bytes *= d.value;
+  }
+  return bytes;
+}
+
+int64_t cudnn_flex_workspace_bytes(const Graph& g, int node, const FlexAnalysis& a) {
+  const Node& n = g.nodes[node];
+  const bool backward = n.target == "higher_order::flex_attention_backward";
+  if (!a.score_bias || a.score_pointwise || a.softcap > 0) return 0;
+  if (a.bias_layout.kind == FlexBiasLayout::Kind::Dense) {
+    const Arg& bufs = n.args[backward ? 12 : 7];
+    const size_t k = static_cast<size_t>(a.bias_layout.buffer);
+    const TensorType* b = k < bufs.items.size() ? g.tensor_type(bufs.items[k]) : nullptr;
+    if (!b) return 0;
+    int64_t elems = 1;
+    for (const Dim& d : b->shape) {
+      if (!d.is_static()) return 0;
+      elems *= d.value;
+    }
+    // A float32 copy of another dtype; the backward's dBias, float32 at the widest.
+    return (b->dtype == DType::Float32 ? 0 : 4 * elems) + (backward ? 4 * elems : 0);
+  }
+  const std::optional<int64_t> bytes = materialized_bias_bytes(g, node, a);
+  if (!bytes) return 0;
+  // The grid evaluation holds t before its contiguous broadcast copy (a score_mod's last op at least).
+  const int64_t bias = a.bias_layout.kind == FlexBiasLayout::Kind::Grid ? 2 * *bytes : *bytes;
+  return bias + (backward ? *bytes : 0);
 }
 
 }  // namespace hb

@@ -16,6 +16,7 @@
 #pragma once
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "backend/ir/Graph.h"
@@ -38,6 +39,8 @@ std::string to_string(const FlexBand& b);  // "no mask", "causal", "causal windo
 //             gradient is dBias (summed over a batch buf lacks).
 //   Toeplitz  t = buf[sign * (q_idx - kv_idx) + offset, h] (h optional, either order): a relative-
 //             position table; the bias is a gather along diagonals and the gradient a sum along them.
+//             The head may be read through an integer map, buf[..., map[h]] or buf[..., map[b, h]] (a
+//             captured buffer): a DFS slice's global head index (slice-schedule's index table).
 //   Grid      anything else: evaluated on the index grid, the gradient through the joint graph.
 struct FlexBiasLayout {
   enum class Kind { Grid, Dense, Toeplitz } kind = Kind::Grid;
@@ -47,6 +50,8 @@ struct FlexBiasLayout {
   int sign = 1;            // Toeplitz
   int64_t offset = 0;
   int d_dim = -1, h_dim = -1;  // Toeplitz: buf's dim indexed by the diagonal, by h (-1: none)
+  int h_map = -1;          // Toeplitz: dim h_dim reads captured buffer h_map at [h] (or [b, h]), not h
+  bool h_map_reads_b = false;  // ... at [b, h]
 };
 std::string to_string(const FlexBiasLayout& l);  // "dense buf1[b, h, q_idx, kv_idx]", "toeplitz ..."
 
@@ -108,5 +113,16 @@ FlexAnalysis analyze_flex(const Graph& g, int node);
 // pointwise score_mod or an additive bias (the mask_mod capturing no buffers); the forward's max_scores
 // unused; the backward with no logsumexp gradient.
 std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a);
+
+// The float32 bias tensor cuDNN's path builds for flex node `node` ([B|1, H, Sq, Skv], for an additive
+// score_mod other than a dense [.., H, Sq, Skv] buffer, which is passed as it is), in bytes; nullopt
+// when it builds none or the sizes are symbolic.
+std::optional<int64_t> materialized_bias_bytes(const Graph& g, int node, const FlexAnalysis& a);
+
+// The memory cuDNN's path takes while it runs flex node `node` beyond its results (cuDNN's own workspace
+// aside): the materialized bias (float32), and in a backward its gradient (counted in float32, the
+// widest this cuDNN writes it in); a dense buffer in another dtype is cast to a float32 copy. 0 when
+// there is no bias.
+int64_t cudnn_flex_workspace_bytes(const Graph& g, int node, const FlexAnalysis& a);
 
 }  // namespace hb

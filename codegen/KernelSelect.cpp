@@ -98,24 +98,6 @@ std::string fused_why_not(const Graph& g, int node, const Target& target, FlexKe
   return "";
 }
 
-// The bias tensor cuDNN's path would build for flex node `node` ([B|1, H, Sq, Skv] float32, for a score_mod
-// that adds a buffer read other than a dense [.., H, Sq, Skv] buffer, which is passed as it is), in bytes;
-// nullopt when it builds none or the sizes are symbolic.
-std::optional<int64_t> materialized_bias_bytes(const Graph& g, int node, const FlexAnalysis& a) {
-  if (a.score_identity || a.score_row_shift || a.softcap > 0 || a.score_pointwise ||
-      a.bias_layout.kind == FlexBiasLayout::Kind::Dense)
-    return std::nullopt;
-  const Node& n = g.nodes[node];
-  const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]);
-  if (!q || !k || q->shape.size() != 4 || k->shape.size() != 4) return std::nullopt;
-  int64_t bytes = 4;
-  for (const Dim& d : {a.bias_reads_b ? q->shape[0] : Dim{1, ""}, q->shape[1], q->shape[2], k->shape[2]}) {
-    if (!d.is_static()) return std::nullopt;
-    bytes *= d.value;
-  }
-  return bytes;
-}
-
 // Above this, a bias cuDNN would materialize is not built: the generated kernel reads the buffer in place
 // (at B4 H16 S4096 a relative bias is 1 GiB and cuDNN's path is twice the generated kernel's speed; at
 // S 32768 it is 64 GiB, and with its gradient it does not fit an H200).

@@ -108,7 +108,8 @@ int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attenti
   const bool fw = n.target == "higher_order::flex_attention";
   if ((!fw && n.target != "higher_order::flex_attention_backward") || n.args.size() < 2) return 0;
   const int node = static_cast<int>(&n - g.nodes.data());
-  if (cudnn_attention && cudnn_why_not(g, node, analyze_flex(g, node)).empty()) return 0;
+  const FlexAnalysis a = analyze_flex(g, node);
+  if (cudnn_attention && cudnn_why_not(g, node, a).empty()) return cudnn_flex_workspace_bytes(g, node, a);
   const TensorType *qtt = g.tensor_type(n.args[0]), *ktt = g.tensor_type(n.args[1]);
   if (!qtt || !ktt || qtt->shape.size() != 4 || ktt->shape.size() != 4) return 0;
   const std::vector<Dim>*q = &qtt->shape, *k = &ktt->shape;

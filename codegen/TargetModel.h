@@ -36,8 +36,10 @@ std::string placement_table(const Graph& g, const Target& t);
 // FlexAttention reference (backend/runtime/FlexAttention.h) materializes float32 [B, H, Sq, Skv]
 // scores and their derivatives. Per score, as measured on the H200 (benchmarks/slicing.py --region flex,
 // B4 H16 S4096: BFS forward 13312 MB, forward+backward 28868 MB, for 2^30 scores): kFlexForwardWorkspace
-// and kFlexBackwardWorkspace bytes. 0 for every other node, and for a flex node cuDNN runs when
-// `cudnn_attention` (its workspace is known once its graph is built, at run time; it is small, not S^2).
+// and kFlexBackwardWorkspace bytes. 0 for every other node. A flex node cuDNN runs (`cudnn_attention`):
+// the bias its path materializes (cudnn_flex_workspace_bytes in FlexLowering.h: a float32 [B|1, H, Sq,
+// Skv] bias, and backward its gradient), so a memory_budget slices a learned bias's region finely
+// enough; cuDNN's own workspace is known once its graph is built, at run time (small, not S^2).
 // A flex node the generated tiled CPU kernel runs (`fused_cpu`: the target builds generated kernels) takes
 // working copies of q/k/v (and, backward, out/grad_out and the gradients) in float: about
 // kFlexFused{Forward,Backward}Copies [B, Hq, S, D] tensors of 4 bytes (8 for float64), no S^2. One the

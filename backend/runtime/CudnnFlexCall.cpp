@@ -298,7 +298,21 @@ class CudnnFlexCall : public Call {
     if (layout.kind != FlexBiasLayout::Kind::Toeplitz) return false;
     const at::Tensor buf = buffers(slots).at(layout.buffer).toTensor();
     if (!buf.is_cuda() || buf.dim() != (layout.h_dim < 0 ? 1 : 2)) return false;
-    if (layout.h_dim >= 0 && buf.size(layout.h_dim) != q.size(1)) return false;
+    if (layout.h_map >= 0) {
+      // Head h reads column map[h] (or map[b, h], the same for every b: a slice's global head).
+      const at::Tensor m = buffers(slots).at(layout.h_map).toTensor();
+      const bool same_for_every_b = !layout.h_map_reads_b ||
+                                    (m.dim() == 2 && m.size(0) == q.size(0) && (m.size(0) == 1 || m.stride(0) == 0));
+      if (!m.is_cuda() || m.dim() != (layout.h_map_reads_b ? 2 : 1) || m.size(-1) != q.size(1) || !same_for_every_b ||
+          (m.scalar_type() != at::kLong && m.scalar_type() != at::kInt))
+        return false;
+      ix->h_map = m.data_ptr();
+      ix->h_map_int64 = m.scalar_type() == at::kLong;
+      ix->h_map_stride = m.stride(-1);
+      ix->h_bound = buf.size(layout.h_dim);
+    } else if (layout.h_dim >= 0 && buf.size(layout.h_dim) != q.size(1)) {
+      return false;
+    }
     const int64_t Sq = q.size(2);
     const int64_t lo = layout.sign > 0 ? layout.offset - (Skv - 1) : layout.offset - (Sq - 1);
     const int64_t hi = layout.sign > 0 ? layout.offset + (Sq - 1) : layout.offset + (Skv - 1);

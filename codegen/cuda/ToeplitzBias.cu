@@ -16,6 +16,17 @@ constexpr int kTile = 64;  // the backward's square tile; 2 * kTile - 1 diagonal
 __device__ __forceinline__ int64_t lo(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t hi(int64_t a, int64_t b) { return a < b ? b : a; }
 
+// The table column head h reads (ToeplitzIndex::h_map).
+__device__ __forceinline__ int64_t column(const ToeplitzIndex& ix, int64_t h) {
+  if (!ix.h_map) return h;
+  int64_t c = ix.h_map_int64 ? static_cast<const int64_t*>(ix.h_map)[h * ix.h_map_stride]
+                             : static_cast<const int32_t*>(ix.h_map)[h * ix.h_map_stride];
+  CUDA_KERNEL_ASSERT_MSG(c >= -ix.h_bound && c < ix.h_bound,
+                         "flex_attention: the score_mod's head index is out of range of the bias table");
+  if (c < 0) c += ix.h_bound;
+  return c;
+}
+
 // One block per row (h, i) of the output: one division per block, consecutive threads write
 // consecutive columns (coalesced) and read the table backwards along the diagonal (cached: the table
 // is small).
@@ -24,7 +35,7 @@ __global__ void gather_kernel(const T* __restrict__ buf, ToeplitzIndex ix, float
                               int64_t Skv) {
   const int64_t row = blockIdx.x;
   const int64_t h = row / Sq, i = row % Sq;
-  const T* base = buf + (ix.sign * i + ix.offset) * ix.stride_d + h * ix.stride_h;
+  const T* base = buf + (ix.sign * i + ix.offset) * ix.stride_d + column(ix, h) * ix.stride_h;
   const int64_t step = -ix.sign * ix.stride_d;  // one column right = one table row the other way
   float* o = out + row * Skv;
   for (int64_t j = threadIdx.x; j < Skv; j += blockDim.x) o[j] = static_cast<float>(base[j * step]);
@@ -35,7 +46,7 @@ __global__ void reduce_kernel(const T* __restrict__ dbias, ToeplitzIndex ix, flo
                               int64_t Skv) {
   __shared__ float diag[2 * kTile - 1];
   const int64_t i0 = static_cast<int64_t>(blockIdx.y) * kTile, j0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int64_t h = blockIdx.z;
+  const int64_t h = blockIdx.z, col = column(ix, h);
   for (int t = threadIdx.x; t < 2 * kTile - 1; t += blockDim.x) diag[t] = 0.f;
   __syncthreads();
   const T* base = dbias + h * Sq * Skv;
@@ -50,7 +61,7 @@ __global__ void reduce_kernel(const T* __restrict__ dbias, ToeplitzIndex ix, flo
     const int64_t d = i0 - j0 + t - (kTile - 1);  // i - j on this diagonal
     // Does the diagonal cross the tile's in-range part? (Else it has no element: leave the table.)
     const int64_t ilo = hi(i0, j0 + d), ihi = lo(lo(i0 + kTile, Sq), lo(j0 + kTile, Skv) + d);
-    if (ilo < ihi) atomicAdd(&grad[(ix.sign * d + ix.offset) * ix.stride_d + h * ix.stride_h], diag[t]);
+    if (ilo < ihi) atomicAdd(&grad[(ix.sign * d + ix.offset) * ix.stride_d + col * ix.stride_h], diag[t]);
   }
 }
 
@@ -79,7 +90,8 @@ __global__ void diagonal_partials_kernel(const T* __restrict__ dbias, float* __r
 
 // deterministic=True, pass 2: one thread per diagonal d = i - j of the grid sums the partials of the
 // tiles it crosses in a fixed order (tile rows ascending), per head; a table with no head dim
-// (stride_h == 0) gets the heads' sums added in head order. One writer per table element.
+// (stride_h == 0), or heads mapped to one column (h_map), get the heads' sums added in head order. One
+// thread per table row: no two write one element.
 __global__ void diagonal_sum_kernel(const float* __restrict__ partials, ToeplitzIndex ix, float* __restrict__ grad,
                                     int64_t Sq, int64_t Skv, int64_t H, int64_t tiles_i, int64_t tiles_j) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -101,7 +113,7 @@ __global__ void diagonal_sum_kernel(const float* __restrict__ partials, Toeplitz
         s += partials[((h * tiles_i + ti) * tiles_j + tj) * (2 * kTile - 1) + t];
       }
     if (ix.stride_h == 0) all_heads += s;
-    else out[h * ix.stride_h] = s;
+    else out[column(ix, h) * ix.stride_h] += s;  // grad is zeroed by the caller
   }
   if (ix.stride_h == 0) *out = all_heads;
 }

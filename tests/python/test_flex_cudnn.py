@@ -261,6 +261,88 @@ def test_deterministic_relative_bias_gradient_is_bitwise_repeatable(tmp_path, bi
     assert "toeplitz" in kernels and "deterministic" in kernels, kernels
 
 
+@pytest.mark.parametrize("buf_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_relative_bias_in_dfs_slices_matches_float64(tmp_path, buf_dtype, deterministic):
+    """A learned relative bias in a dfs region sliced along batch and heads (slice_dims=[0, 1], 4 slices of
+    2 heads): each slice's score_mod reads its global head from slice-schedule's index table,
+    lb[q - kv + S - 1, table[b, h]], which cuDNN's path still gathers along diagonals (the kernels dump
+    names the map) instead of evaluating it on the index grid; the table's gradient is the slices' parts
+    summed. Outputs, logsumexp and every gradient against float64, as the unsliced run is held;
+    deterministic=True gives the same bits twice."""
+    B, H, S, D = 2, 4, 256, 64
+    torch.manual_seed(11)
+    q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    table = torch.randn(2 * S - 1, H, device="cuda")
+    bm = create_block_mask(causal, None, None, S, S, device="cuda")
+
+    def step(dtype, name=None):
+        buf = table.to(torch.float64 if dtype == torch.float64 else buf_dtype).detach().clone().requires_grad_(True)
+
+        def mod(s, b, h, qi, kv):
+            return s + buf[qi - kv + S - 1, h]
+
+        def attn(q, k, v, lse):
+            if name is None:
+                return flex_attention(q, k, v, score_mod=mod, block_mask=bm, return_lse=lse)
+            with hinted_context(schedule="dfs", slice_dims=[0, 1], slices=4, deterministic=deterministic):
+                return flex_attention(q, k, v, score_mod=mod, block_mask=bm, return_lse=lse)
+
+        fn = attn
+        if name is not None:
+            torch._dynamo.reset()
+            fn = torch.compile(attn, backend="hintbackend", options={"strict": True, "dump_dir": str(tmp_path / name)})
+        return run(fn, *(t.to(dtype) for t in (q, k, v, dout))) + (buf.grad,)
+
+    got = step(torch.bfloat16, "dfs")
+    eager, ref = step(torch.bfloat16), step(torch.float64)
+    for name, g, e, r in zip(("out", "lse", "dq", "dk", "dv", "dbuf"), got, eager, ref):
+        err, eager_err = rel(g, r), rel(e, r)
+        factor = 4 if name == "dbuf" else 2  # dBias in bf16 (test_kv_dependent_bias_matches_float64)
+        assert err <= factor * eager_err + 1e-5, f"{name}: {err:.3g} vs eager {eager_err:.3g}"
+    if deterministic:
+        assert torch.equal(step(torch.bfloat16, "dfs2")[-1], got[-1])
+    dirs = graph_dirs(tmp_path / "dfs")
+    kernels = "".join(open(os.path.join(tmp_path / "dfs", d, "kernels.txt")).read() for d in dirs)
+    ir = "".join(open(os.path.join(tmp_path / "dfs", d, "ir-final.txt")).read() for d in dirs)
+    assert "slices=4, extent=8" in ir, ir
+    assert "flex-attention-backward-cudnn" in kernels, kernels
+    assert "(toeplitz buf0[q_idx - kv_idx + 255, buf1[b, h]])" in kernels, kernels
+    assert "evaluated on the index grid" not in kernels, kernels
+
+
+def test_relative_bias_read_through_a_head_permutation(tmp_path):
+    """lb[q - kv + S - 1, perm[h]] with a captured int64 head permutation, one entry negative (wrapped as
+    an index wraps it): a Toeplitz read through a head map on cuDNN's path, against float64."""
+    B, H, S, D = 2, 4, 200, 64
+    torch.manual_seed(12)
+    q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    table = torch.randn(2 * S - 1, H, device="cuda")
+    perm = torch.tensor([2, 0, -1, 1], device="cuda")  # -1: the last column
+    bm = create_block_mask(causal, None, None, S, S, device="cuda")
+
+    def step(dtype, compiled):
+        buf = table.to(torch.float64 if dtype == torch.float64 else torch.float32).detach().clone().requires_grad_(True)
+
+        def attn(q, k, v, lse):
+            return flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + buf[qi - kv + S - 1, perm[h]],
+                                  block_mask=bm, return_lse=lse)
+
+        fn = attn
+        if compiled:
+            torch._dynamo.reset()
+            fn = torch.compile(attn, backend="hintbackend", options={"dump_dir": str(tmp_path)})
+        return run(fn, *(t.to(dtype) for t in (q, k, v, dout))) + (buf.grad,)
+
+    got, eager, ref = step(torch.bfloat16, True), step(torch.bfloat16, False), step(torch.float64, False)
+    for name, g, e, r in zip(("out", "lse", "dq", "dk", "dv", "dbuf"), got, eager, ref):
+        err, eager_err = rel(g, r), rel(e, r)
+        assert err <= (4 if name == "dbuf" else 2) * eager_err + 1e-5, f"{name}: {err:.3g} vs eager {eager_err:.3g}"
+    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in graph_dirs(tmp_path))
+    # (Dynamo lifts the buffers in the order the score_mod reads them: perm is buf0.)
+    assert "(toeplitz buf1[q_idx - kv_idx + 199, buf0[h]])" in kernels, kernels
+
+
 # score_mods cuDNN evaluates as pointwise nodes inside its kernel (no learned buffer). The backward runs
 # there too where the score_mod's derivative is 1 (score + t), and for a soft cap through cuDNN's own
 # Softcap modifier; a temperature or a where() keep the reference backward on cuDNN 9.19

@@ -13,6 +13,7 @@
 #include "codegen/FlexKernelGen.h"
 #include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
+#include "codegen/TargetModel.h"
 #include "tests/cpp/core/IrTestUtil.h"
 #include "tests/cpp/core/TempDir.h"
 
@@ -392,6 +393,63 @@ TEST(flex_lowering, bias_layouts_dense_and_toeplitz) {
                                "  %i: f32[] = aten::index.Tensor(%buf, [%e, %h])\n"
                                "  %t: f32[] = aten::mul.Tensor(%i, 2)\n");
   EXPECT_EQ(l.kind, K::Grid);
+}
+
+// A DFS slice's learned relative bias (slice-schedule's rewrite, docs/scheduling.md): the score_mod reads
+// lb[q_idx - kv_idx + 127, map[b, h]], the slice's global head from an index table. Still a Toeplitz
+// read, the head through the map, so cuDNN's path gathers the bias along diagonals in the slice; a map
+// that is not an integer [b, h] / [h] read is the grid. The bias it builds counts as the node's
+// workspace: [1, 2, 128, 128] float32 forward.
+std::shared_ptr<Graph> mapped_relbias(const std::string& map_type, const std::string& map_index) {
+  const std::string t = "bf16[1, 2, 128, 64]@cuda:0";
+  return parse_graph(
+      "graph forward {\n"
+      "  %q: " + t + " = placeholder\n  %k: " + t + " = placeholder\n  %v: " + t + " = placeholder\n"
+      "  %kv_num_blocks: i32[1, 1, 1]@cuda:0 = placeholder\n  %kv_indices: i32[1, 1, 1, 1]@cuda:0 = placeholder\n"
+      "  %lb: f32[255, 4]@cuda:0 = placeholder\n  %map: " + map_type + "@cuda:0 = placeholder\n"
+      "  %flex_attention: (" + t + ", f32[1, 2, 128]@cuda:0, f32[1, 2, 128]@cuda:0) = higher_order::flex_attention("
+      "%q, %k, %v, @score0, (128, 128, %kv_num_blocks, %kv_indices, none, none, none, none, none, none, 128, 128, "
+      "@mask0), 0.125, {}, (%lb, %map), ())\n"
+      "  %out: " + t + " = operator::getitem(%flex_attention, 0)\n"
+      "  return (%out,)\n"
+      "}\n"
+      "graph mask0 {\n"
+      "  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n  %q_idx: i32[] = placeholder\n"
+      "  %kv_idx: i32[] = placeholder\n  %ge: b8[] = aten::ge.Tensor(%q_idx, %kv_idx)\n  return (%ge,)\n"
+      "}\n"
+      "graph score0 {\n"
+      "  %score: bf16[] = placeholder\n  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n"
+      "  %q_idx: i32[] = placeholder\n  %kv_idx: i32[] = placeholder\n  %lb: f32[255, 4] = placeholder\n"
+      "  %map: " + map_type + " = placeholder\n"
+      "  %gh: i64[] = aten::index.Tensor(%map, " + map_index + ")\n"
+      "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n  %e: i32[] = aten::add.Tensor(%d, 127)\n"
+      "  %t: f32[] = aten::index.Tensor(%lb, [%e, %gh])\n  %out: f32[] = aten::add.Tensor(%score, %t)\n"
+      "  return (%out,)\n"
+      "}\n");
+}
+
+TEST(flex_lowering, toeplitz_reads_the_head_through_a_slice_index_table) {
+  auto g = mapped_relbias("i64[1, 2]", "[%b, %h]");
+  const int flex = g->find("flex_attention");
+  FlexAnalysis a = analyze_flex(*g, flex);
+  ASSERT_TRUE(a.score_bias);
+  EXPECT_EQ(a.bias_layout.kind, FlexBiasLayout::Kind::Toeplitz);
+  EXPECT_EQ(a.bias_layout.h_map, 1);
+  EXPECT_TRUE(a.bias_layout.h_map_reads_b);
+  EXPECT_EQ(to_string(a.bias_layout), "toeplitz buf0[q_idx - kv_idx + 127, buf1[b, h]]");
+  const KernelChoice c = select_kernel(*g, flex, with_cudnn());
+  EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
+  EXPECT_NE(c.why.find("(toeplitz buf0[q_idx - kv_idx + 127, buf1[b, h]])"), std::string::npos) << c.why;
+  EXPECT_EQ(kernel_workspace_bytes(*g, g->nodes[flex], /*cudnn_attention=*/true), 1 * 2 * 128 * 128 * 4);
+  // map[h] (an int32 table of one dim) too.
+  a = analyze_flex(*mapped_relbias("i32[2]", "[%h]"), flex);
+  EXPECT_EQ(a.bias_layout.kind, FlexBiasLayout::Kind::Toeplitz);
+  EXPECT_FALSE(a.bias_layout.h_map_reads_b);
+  EXPECT_EQ(to_string(a.bias_layout), "toeplitz buf0[q_idx - kv_idx + 127, buf1[h]]");
+  // Not a head map: a float table, indices in another order, a map read by q_idx.
+  EXPECT_EQ(analyze_flex(*mapped_relbias("f32[1, 2]", "[%b, %h]"), flex).bias_layout.kind, FlexBiasLayout::Kind::Grid);
+  EXPECT_EQ(analyze_flex(*mapped_relbias("i64[2, 1]", "[%h, %b]"), flex).bias_layout.kind, FlexBiasLayout::Kind::Grid);
+  EXPECT_EQ(analyze_flex(*mapped_relbias("i64[128]", "[%q_idx]"), flex).bias_layout.kind, FlexBiasLayout::Kind::Grid);
 }
 
 TEST(flex_lowering, pointwise_score_mods_translate_to_cudnn) {
