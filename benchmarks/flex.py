@@ -76,16 +76,46 @@ SCORE_MODS = {"softcap": softcap, "qbias": qbias, "hbias": hbias, "relbias": rel
 
 
 def profile(what: str, fn) -> None:
+    """One step's CUDA kernels summed by name, heaviest first; the GPU's idle time inside the step (the span
+    from the first kernel's start to the last one's end, less the time some kernel ran); and the CUDA
+    runtime calls that can make the host wait (synchronizations, copies), which leave the GPU idle."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
-    with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_time_total > 0]
-    events.sort(key=lambda e: -e.device_time_total)
-    total = sum(e.device_time_total for e in events)
-    print(f"  {what}: {total / 1e3:.3f} ms of CUDA kernels, {sum(e.count for e in events)} launches")
-    for e in events[:10]:
-        print(f"    {e.device_time_total / 1e3:8.3f} ms x{e.count:<3} {e.key[:100]}")
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    by_name: dict = {}
+    for e in kernels:
+        t, n = by_name.get(e.name, (0.0, 0))
+        by_name[e.name] = (t + e.time_range.elapsed_us(), n + 1)
+    total = sum(t for t, _ in by_name.values())
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, end = 0.0, None
+    for a, b in spans:  # the union of kernel intervals
+        if end is None or a > end:
+            busy += b - a
+            end = b
+        elif b > end:
+            busy += b - end
+            end = b
+    span = spans[-1][1] - spans[0][0] if spans else 0.0
+    print(f"  {what}: {total / 1e3:.3f} ms of CUDA kernels, {len(kernels)} launches; span {span / 1e3:.3f} ms, "
+          f"GPU idle {(span - busy) / 1e3:.3f} ms")
+    for name, (t, n) in sorted(by_name.items(), key=lambda x: -x[1][0])[:10]:
+        print(f"    {t / 1e3:8.3f} ms x{n:<3} {name[:100]}")
+    waits = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CPU and any(w in e.name for w in ("Synchronize", "cudaMemcpy", "Memset")):
+            t, n = waits.get(e.name, (0.0, 0))
+            waits[e.name] = (t + e.time_range.elapsed_us(), n + 1)
+    for name, (t, n) in sorted(waits.items(), key=lambda x: -x[1][0]):
+        print(f"    host waits: {name} x{n}, {t / 1e3:.3f} ms")
+    cpu = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    cpu.sort(key=lambda e: -e.self_cpu_time_total)
+    print(f"    host time {sum(e.self_cpu_time_total for e in cpu) / 1e3:.3f} ms (under the profiler), heaviest:")
+    for e in cpu[:8]:
+        print(f"      {e.self_cpu_time_total / 1e3:8.3f} ms x{e.count:<3} {e.key[:90]}")
 
 
 def check(args) -> None:

@@ -27,42 +27,85 @@ __device__ __forceinline__ int64_t column(const ToeplitzIndex& ix, int64_t h) {
   return c;
 }
 
-// One block per row (h, i) of the output: one division per block, consecutive threads write
-// consecutive columns (coalesced) and read the table backwards along the diagonal (cached: the table
-// is small).
+// The gather: each block writes kGatherRows x kGatherCols of one head's bias. Those elements read one
+// run of consecutive diagonals (kGatherRows + kGatherCols - 1 table entries): the block stages them in
+// shared memory once (the table's column is strided in memory, so per-element reads were 32 sectors a
+// warp), then consecutive threads write consecutive columns (coalesced) from it, conflict-free.
+constexpr int kGatherRows = 16, kGatherCols = 1024;
+
 template <typename T>
 __global__ void gather_kernel(const T* __restrict__ buf, ToeplitzIndex ix, float* __restrict__ out, int64_t Sq,
                               int64_t Skv) {
-  const int64_t row = blockIdx.x;
-  const int64_t h = row / Sq, i = row % Sq;
-  const T* base = buf + (ix.sign * i + ix.offset) * ix.stride_d + column(ix, h) * ix.stride_h;
-  const int64_t step = -ix.sign * ix.stride_d;  // one column right = one table row the other way
-  float* o = out + row * Skv;
-  for (int64_t j = threadIdx.x; j < Skv; j += blockDim.x) o[j] = static_cast<float>(base[j * step]);
+  __shared__ float diag[kGatherRows + kGatherCols - 1];
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kGatherCols, i0 = static_cast<int64_t>(blockIdx.y) * kGatherRows;
+  const int64_t h = blockIdx.z, col = column(ix, h) * ix.stride_h;
+  const int64_t iend = lo(i0 + kGatherRows, Sq), jend = lo(j0 + kGatherCols, Skv);
+  // diag[v] holds d = i - j = dmax - v; only the d an in-range (i, j) reaches are read (the caller
+  // checked those rows exist).
+  const int64_t dmax = i0 + kGatherRows - 1 - j0, dlo = i0 - (jend - 1), dhi = iend - 1 - j0;
+  for (int v = threadIdx.x; v < kGatherRows + kGatherCols - 1; v += blockDim.x) {
+    const int64_t d = dmax - v;
+    diag[v] = (d >= dlo && d <= dhi) ? static_cast<float>(buf[(ix.sign * d + ix.offset) * ix.stride_d + col]) : 0.f;
+  }
+  __syncthreads();
+  for (int64_t i = i0; i < iend; ++i) {
+    float* o = out + (h * Sq + i) * Skv;
+    const int base = static_cast<int>(i0 + kGatherRows - 1 - i);  // v = base + (j - j0)
+    for (int64_t j = j0 + threadIdx.x; j < jend; j += blockDim.x) o[j] = diag[base + (j - j0)];
+  }
 }
+
+// The reduction: a block sums kReduceTiles square tiles along one diagonal stripe (tiles (ti, tj) with
+// ti - tj fixed share their 2 * kTile - 1 diagonals): each tile is staged in shared memory (16-byte
+// loads where the rows allow), one thread per diagonal adds its elements into a register, and the
+// block ends with one atomic add per diagonal: kReduceTiles times fewer atomics than one per tile, and
+// none in shared memory.
+constexpr int kReduceTiles = 8;
 
 template <typename T>
 __global__ void reduce_kernel(const T* __restrict__ dbias, ToeplitzIndex ix, float* __restrict__ grad, int64_t Sq,
-                              int64_t Skv) {
-  __shared__ float diag[2 * kTile - 1];
-  const int64_t i0 = static_cast<int64_t>(blockIdx.y) * kTile, j0 = static_cast<int64_t>(blockIdx.x) * kTile;
+                              int64_t Skv, int64_t tiles_i, int64_t tiles_j) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t stripe = static_cast<int64_t>(blockIdx.x) - (tiles_j - 1);  // ti - tj
   const int64_t h = blockIdx.z, col = column(ix, h);
-  for (int t = threadIdx.x; t < 2 * kTile - 1; t += blockDim.x) diag[t] = 0.f;
-  __syncthreads();
   const T* base = dbias + h * Sq * Skv;
-  // A warp reads 32 consecutive columns of one row: coalesced, and 32 distinct diagonals.
-  for (int e = threadIdx.x; e < kTile * kTile; e += blockDim.x) {
-    const int ii = e / kTile, jj = e % kTile;
-    const int64_t i = i0 + ii, j = j0 + jj;
-    if (i < Sq && j < Skv) atomicAdd(&diag[ii - jj + kTile - 1], static_cast<float>(base[i * Skv + j]));
+  const int t = threadIdx.x;  // diagonal t: ii - jj = t - (kTile - 1)
+  const int q = t - (kTile - 1);
+  float acc = 0.f;
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec = Skv % kVec == 0 && reinterpret_cast<uintptr_t>(dbias) % 16 == 0;
+  // The stripe's tiles: ti from max(0, stripe), tj = ti - stripe; this block takes kReduceTiles of them.
+  const int64_t first = stripe > 0 ? stripe : 0;
+  for (int k = 0; k < kReduceTiles; ++k) {
+    const int64_t ti = first + static_cast<int64_t>(blockIdx.y) * kReduceTiles + k, tj = ti - stripe;
+    if (ti >= tiles_i || tj >= tiles_j) break;
+    const int64_t i0 = ti * kTile, j0 = tj * kTile;
+    __syncthreads();  // the last tile's reads are done
+    if (vec && i0 + kTile <= Sq && j0 + kTile <= Skv) {
+      for (int e = t; e < kTile * kTile / kVec; e += blockDim.x) {
+        const int ii = e / (kTile / kVec), jj = (e % (kTile / kVec)) * kVec;
+        const uint4 raw = *reinterpret_cast<const uint4*>(base + (i0 + ii) * Skv + j0 + jj);
+        const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int u = 0; u < kVec; ++u) tile[ii][jj + u] = static_cast<float>(x[u]);
+      }
+    } else {
+      for (int e = t; e < kTile * kTile; e += blockDim.x) {
+        const int ii = e / kTile, jj = e % kTile;
+        const int64_t i = i0 + ii, j = j0 + jj;
+        tile[ii][jj] = (i < Sq && j < Skv) ? static_cast<float>(base[i * Skv + j]) : 0.f;
+      }
+    }
+    __syncthreads();
+    if (t < 2 * kTile - 1)
+      for (int ii = q > 0 ? q : 0; ii < kTile && ii - q < kTile; ++ii) acc += tile[ii][ii - q];
   }
-  __syncthreads();
-  for (int t = threadIdx.x; t < 2 * kTile - 1; t += blockDim.x) {
-    const int64_t d = i0 - j0 + t - (kTile - 1);  // i - j on this diagonal
-    // Does the diagonal cross the tile's in-range part? (Else it has no element: leave the table.)
-    const int64_t ilo = hi(i0, j0 + d), ihi = lo(lo(i0 + kTile, Sq), lo(j0 + kTile, Skv) + d);
-    if (ilo < ihi) atomicAdd(&grad[(ix.sign * d + ix.offset) * ix.stride_d + col * ix.stride_h], diag[t]);
-  }
+  if (t >= 2 * kTile - 1) return;
+  // Diagonal d = i - j of the grid; it has an in-range element in some tile of this block's run (else
+  // it is off the grid: no table row to touch).
+  const int64_t d = stripe * kTile + q;
+  if (d <= -Skv || d >= Sq) return;
+  atomicAdd(&grad[(ix.sign * d + ix.offset) * ix.stride_d + col * ix.stride_h], acc);
 }
 
 // deterministic=True, pass 1: each 64 x 64 tile's 127 diagonal sums, each summed by one thread in row
@@ -118,6 +161,8 @@ __global__ void diagonal_sum_kernel(const float* __restrict__ partials, Toeplitz
   if (ix.stride_h == 0) *out = all_heads;
 }
 
+int64_t lo_host(int64_t a, int64_t b) { return a < b ? a : b; }
+
 }  // namespace
 
 void toeplitz_bias(const at::Tensor& buf, const ToeplitzIndex& ix, const at::Tensor& out) {
@@ -126,19 +171,21 @@ void toeplitz_bias(const at::Tensor& buf, const ToeplitzIndex& ix, const at::Ten
   const c10::cuda::CUDAGuard guard(out.device());
   const int64_t Sq = out.size(2), Skv = out.size(3), n = out.numel();
   if (n == 0) return;
+  HB_INTERNAL_CHECK(out.size(1) <= 65535 && (Sq + kGatherRows - 1) / kGatherRows <= 65535)
+      << "toeplitz_bias: more than 65535 heads or row tiles";
+  const dim3 blocks(static_cast<unsigned>((Skv + kGatherCols - 1) / kGatherCols),
+                    static_cast<unsigned>((Sq + kGatherRows - 1) / kGatherRows), static_cast<unsigned>(out.size(1)));
   const int threads = 256;
-  const int64_t rows = out.size(1) * Sq;
-  HB_INTERNAL_CHECK(rows < (1LL << 31)) << "toeplitz_bias: too many rows";
   auto stream = at::cuda::getCurrentCUDAStream();
   switch (buf.scalar_type()) {
     case at::kFloat:
-      gather_kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(buf.data_ptr<float>(), ix, out.data_ptr<float>(), Sq, Skv);
+      gather_kernel<<<blocks, threads, 0, stream>>>(buf.data_ptr<float>(), ix, out.data_ptr<float>(), Sq, Skv);
       break;
     case at::kBFloat16:
-      gather_kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(buf.data_ptr<c10::BFloat16>(), ix, out.data_ptr<float>(), Sq, Skv);
+      gather_kernel<<<blocks, threads, 0, stream>>>(buf.data_ptr<c10::BFloat16>(), ix, out.data_ptr<float>(), Sq, Skv);
       break;
     case at::kHalf:
-      gather_kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(buf.data_ptr<c10::Half>(), ix, out.data_ptr<float>(), Sq, Skv);
+      gather_kernel<<<blocks, threads, 0, stream>>>(buf.data_ptr<c10::Half>(), ix, out.data_ptr<float>(), Sq, Skv);
       break;
     default:
       HB_INTERNAL_CHECK(false) << "toeplitz_bias: table dtype " << buf.scalar_type();
@@ -180,15 +227,20 @@ void toeplitz_bias_backward(const at::Tensor& dbias, const ToeplitzIndex& ix, co
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
+  // One block per run of kReduceTiles tiles of a diagonal stripe (blocks.x stripes, the longest has
+  // min(tiles_i, tiles_j) tiles), per head.
+  const int64_t tiles_i = blocks.y, tiles_j = blocks.x;
+  const dim3 runs(static_cast<unsigned>(tiles_i + tiles_j - 1),
+                  static_cast<unsigned>((lo_host(tiles_i, tiles_j) + kReduceTiles - 1) / kReduceTiles), blocks.z);
   switch (dbias.scalar_type()) {
     case at::kFloat:
-      reduce_kernel<<<blocks, 256, 0, stream>>>(dbias.data_ptr<float>(), ix, grad.data_ptr<float>(), Sq, Skv);
+      reduce_kernel<<<runs, 128, 0, stream>>>(dbias.data_ptr<float>(), ix, grad.data_ptr<float>(), Sq, Skv, tiles_i, tiles_j);
       break;
     case at::kBFloat16:
-      reduce_kernel<<<blocks, 256, 0, stream>>>(dbias.data_ptr<c10::BFloat16>(), ix, grad.data_ptr<float>(), Sq, Skv);
+      reduce_kernel<<<runs, 128, 0, stream>>>(dbias.data_ptr<c10::BFloat16>(), ix, grad.data_ptr<float>(), Sq, Skv, tiles_i, tiles_j);
       break;
     case at::kHalf:
-      reduce_kernel<<<blocks, 256, 0, stream>>>(dbias.data_ptr<c10::Half>(), ix, grad.data_ptr<float>(), Sq, Skv);
+      reduce_kernel<<<runs, 128, 0, stream>>>(dbias.data_ptr<c10::Half>(), ix, grad.data_ptr<float>(), Sq, Skv, tiles_i, tiles_j);
       break;
     default:
       HB_INTERNAL_CHECK(false) << "toeplitz_bias_backward: dbias dtype " << dbias.scalar_type();
