@@ -1,5 +1,6 @@
 // The pybind11 module hintbackend._C: compile a graph document into a CompiledGraph and run it.
 // The only translation unit that includes torch's Python headers.
+#include <ATen/record_function.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -162,6 +163,8 @@ class CompiledGraph {
                                                          : "memory-plan disabled: nothing is placed\n");
       dumps_.emplace_back("placement", placement_table(g, ctx.memory.target));
     }
+    run_label_ = "hb run " + g.name;
+    exec_label_ = "hb executor " + g.name;
     if (program_.kernels->unsupported_descriptions.empty()) {
       auto consts = std::make_shared<const std::vector<at::Tensor>>(std::move(constants));
       executor_ = std::make_unique<rt::Executor>(program_, consts);
@@ -171,6 +174,8 @@ class CompiledGraph {
   py::object run(py::list args) {
     HB_USER_CHECK(executor_ != nullptr) << "graph '" << program_.graph->name
                                         << "' has unsupported nodes and cannot run in hintbackend";
+    // Host-time ranges under torch.profiler: the whole call, and the executor inside it.
+    RECORD_FUNCTION(run_label_, std::vector<c10::IValue>());
     std::vector<c10::IValue> inputs;
     inputs.reserve(args.size());
     for (size_t k = 0; k < args.size(); ++k) inputs.push_back(to_ivalue(args[k].ptr(), k));
@@ -179,6 +184,7 @@ class CompiledGraph {
     rt::take_failure_site();  // a site left by an earlier failure no caller took
     {
       py::gil_scoped_release no_gil;
+      RECORD_FUNCTION(exec_label_, std::vector<c10::IValue>());
       out = executor_->run(std::move(inputs));
     }
     py::tuple t(out.size());
@@ -197,6 +203,7 @@ class CompiledGraph {
   }
 
  private:
+  std::string run_label_, exec_label_;  // the profiler's names for run() and the executor in it
   Program program_;
   std::unique_ptr<rt::Executor> executor_;
   std::vector<std::pair<std::string, std::string>> dumps_;

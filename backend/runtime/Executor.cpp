@@ -4,6 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/function_schema.h>
 #include <ATen/ops/empty.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -42,6 +43,9 @@ struct Step {
   std::shared_ptr<const Placement> place;    // set: the result goes into the arena (the memory plan)
   std::shared_ptr<const DirectWrite> write;  // set: may write straight into a caller's result
   bool fresh_result = false;        // a result that must not alias the arena (see keep_out_of_arena)
+  std::string label;                // the profiler's name for the step: "hb %node (kernel kind)"
+  bool invariant = false;           // reads only constants and invariant steps: skipped once kept
+  bool keep = false;                // an invariant value a running step reads: kept by the first run
 };
 
 namespace {
@@ -177,6 +181,7 @@ Executor::Executor(Program program, std::shared_ptr<const std::vector<at::Tensor
       }
     }
     s.release = live.release_after[i];
+    s.label = "hb %" + n.name + " (" + kernel_kind_name(s.kind) + ")";
     max_stack_ = std::max(max_stack_, s.args.size() + s.num_returns);
     // Results that are fresh memory by the plan's model (not a view): checked against the arena.
     s.fresh_result = (s.kind == KernelKind::Aten && !n.effects.is_view && !n.effects.mutates &&
@@ -191,6 +196,47 @@ Executor::Executor(Program program, std::shared_ptr<const std::vector<at::Tensor
   if (constants_)
     for (const at::Tensor& c : *constants_) constants_require_grad_ |= c.defined() && c.requires_grad();
   place_results(step_of);
+  find_invariant_steps(step_of);
+}
+
+void Executor::find_invariant_steps(const std::vector<int>& step_of) {
+  // A step that reads only constants and other such steps (the default BlockMask flex_attention builds
+  // from constants: arange, index_put, sort, ... every call) computes the same values each call: the
+  // first run keeps the values later steps read, and later runs skip those steps. Not: random or mutating
+  // ops, results placed in the arena or written into a caller's tensor, and none at all when a mutating
+  // op writes into such a value.
+  const Graph& g = *program_.graph;
+  std::vector<bool> inv(g.nodes.size(), false);
+  for (Step& s : steps_) {
+    const Node& n = g.nodes[s.node];
+    // ATen's own ops only: a custom op may read state no argument shows.
+    const bool aten_op = s.kind == KernelKind::Aten && n.target.rfind("aten::", 0) == 0;
+    bool ok = (aten_op || s.kind == KernelKind::Constant || s.kind == KernelKind::GetItem) &&
+              !n.effects.mutates && !n.effects.nondeterministic_seeded && !s.place && !s.write;
+    n.for_each_input([&](const Arg& a) { ok = ok && inv[a.ref]; });
+    inv[s.node] = ok;
+  }
+  for (const Node& n : g.nodes) {
+    bool writes_invariant = false;
+    if (n.effects.mutates) n.for_each_input([&](const Arg& a) { writes_invariant = writes_invariant || inv[a.ref]; });
+    if (writes_invariant) return;
+  }
+  // Kept: the invariant values a step that runs every call reads (the output included).
+  for (Step& s : steps_) {
+    s.invariant = inv[s.node] && s.kind != KernelKind::Constant;
+    if (inv[s.node]) continue;
+    g.nodes[s.node].for_each_input([&](const Arg& a) {
+      if (inv[a.ref] && step_of[a.ref] >= 0) steps_[step_of[a.ref]].keep = true;
+    });
+  }
+  // A returned invariant value is copied each call: the caller may write into what it gets.
+  const int out = g.output_node();
+  if (out >= 0 && !g.nodes[out].args.empty()) {
+    const Arg& r = g.nodes[out].args[0];
+    const std::vector<Arg> items = r.kind == Arg::Kind::Ref ? std::vector<Arg>{r} : r.items;
+    for (size_t k = 0; k < items.size(); ++k)
+      if (items[k].kind == Arg::Kind::Ref && inv[items[k].ref]) copied_outputs_.push_back(static_cast<int>(k));
+  }
 }
 
 std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
@@ -228,7 +274,16 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
     if (!d.defined() || !d.is_contiguous() || d.numel() != s.write->numel) return at::Tensor();
     return d.view(s.write->sizes);
   };
+  // Invariant values the first run kept (find_invariant_steps): their steps are skipped.
+  const std::shared_ptr<const std::vector<std::pair<int, c10::IValue>>> kept = std::atomic_load(&kept_);
+  std::vector<std::pair<int, c10::IValue>> keeping;
+  if (kept)
+    for (const auto& [node, v] : *kept) slots[node] = v;
   for (const Step& s : steps_) {
+    if (kept && s.invariant) continue;
+    // A host-time range per step under torch.profiler (the trace shows which node the host spends on);
+    // an inactive profiler costs one check.
+    RECORD_FUNCTION(s.label, std::vector<c10::IValue>());
     if (lazy && s.place && !arena.defined()) {
       const int64_t bytes = plan_->segments.at(s.place->segment).bytes;
       arena = new_arena(bytes);
@@ -286,6 +341,9 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
           } else {
             outputs.push_back(v);
           }
+          for (int k : copied_outputs_)
+            if (outputs[k].isTensor() && outputs[k].toTensor().defined())
+              outputs[k] = outputs[k].toTensor().clone(at::MemoryFormat::Preserve);
           if (arena_storage)  // never: the plan does not place what is returned (but outputs outlive the arena)
             for (c10::IValue& x : outputs) keep_out_of_arena(x, arena_storage);
           break;
@@ -316,6 +374,7 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
       throw;
     }
     if (s.fresh_result && arena_storage) keep_out_of_arena(slots[s.node], arena_storage);
+    if (!kept && s.keep) keeping.emplace_back(s.node, slots[s.node]);
     for (int r : s.release) slots[r] = c10::IValue();
     if (lazy && arena.defined() && segment_ends_[s.node]) {
       // Every value placed in this period is dead: the storage goes back to the allocator with the
@@ -324,6 +383,8 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
       arena_storage = nullptr;
     }
   }
+  if (!kept && !keeping.empty())  // a complete run: later runs skip the invariant steps
+    std::atomic_store(&kept_, std::make_shared<const std::vector<std::pair<int, c10::IValue>>>(std::move(keeping)));
   last_arena_bytes_ = largest_arena;
   last_written_ = written + stats.written;
   last_placed_ = placed;

@@ -80,6 +80,11 @@ class Executor {
   ArenaStats arena_stats() const;
   // Whether calls use the arena (the plan's decision). Slice-loop bodies use it regardless.
   bool arena_for_calls() const { return plan_->arena_for_calls && plan_->arena_bytes > 0; }
+  // How many invariant values the first run kept for later runs (find_invariant_steps); 0 before it.
+  size_t kept_values() const {
+    const auto k = std::atomic_load(&kept_);
+    return k ? k->size() : 0;
+  }
 
  private:
   Program program_;
@@ -92,6 +97,11 @@ class Executor {
 
   // The memory plan's placements and output writes, onto the steps.
   void place_results(const std::vector<int>& step_of);
+  // Steps that compute the same values every call (inputs: constants only), and which of their values
+  // to keep; see Executor.cpp.
+  void find_invariant_steps(const std::vector<int>& step_of);
+  mutable std::shared_ptr<const std::vector<std::pair<int, c10::IValue>>> kept_;  // atomic_load/store
+  std::vector<int> copied_outputs_;  // output positions holding an invariant value: copied each call
   bool constants_require_grad_ = false;
   std::vector<bool> segment_ends_;  // per node: a busy period of the plan ends there (its arena is dropped)
   c10::Device arena_device_ = c10::Device(c10::kCPU);

@@ -92,6 +92,41 @@ TEST(Executor, ConstantsAndOptionalTensorLists) {
   EXPECT_TRUE(at::equal(r[0].toTensor(), table.index_select(0, i)));
 }
 
+// Steps that read only constants (the default BlockMask flex_attention builds every call) run once: the
+// first run keeps what the other steps read, later runs skip them. A returned invariant value is a fresh
+// copy each call (the caller may write into it); a mutating op on such a value turns the caching off.
+TEST(Executor, InvariantStepsRunOnceAndReturnedValuesAreCopies) {
+  at::Tensor c = at::randn({3}, at::kDouble), x = at::randn({3}, at::kDouble);
+  const std::string text =
+      doc(ph("x") + R"(, {"name": "c", "op": "get_attr", "target": "_tensor_constant0", "constant": 0},)" +
+              call("t", "aten::mul.Tensor", R"({"ref": "c"}, {"ref": "c"})") + "," +
+              call("e", "aten::exp.default", R"({"ref": "t"})") + "," +
+              call("s", "aten::add.Tensor", R"({"ref": "x"}, {"ref": "e"})") + "," + out(R"({"ref": "s"}, {"ref": "e"})"),
+          1);
+  rt::Executor ex(rt::program_of(import_json(text)), std::make_shared<const std::vector<at::Tensor>>(std::vector<at::Tensor>{c}));
+  EXPECT_EQ(ex.kept_values(), 0u);
+  auto first = ex.run({x});
+  EXPECT_EQ(ex.kept_values(), 1u);  // e: read by s and returned
+  const at::Tensor want = (c * c).exp();
+  first[1].toTensor().fill_(-1);  // the caller owns what it got
+  for (int call = 0; call < 2; ++call) {
+    auto r = ex.run({x});
+    EXPECT_TRUE(at::allclose(r[0].toTensor(), x + want));
+    EXPECT_TRUE(at::allclose(r[1].toTensor(), want));
+    EXPECT_NE(r[1].toTensor().data_ptr(), first[1].toTensor().data_ptr());
+  }
+  // z = zeros(3); z.add_(1): the in-place op writes into an invariant value, so nothing is kept (a kept z
+  // would gain 1 per call).
+  const std::string mut =
+      doc(ph("x") + "," +
+          call("z", "aten::zeros.default", R"({"list": [{"int": 3}]})", R"(, "kwargs": {"dtype": {"dtype": "float64"}})") + "," +
+          call("a", "aten::add_.Scalar", R"({"ref": "z"}, {"int": 1})", R"(, "effects": {"mutates": true})") + "," +
+          call("s", "aten::add.Tensor", R"({"ref": "x"}, {"ref": "z"})") + "," + out(R"({"ref": "s"})"));
+  rt::Executor ex2(rt::program_of(import_json(mut)), nullptr);
+  for (int call = 0; call < 3; ++call) EXPECT_TRUE(at::allclose(ex2.run({x})[0].toTensor(), x + 1));
+  EXPECT_EQ(ex2.kept_values(), 0u);
+}
+
 TEST(Executor, RuntimeErrorsNameTheNode) {
   at::Tensor a = at::randn({2, 3}), b = at::randn({4, 5});
   try {
