@@ -203,8 +203,9 @@ void Executor::find_invariant_steps(const std::vector<int>& step_of) {
   // A step that reads only constants and other such steps (the default BlockMask flex_attention builds
   // from constants: arange, index_put, sort, ... every call) computes the same values each call: the
   // first run keeps the values later steps read, and later runs skip those steps. Not: random or mutating
-  // ops, results placed in the arena or written into a caller's tensor, and none at all when a mutating
-  // op writes into such a value.
+  // ops, results written into a caller's tensor, and none at all when a mutating op writes into such a
+  // value. One the plan placed in the arena gets its own memory instead (the arena is reused within a
+  // call): the memory dump still shows it placed.
   const Graph& g = *program_.graph;
   std::vector<bool> inv(g.nodes.size(), false);
   for (Step& s : steps_) {
@@ -212,7 +213,7 @@ void Executor::find_invariant_steps(const std::vector<int>& step_of) {
     // ATen's own ops only: a custom op may read state no argument shows.
     const bool aten_op = s.kind == KernelKind::Aten && n.target.rfind("aten::", 0) == 0;
     bool ok = (aten_op || s.kind == KernelKind::Constant || s.kind == KernelKind::GetItem) &&
-              !n.effects.mutates && !n.effects.nondeterministic_seeded && !s.place && !s.write;
+              !n.effects.mutates && !n.effects.nondeterministic_seeded && !s.write;
     n.for_each_input([&](const Arg& a) { ok = ok && inv[a.ref]; });
     inv[s.node] = ok;
   }
@@ -224,6 +225,7 @@ void Executor::find_invariant_steps(const std::vector<int>& step_of) {
   // Kept: the invariant values a step that runs every call reads (the output included).
   for (Step& s : steps_) {
     s.invariant = inv[s.node] && s.kind != KernelKind::Constant;
+    if (s.invariant) s.place.reset();
     if (inv[s.node]) continue;
     g.nodes[s.node].for_each_input([&](const Arg& a) {
       if (inv[a.ref] && step_of[a.ref] >= 0) steps_[step_of[a.ref]].keep = true;
