@@ -452,6 +452,65 @@ TEST(flex_lowering, toeplitz_reads_the_head_through_a_slice_index_table) {
   EXPECT_EQ(analyze_flex(*mapped_relbias("i64[128]", "[%q_idx]"), flex).bias_layout.kind, FlexBiasLayout::Kind::Grid);
 }
 
+// The setting (B4 H16 S4096 D128 bf16 on CUDA) with a learned relative bias in an auto region
+// sliced along batch and heads, forward: the [1, H_s, S, S] float32 bias cuDNN's path materializes (1 GiB
+// whole, the same for every batch) counts while the flex node runs, so a 1 GiB memory_budget takes 8
+// slices of 8 heads (their bias 512 MiB); with cuDNN's bias left out of the model, as before, the region
+// looked like 0.33 GiB and stayed whole. The body reads its heads through the index table and stays a
+// Toeplitz read (its kernel choice says so).
+TEST(flex_lowering, auto_budget_counts_the_bias_cudnn_materializes) {
+  const std::string t = "bf16[4, 16, 4096, 128]@cuda:0";
+  const std::string h = "  {region=0 path=0 schedule=auto slice_dims=[0,1] memory_budget=1073741824}";
+  const std::string text =
+      "graph forward {\n"
+      "  %q: " + t + " = placeholder\n  %k: " + t + " = placeholder\n  %v: " + t + " = placeholder\n"
+      "  %kv_num_blocks: i32[1, 1, 32]@cuda:0 = placeholder\n  %kv_indices: i32[1, 1, 32, 32]@cuda:0 = placeholder\n"
+      "  %lb: f32[8191, 16]@cuda:0 = placeholder\n"
+      "  %flex_attention: (" + t + ", f32[4, 16, 4096]@cuda:0, f32[4, 16, 4096]@cuda:0) = "
+      "higher_order::flex_attention(%q, %k, %v, @score0, (4096, 4096, %kv_num_blocks, %kv_indices, none, none, none, "
+      "none, none, none, 128, 128, @mask0), 0.125, {}, (%lb,), ())" + h + "\n"
+      "  %out: " + t + " = operator::getitem(%flex_attention, 0)" + h + "\n"
+      "  return (%out,)\n"
+      "}\n"
+      "graph mask0 {\n"
+      "  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n  %q_idx: i32[] = placeholder\n"
+      "  %kv_idx: i32[] = placeholder\n  %ge: b8[] = aten::ge.Tensor(%q_idx, %kv_idx)\n  return (%ge,)\n"
+      "}\n"
+      "graph score0 {\n"
+      "  %score: bf16[] = placeholder\n  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n"
+      "  %q_idx: i32[] = placeholder\n  %kv_idx: i32[] = placeholder\n  %lb: f32[8191, 16] = placeholder\n"
+      "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n  %e: i32[] = aten::add.Tensor(%d, 4095)\n"
+      "  %t: f32[] = aten::index.Tensor(%lb, [%e, %h])\n  %out: f32[] = aten::add.Tensor(%score, %t)\n"
+      "  return (%out,)\n"
+      "}\n";
+  auto chosen = [&](bool bias_counts) {
+    auto g = parse_graph(text);
+    PassContext ctx;
+    ctx.memory.target = structural_target();
+    ctx.memory.target.cudnn_attention = true;
+    ctx.memory.target.workspace = [bias_counts](const Graph& gr, const Node& n) {
+      return bias_counts ? kernel_workspace_bytes(gr, n, /*cudnn_attention=*/true) : int64_t{0};
+    };
+    test::run_and_print(*g, {"slice-legality", "slice-schedule"}, ctx);
+    std::string notes;
+    for (const std::string& n : ctx.notes) notes += n + "\n";
+    return std::make_pair(g, notes);
+  };
+  auto [g, notes] = chosen(true);
+  EXPECT_NE(notes.find("auto chose slices=8: simulated peak"), std::string::npos) << notes;
+  const auto body = g->subgraphs.find("slice_body_0");
+  ASSERT_NE(body, g->subgraphs.end()) << notes;
+  const Graph& b = *body->second;
+  const int flex = b.find("flex_attention");
+  ASSERT_GE(flex, 0);
+  const FlexAnalysis a = analyze_flex(b, flex);
+  EXPECT_EQ(a.bias_layout.kind, FlexBiasLayout::Kind::Toeplitz);
+  EXPECT_EQ(kernel_workspace_bytes(b, b.nodes[flex], true), int64_t{1} * 8 * 4096 * 4096 * 4);
+  EXPECT_NE(select_kernel(b, flex, with_cudnn()).why.find("toeplitz buf0[q_idx - kv_idx + 4095, buf1[b, h]]"),
+            std::string::npos);
+  EXPECT_NE(chosen(false).second.find("auto chose slices=1"), std::string::npos) << chosen(false).second;
+}
+
 TEST(flex_lowering, pointwise_score_mods_translate_to_cudnn) {
   // softcap 30 * tanh(score / 30): cuDNN pointwise nodes, the band applied after them.
   auto softcap = flex_graph("bf16", "@cuda:0", "",
