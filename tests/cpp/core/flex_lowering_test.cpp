@@ -400,6 +400,17 @@ TEST(flex_lowering, bias_layouts_dense_and_toeplitz) {
 // read, the head through the map, so cuDNN's path gathers the bias along diagonals in the slice; a map
 // that is not an integer [b, h] / [h] read is the grid. The bias it builds counts as the node's
 // workspace: [1, 2, 128, 128] float32 forward.
+// The causal mask_mod and the head of a bf16 score_mod (its five index placeholders), as the hand-written
+// flex graphs below spell them.
+const std::string kCausalMaskAndScoreHead =
+    "graph mask0 {\n"
+    "  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n  %q_idx: i32[] = placeholder\n"
+    "  %kv_idx: i32[] = placeholder\n  %ge: b8[] = aten::ge.Tensor(%q_idx, %kv_idx)\n  return (%ge,)\n"
+    "}\n"
+    "graph score0 {\n"
+    "  %score: bf16[] = placeholder\n  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n"
+    "  %q_idx: i32[] = placeholder\n  %kv_idx: i32[] = placeholder\n";
+
 std::shared_ptr<Graph> mapped_relbias(const std::string& map_type, const std::string& map_index) {
   const std::string t = "bf16[1, 2, 128, 64]@cuda:0";
   return parse_graph(
@@ -412,14 +423,9 @@ std::shared_ptr<Graph> mapped_relbias(const std::string& map_type, const std::st
       "@mask0), 0.125, {}, (%lb, %map), ())\n"
       "  %out: " + t + " = operator::getitem(%flex_attention, 0)\n"
       "  return (%out,)\n"
-      "}\n"
-      "graph mask0 {\n"
-      "  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n  %q_idx: i32[] = placeholder\n"
-      "  %kv_idx: i32[] = placeholder\n  %ge: b8[] = aten::ge.Tensor(%q_idx, %kv_idx)\n  return (%ge,)\n"
-      "}\n"
-      "graph score0 {\n"
-      "  %score: bf16[] = placeholder\n  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n"
-      "  %q_idx: i32[] = placeholder\n  %kv_idx: i32[] = placeholder\n  %lb: f32[255, 4] = placeholder\n"
+      "}\n" +
+      kCausalMaskAndScoreHead +
+      "  %lb: f32[255, 4] = placeholder\n"
       "  %map: " + map_type + " = placeholder\n"
       "  %gh: i64[] = aten::index.Tensor(%map, " + map_index + ")\n"
       "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n  %e: i32[] = aten::add.Tensor(%d, 127)\n"
@@ -471,14 +477,9 @@ TEST(flex_lowering, auto_budget_counts_the_bias_cudnn_materializes) {
       "none, none, none, 128, 128, @mask0), 0.125, {}, (%lb,), ())" + h + "\n"
       "  %out: " + t + " = operator::getitem(%flex_attention, 0)" + h + "\n"
       "  return (%out,)\n"
-      "}\n"
-      "graph mask0 {\n"
-      "  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n  %q_idx: i32[] = placeholder\n"
-      "  %kv_idx: i32[] = placeholder\n  %ge: b8[] = aten::ge.Tensor(%q_idx, %kv_idx)\n  return (%ge,)\n"
-      "}\n"
-      "graph score0 {\n"
-      "  %score: bf16[] = placeholder\n  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n"
-      "  %q_idx: i32[] = placeholder\n  %kv_idx: i32[] = placeholder\n  %lb: f32[8191, 16] = placeholder\n"
+      "}\n" +
+      kCausalMaskAndScoreHead +
+      "  %lb: f32[8191, 16] = placeholder\n"
       "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n  %e: i32[] = aten::add.Tensor(%d, 4095)\n"
       "  %t: f32[] = aten::index.Tensor(%lb, [%e, %h])\n  %out: f32[] = aten::add.Tensor(%score, %t)\n"
       "  return (%out,)\n"
