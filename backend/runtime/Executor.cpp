@@ -235,9 +235,15 @@ void Executor::find_invariant_steps(const std::vector<int>& step_of) {
   const int out = g.output_node();
   if (out >= 0 && !g.nodes[out].args.empty()) {
     const Arg& r = g.nodes[out].args[0];
-    const std::vector<Arg> items = r.kind == Arg::Kind::Ref ? std::vector<Arg>{r} : r.items;
-    for (size_t k = 0; k < items.size(); ++k)
-      if (items[k].kind == Arg::Kind::Ref && inv[items[k].ref]) copied_outputs_.push_back(static_cast<int>(k));
+    if (r.kind == Arg::Kind::Ref) {
+      copy_all_outputs_ = inv[r.ref];  // one value, flattened if it is a tuple: every element
+    } else {
+      for (size_t k = 0; k < r.items.size(); ++k)
+        if (r.items[k].kind == Arg::Kind::Ref && inv[r.items[k].ref]) {
+          copied_outputs_.resize(r.items.size(), false);
+          copied_outputs_[k] = true;
+        }
+    }
   }
 }
 
@@ -343,9 +349,11 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
           } else {
             outputs.push_back(v);
           }
-          for (int k : copied_outputs_)
-            if (outputs[k].isTensor() && outputs[k].toTensor().defined())
+          for (size_t k = 0; (copy_all_outputs_ || !copied_outputs_.empty()) && k < outputs.size(); ++k) {
+            const bool copy = copy_all_outputs_ || (k < copied_outputs_.size() && copied_outputs_[k]);
+            if (copy && outputs[k].isTensor() && outputs[k].toTensor().defined())
               outputs[k] = outputs[k].toTensor().clone(at::MemoryFormat::Preserve);
+          }
           if (arena_storage)  // never: the plan does not place what is returned (but outputs outlive the arena)
             for (c10::IValue& x : outputs) keep_out_of_arena(x, arena_storage);
           break;

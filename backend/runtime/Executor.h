@@ -101,7 +101,8 @@ class Executor {
   // to keep; see Executor.cpp.
   void find_invariant_steps(const std::vector<int>& step_of);
   mutable std::shared_ptr<const std::vector<std::pair<int, c10::IValue>>> kept_;  // atomic_load/store
-  std::vector<int> copied_outputs_;  // output positions holding an invariant value: copied each call
+  std::vector<bool> copied_outputs_;  // per output position: an invariant value, copied each call
+  bool copy_all_outputs_ = false;    // the graph returns one invariant value (its elements, if a tuple)
   bool constants_require_grad_ = false;
   std::vector<bool> segment_ends_;  // per node: a busy period of the plan ends there (its arena is dropped)
   c10::Device arena_device_ = c10::Device(c10::kCPU);

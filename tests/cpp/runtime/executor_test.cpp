@@ -125,6 +125,18 @@ TEST(Executor, InvariantStepsRunOnceAndReturnedValuesAreCopies) {
   rt::Executor ex2(rt::program_of(import_json(mut)), nullptr);
   for (int call = 0; call < 3; ++call) EXPECT_TRUE(at::allclose(ex2.run({x})[0].toTensor(), x + 1));
   EXPECT_EQ(ex2.kept_values(), 0u);
+  // A graph returning one invariant tuple (sort of a constant): each element is a fresh copy too.
+  const std::string tup = doc(ph("x") + R"(, {"name": "c", "op": "get_attr", "target": "_tensor_constant0", "constant": 0},)" +
+                                  call("srt", "aten::sort.default", R"({"ref": "c"})") + "," +
+                                  R"({"name": "output", "op": "output", "args": [{"ref": "srt"}]})",
+                              1);
+  rt::Executor ex3(rt::program_of(import_json(tup)), std::make_shared<const std::vector<at::Tensor>>(std::vector<at::Tensor>{c}));
+  auto a = ex3.run({x}), b = ex3.run({x});
+  ASSERT_EQ(a.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_TRUE(at::equal(a[k].toTensor(), b[k].toTensor()));
+    EXPECT_NE(a[k].toTensor().data_ptr(), b[k].toTensor().data_ptr()) << "output " << k;
+  }
 }
 
 TEST(Executor, RuntimeErrorsNameTheNode) {
