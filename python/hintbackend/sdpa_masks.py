@@ -48,7 +48,11 @@ def make_sdpa_masks_fusable(gm: torch.fx.GraphModule) -> int:
         if not isinstance(mask, torch.fx.Node):
             continue
         value = mask.meta.get("example_value")
-        if not isinstance(value, torch.Tensor) or not needs_copy(value):
+        if not isinstance(value, torch.Tensor):
+            continue
+        if not all(isinstance(x, int) for x in (*value.shape, *value.stride())):
+            continue  # symbolic sizes or strides: deciding would add guards; left as traced
+        if not needs_copy(value):
             continue
         if mask not in copies:  # before its first reader (nodes are visited in order)
             with gm.graph.inserting_before(node):

@@ -82,3 +82,14 @@ def test_the_rewrite_leaves_other_masks_alone():
 
     gm = torch.fx.symbolic_trace(f)
     assert make_sdpa_masks_fusable(gm) == 0  # no example values: nothing known, nothing changed
+
+
+def test_symbolic_shapes_leave_the_mask_as_traced(caplog):
+    """dynamic=True: the mask's sizes are symbols, and deciding would add guards: no copy, results as eager."""
+    torch.manual_seed(4)
+    q, k, v = (randn(B, H, S, D) for _ in range(3))
+    mask = torch.ones(B, 1, S, 1, dtype=torch.bool, device=device())
+    with caplog.at_level(logging.INFO, logger="hintbackend"):
+        got = torch.compile(attention, backend="hintbackend", dynamic=True)(q, k, v, mask)
+    torch.testing.assert_close(got, attention(q, k, v, mask), **tolerances(torch.float32))
+    assert "passed as a contiguous copy" not in caplog.text
