@@ -90,16 +90,10 @@ def profile(what: str, fn) -> None:
         t, n = by_name.get(e.name, (0.0, 0))
         by_name[e.name] = (t + e.time_range.elapsed_us(), n + 1)
     total = sum(t for t, _ in by_name.values())
-    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
-    busy, end = 0.0, None
-    for a, b in spans:  # the union of kernel intervals
-        if end is None or a > end:
-            busy += b - a
-            end = b
-        elif b > end:
-            busy += b - end
-            end = b
-    span = spans[-1][1] - spans[0][0] if spans else 0.0
+    from profile_slicing import busy_time
+    spans = [(e.time_range.start, e.time_range.end) for e in kernels]
+    busy = busy_time(spans)
+    span = max(b for _, b in spans) - min(a for a, _ in spans) if spans else 0.0
     print(f"  {what}: {total / 1e3:.3f} ms of CUDA kernels, {len(kernels)} launches; span {span / 1e3:.3f} ms, "
           f"GPU idle {(span - busy) / 1e3:.3f} ms")
     for name, (t, n) in sorted(by_name.items(), key=lambda x: -x[1][0])[:10]:

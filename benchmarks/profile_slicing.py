@@ -44,18 +44,22 @@ def kernel_times(fn, q, k, v, train):
             counts[name] += 1
             totals["[" + kind(e.name) + "]"] += t
             spans.append((e.time_range.start, e.time_range.end))
-    spans.sort()
+    if spans:
+        totals["[idle inside the step]"] = (max(e for _, e in spans) - min(s for s, _ in spans)) - busy_time(spans)
+    return totals, counts
+
+
+def busy_time(spans) -> float:
+    """The length of the union of (start, end) intervals: the time some kernel ran."""
     busy, end = 0.0, None
-    for s, e in spans:  # the union of the kernels' intervals
+    for s, e in sorted(spans):
         if end is None or s > end:
             busy += e - s
             end = e
         elif e > end:
             busy += e - end
             end = e
-    if spans:
-        totals["[idle inside the step]"] = (max(e for _, e in spans) - spans[0][0]) - busy
-    return totals, counts
+    return busy
 
 
 def main():

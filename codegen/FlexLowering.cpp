@@ -236,6 +236,11 @@ bool affine_index(const Graph& g, const std::vector<int>& ph, const Arg& x, int6
   return false;
 }
 
+// Whether a is placeholder p of g (ph: g's placeholders), through value-preserving casts.
+bool reads_placeholder_arg(const Graph& g, const std::vector<int>& ph, const Arg& a, int p) {
+  return a.kind == Arg::Kind::Ref && through_casts(g, a.ref) == ph[p];
+}
+
 // Whether x reads the head through a captured integer buffer, map[h] or map[b, h] (the DFS slice's
 // global head, slice-schedule's index table): the buffer's number among the captured ones, else -1.
 int head_map(const Graph& g, const std::vector<int>& ph, const Arg& x, bool* reads_b) {
@@ -245,7 +250,7 @@ int head_map(const Graph& g, const std::vector<int>& ph, const Arg& x, bool* rea
       n.args[0].kind != Arg::Kind::Ref || n.args[1].kind != Arg::Kind::List)
     return -1;
   const std::vector<Arg>& idx = n.args[1].items;
-  auto is_ph = [&](const Arg& a, int p) { return a.kind == Arg::Kind::Ref && through_casts(g, a.ref) == ph[p]; };
+  auto is_ph = [&](const Arg& a, int p) { return reads_placeholder_arg(g, ph, a, p); };
   const bool h_only = idx.size() == 1 && is_ph(idx[0], 2), bh = idx.size() == 2 && is_ph(idx[0], 1) && is_ph(idx[1], 2);
   if (!h_only && !bh) return -1;
   const auto at = std::find(ph.begin() + 5, ph.end(), n.args[0].ref);
@@ -290,7 +295,7 @@ FlexBiasLayout bias_layout(const Graph& g, int t) {
   // every dim indexed: t is one element per grid point
   if (!bt || bt->shape.size() != idx.size() + (selected ? 1 : 0)) return l;
   if (selected && idx.size() != 3) return l;
-  auto is_ph = [&](const Arg& a, int p) { return a.kind == Arg::Kind::Ref && through_casts(g, a.ref) == ph[p]; };
+  auto is_ph = [&](const Arg& a, int p) { return reads_placeholder_arg(g, ph, a, p); };
   const int buffer = static_cast<int>(at - ph.begin()) - 5;
   // bias[0, h, q_idx, kv_idx] may also trace as an index by a constant tensor: of a dim of size 1, the
   // only element it can read.

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 
 log = logging.getLogger("hintbackend")
 
-_SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 
 
 def _mask_arg(node: torch.fx.Node):
@@ -42,7 +41,7 @@ def make_sdpa_masks_fusable(gm: torch.fx.GraphModule) -> int:
     copies: Dict[torch.fx.Node, torch.fx.Node] = {}  # one copy per mask, however many calls read it
     changed = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _SDPA:
+        if node.op != "call_function" or node.target is not F.scaled_dot_product_attention:
             continue
         mask, where = _mask_arg(node)
         if not isinstance(mask, torch.fx.Node):
