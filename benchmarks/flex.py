@@ -9,11 +9,21 @@ above the inputs.
 --fused adds the column hb-fused: hintbackend with hinted_context(kernel="fused"), the generated tiled CUDA
 kernels (issue 14) instead of cuDNN.
 
+Two timings of each peer, printed as two tables: "synced", each step timed alone (the host waits for the
+GPU after every step, so the host time before a step's first kernel and between its forward and backward
+counts), and "queued", steps launched back to back as a training loop does (per-step CUDA events, one
+synchronization at the end): the host runs ahead and only GPU time and GPU idle time count.
+
 Rows: none, causal (mask); softcap; qbias, hbias (learned per-query / per-head bias, grad); relbias, relbias16
-(learned relative bias lb[q - kv + S - 1, h], fp32 / bf16 buffer, grad); dense (learned [1, H, S, S] fp32 bias,
-grad); alibi (slope buffer, no grad); relpos ((q - kv) * 0.01). The sdpa-cudnn column of a bias row is SDPA on
-cuDNN with the same bias as a [1, H, S, S] bf16 attn_mask that needs no gradient (torch 2.11's cuDNN SDPA
-refuses a learnable one): a ceiling, not the same work.
+(learned relative bias lb[q - kv + S - 1, h], fp32 / bf16 buffer, grad); dense, dense16 (learned [1, H, S, S]
+fp32 / bf16 bias, grad); alibi (slope buffer, no grad); relpos ((q - kv) * 0.01). The sdpa-cudnn column of a
+bias row is SDPA on cuDNN with the same bias as a [1, H, S, S] bf16 attn_mask that needs no gradient (torch
+2.11's cuDNN SDPA refuses a learnable one): a ceiling, not the same work. The cudnn-bias column of a relbias
+row is cuDNN's own bias and dBias for the same attention: hintbackend's dense path on the bias already
+materialized as a learnable [1, H, S, S] buffer in the dtype the relbias path materializes (the table's when
+it is bf16, else float32), so that hintbackend / cudnn-bias is what the gather and the dBias reduction cost.
+The big biases' gradients are set to None before each step (as zero_grad does), so no peer times autograd's
+accumulation of a 1 GiB gradient.
 """
 
 from __future__ import annotations
@@ -32,6 +42,20 @@ from hintbackend import hinted_context
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from memory_models import measure  # noqa: E402  (peak above what was allocated before, median ms)
+
+
+def measure_queued(step, steps: int) -> float:
+    """Median ms per step with steps launched back to back (events around each, one sync at the end)."""
+    step()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+    for a, b in events:
+        a.record()
+        step()
+        b.record()
+    torch.cuda.synchronize()
+    times = sorted(a.elapsed_time(b) for a, b in events)
+    return times[len(times) // 2]
 
 
 def causal(b, h, q, kv):
@@ -63,6 +87,10 @@ def dense(score, b, h, q, kv):
     return score + BIASES["dense"][0, h, q, kv]
 
 
+def materialized(score, b, h, q, kv):  # the cudnn-bias peer: a relbias row's bias, materialized
+    return score + BIASES["mat"][0, h, q, kv]
+
+
 def alibi(score, b, h, q, kv):
     return score + BIASES["slope"][h] * (kv - q)
 
@@ -72,7 +100,7 @@ def relpos(score, b, h, q, kv):
 
 
 SCORE_MODS = {"softcap": softcap, "qbias": qbias, "hbias": hbias, "relbias": relbias, "relbias16": relbias,
-              "dense": dense, "alibi": alibi, "relpos": relpos}
+              "dense": dense, "dense16": dense, "alibi": alibi, "relpos": relpos}
 
 
 def profile(what: str, fn) -> None:
@@ -110,6 +138,13 @@ def profile(what: str, fn) -> None:
     print(f"    host time {sum(e.self_cpu_time_total for e in cpu) / 1e3:.3f} ms (under the profiler), heaviest:")
     for e in cpu[:8]:
         print(f"      {e.self_cpu_time_total / 1e3:8.3f} ms x{e.count:<3} {e.key[:90]}")
+    # Where the step's host time goes, nested ranges with their children (Dynamo's frame, AOTAutograd's
+    # autograd.Function, hintbackend's executor and its steps): what delays the first kernel and the backward.
+    spans = [e for e in prof.key_averages() if any(w in e.key for w in (
+        "Torch-Compiled", "TorchDynamo", "CompiledFunction", "hb ", "autograd::engine", "_cudnn_attention"))]
+    spans.sort(key=lambda e: -e.cpu_time_total)
+    for e in spans[:12]:
+        print(f"      {e.cpu_time_total / 1e3:8.3f} ms x{e.count:<3} (total) {e.key[:80]}")
 
 
 def check(args) -> None:
@@ -119,10 +154,11 @@ def check(args) -> None:
     S = 1024
     print(f"error against float64 (B2 H4 S{S} bf16): out dq dk dv [dtable], hintbackend | hb deterministic | eager")
     for D in (int(d) for d in args.dims.split(",")):
-        for row in ("none", "causal", "relbias"):
+        for row in ("none", "causal", "relbias", "relbias16"):
             torch.manual_seed(D + len(row))
             q, k, v, dout = (torch.randn(2, 4, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-            table = torch.randn(2 * S - 1, 4, device="cuda") if row == "relbias" else None
+            table = torch.randn(2 * S - 1, 4, device="cuda") if row.startswith("relbias") else None
+            table_dtype = torch.bfloat16 if row == "relbias16" else torch.float32
             bm = create_block_mask(causal, None, None, S, S, device="cuda") if row != "none" else None
 
             def make(buf, deterministic):
@@ -139,7 +175,8 @@ def check(args) -> None:
                 t = [x.detach().clone().requires_grad_(True) for x in t[:3]] + [t[3]]
                 buf = None
                 if table is not None:
-                    buf = table.to(torch.float64 if t[0].dtype == torch.float64 else torch.float32).detach().clone()
+                    buf = table.to(table_dtype).to(torch.float64 if t[0].dtype == torch.float64 else table_dtype)
+                    buf = buf.detach().clone()
                     buf.requires_grad_(True)
                 fn = make(buf, deterministic)
                 if compiled:
@@ -157,7 +194,7 @@ def check(args) -> None:
             def errs(xs):
                 return " ".join(f"{((x.double() - r).norm() / r.norm()).item():.2e}" for x, r in zip(xs, ref))
 
-            print(f"  {row:<7} D{D:<4} {errs(hb)} | {errs(hb_det)} | {errs(eager)}", flush=True)
+            print(f"  {row:<9} D{D:<4} {errs(hb)} | {errs(hb_det)} | {errs(eager)}", flush=True)
 
 
 def main() -> None:
@@ -167,7 +204,7 @@ def main() -> None:
     p.add_argument("--s", type=int, default=4096)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--dims", default="64,128")
-    p.add_argument("--rows", default="none,causal,softcap,qbias,hbias,relbias,relbias16,dense,alibi,relpos")
+    p.add_argument("--rows", default="none,causal,softcap,qbias,hbias,relbias,relbias16,dense,dense16,alibi,relpos")
     p.add_argument("--profile", action="store_true",
                    help="print the CUDA kernels of one step of each peer (torch.profiler), heaviest first")
     p.add_argument("--check", action="store_true",
@@ -176,7 +213,8 @@ def main() -> None:
                    help="also time hintbackend with hinted_context(deterministic=True) (column hb-det)")
     p.add_argument("--fused", action="store_true",
                    help='also time hintbackend with hinted_context(kernel="fused") (column hb-fused)')
-    p.add_argument("--peers", default="inductor,sdpa-cudnn,hintbackend", help="which of the default peers to time")
+    p.add_argument("--peers", default="inductor,sdpa-cudnn,cudnn-bias,hintbackend",
+                   help="which of the default peers to time")
     args = p.parse_args()
     if args.check:
         check(args)
@@ -194,13 +232,23 @@ def main() -> None:
             BIASES["rel"] = torch.randn(2 * S - 1, H, device="cuda",
                                         dtype=torch.bfloat16 if row == "relbias16" else torch.float32,
                                         requires_grad=True) if row.startswith("relbias") else None
-            BIASES["dense"] = torch.randn(1, H, S, S, device="cuda", requires_grad=True) if row == "dense" else None
+            BIASES["dense"] = torch.randn(1, H, S, S, device="cuda",
+                                          dtype=torch.bfloat16 if row == "dense16" else torch.float32,
+                                          requires_grad=True) if row.startswith("dense") else None
+            # cudnn-bias: the relbias row's bias as the relbias path materializes it, learnable.
+            BIASES["mat"] = None
+            if row.startswith("relbias") and "cudnn-bias" in args.peers.split(","):
+                with torch.no_grad():
+                    d = torch.arange(S, device="cuda").view(S, 1) - torch.arange(S, device="cuda").view(1, S) + S - 1
+                    BIASES["mat"] = BIASES["rel"][d].permute(2, 0, 1).unsqueeze(0).contiguous()
+                BIASES["mat"].requires_grad_(True)
             BIASES["slope"] = torch.exp2(-torch.arange(1, H + 1, device="cuda", dtype=torch.float32) * 8 / H)
             score_mod = SCORE_MODS.get(row)
             # The bias of a kv-dependent row as a [1, H, S, S] tensor, for SDPA-cuDNN's ceiling (only when
             # that peer runs: at S 32768 it alone is 64 GiB).
             sdpa_mask = None
-            if row in ("relbias", "relbias16", "dense", "alibi", "relpos") and "sdpa-cudnn" in args.peers.split(","):
+            if row in ("relbias", "relbias16", "dense", "dense16", "alibi", "relpos") and \
+                    "sdpa-cudnn" in args.peers.split(","):
                 with torch.no_grad():
                     qi = torch.arange(S, device="cuda").view(1, 1, S, 1)
                     ki = torch.arange(S, device="cuda").view(1, 1, 1, S)
@@ -212,6 +260,9 @@ def main() -> None:
             def attn(q, k, v):
                 return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
 
+            def attn_mat(q, k, v):
+                return flex_attention(q, k, v, score_mod=materialized, block_mask=bm)
+
             def attn_det(q, k, v):
                 with hinted_context(deterministic=True):
                     return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
@@ -220,10 +271,11 @@ def main() -> None:
                 with hinted_context(kernel="fused"):
                     return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
 
-            res = {"inductor": None, "sdpa-cudnn": None, "hintbackend": None}
+            res = {"inductor": None, "sdpa-cudnn": None, "cudnn-bias": None, "hintbackend": None}
             for peer in tuple(args.peers.split(",")) + (("hb-det",) if args.deterministic else ()) + \
                     (("hb-fused",) if args.fused else ()):
-                if peer == "sdpa-cudnn" and score_mod is not None and sdpa_mask is None:
+                if (peer == "sdpa-cudnn" and score_mod is not None and sdpa_mask is None) or \
+                        (peer == "cudnn-bias" and BIASES["mat"] is None):
                     res[peer] = None
                     continue
                 if peer == "inductor" and row == "hbias":  # ~1 TFLOP/s (shared FACTS): minutes per step
@@ -231,49 +283,61 @@ def main() -> None:
                     continue
                 torch._dynamo.reset()
                 try:
+                    def fresh_grads():  # as zero_grad(set_to_none=True): no 1 GiB accumulation timed
+                        for t in (BIASES["dense"], BIASES["mat"]):
+                            if t is not None:
+                                t.grad = None
+
                     if peer == "sdpa-cudnn":
                         def fn():
                             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                                 F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask,
                                                                is_causal=row == "causal").backward(dout)
                     else:
-                        f = torch.compile({"hb-det": attn_det, "hb-fused": attn_fused}.get(peer, attn),
-                                          backend="inductor" if peer == "inductor" else "hintbackend")
+                        f = torch.compile({"hb-det": attn_det, "hb-fused": attn_fused, "cudnn-bias": attn_mat}.get(
+                            peer, attn), backend="inductor" if peer == "inductor" else "hintbackend")
 
                         def fn(f=f):
+                            fresh_grads()
                             f(q, k, v).backward(dout)
                     peak, ms = measure(fn, "cuda", args.steps)
-                    res[peer] = (flops / ms / 1e9, peak, ms)
+                    ms_q = measure_queued(fn, args.steps)
+                    res[peer] = (flops / ms / 1e9, peak, ms, flops / ms_q / 1e9)
                     if args.profile:
                         profile(f"{peer} {row} D{D}", fn)
                 except Exception as e:  # a peer that cannot run this row: say so in its cell (why: on stderr)
                     res[peer] = f"fails: {type(e).__name__}"
                     print(f"{peer} {row} D{D} fails:\n{traceback.format_exc()[-3000:]}", file=sys.stderr)
-                for t in (q, k, v, BIASES["rel"], BIASES["dense"]):
+                for t in (q, k, v, BIASES["rel"], BIASES["dense"], BIASES["mat"]):
                     if t is not None:
                         t.grad = None
             rows.append((row, D, res))
             print(row, D, res, flush=True)
-    print(f"\nFlexAttention fwd+bw, bf16, B{B} H{H} S{S}, on {torch.cuda.get_device_name()}, torch {torch.__version__}: "
-          "TFLOP/s (peak MiB)")
-    print(f"{'row':<10}{'D':>5}{'inductor':>22}{'sdpa-cudnn':>22}{'hintbackend':>22}{'hb/inductor':>13}{'hb/sdpa':>9}")
+    for timing, k in (("synced", 0), ("queued", 3)):
+        print(f"\nFlexAttention fwd+bw, bf16, B{B} H{H} S{S}, on {torch.cuda.get_device_name()}, torch "
+              f"{torch.__version__}, {timing} steps: TFLOP/s (peak MiB)")
+        print(f"{'row':<10}{'D':>5}{'inductor':>16}{'sdpa-cudnn':>16}{'cudnn-bias':>16}{'hintbackend':>16}"
+              f"{'hb/inductor':>13}{'hb/sdpa':>9}{'hb/cudnn-bias':>15}")
 
-    def cell(x):
-        if x is None:
-            return "-"
-        return x if isinstance(x, str) else f"{x[0]:.0f} ({x[1]:.0f})"
+        def cell(x):
+            if x is None:
+                return "-"
+            return x[:15] if isinstance(x, str) else f"{x[k]:.0f} ({x[1]:.0f})"
 
-    for row, D, res in rows:
-        hb, ind, cu = res["hintbackend"], res["inductor"], res["sdpa-cudnn"]
-        r1 = f"{hb[0] / ind[0]:.2f}" if isinstance(hb, tuple) and isinstance(ind, tuple) else "-"
-        r2 = f"{hb[0] / cu[0]:.2f}" if isinstance(hb, tuple) and isinstance(cu, tuple) else "-"
-        det = res.get("hb-det")
-        r3 = f"  hb-det {cell(det)}, {det[0] / hb[0]:.2f}x hb" if isinstance(det, tuple) and isinstance(hb, tuple) else ""
-        fu = res.get("hb-fused")
-        if "hb-fused" in res:
-            r3 += f"  hb-fused {cell(fu)}" + (f", {fu[0] / ind[0]:.2f}x inductor" if isinstance(fu, tuple) and
-                                             isinstance(ind, tuple) else "")
-        print(f"{row:<10}{D:>5}{cell(ind):>22}{cell(cu):>22}{cell(hb):>22}{r1:>13}{r2:>9}{r3}")
+        def ratio(a, b):
+            return f"{a[k] / b[k]:.2f}" if isinstance(a, tuple) and isinstance(b, tuple) else "-"
+
+        for row, D, res in rows:
+            hb = res["hintbackend"]
+            extra = ""
+            det = res.get("hb-det")
+            if isinstance(det, tuple) and isinstance(hb, tuple):
+                extra = f"  hb-det {cell(det)}, {ratio(det, hb)}x hb"
+            if "hb-fused" in res:
+                extra += f"  hb-fused {cell(res['hb-fused'])}, {ratio(res['hb-fused'], res['inductor'])}x inductor"
+            print(f"{row:<10}{D:>5}{cell(res['inductor']):>16}{cell(res['sdpa-cudnn']):>16}"
+                  f"{cell(res['cudnn-bias']):>16}{cell(hb):>16}{ratio(hb, res['inductor']):>13}"
+                  f"{ratio(hb, res['sdpa-cudnn']):>9}{ratio(hb, res['cudnn-bias']):>15}{extra}")
 
 
 if __name__ == "__main__":

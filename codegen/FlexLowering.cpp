@@ -639,9 +639,16 @@ std::optional<int64_t> materialized_bias_bytes(const Graph& g, int node, const F
   const Node& n = g.nodes[node];
   const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]);
   if (!q || !k || q->shape.size() != 4 || k->shape.size() != 4) return std::nullopt;
-  // A Toeplitz gather builds [1, H, Sq, Skv] (its head map, read at b = 0, is the same for every b).
+  // A Toeplitz gather builds [1, H, Sq, Skv] (its head map, read at b = 0, is the same for every b), in
+  // the table's dtype when that is q's (exact), else in float32, as the grid evaluation does.
   const bool per_batch = a.bias_reads_b && a.bias_layout.kind != FlexBiasLayout::Kind::Toeplitz;
   int64_t bytes = 4;
+  if (a.bias_layout.kind == FlexBiasLayout::Kind::Toeplitz) {
+    const Arg& bufs = n.args[n.target == "higher_order::flex_attention_backward" ? 12 : 7];
+    const size_t t = static_cast<size_t>(a.bias_layout.buffer);
+    const TensorType* table = t < bufs.items.size() ? g.tensor_type(bufs.items[t]) : nullptr;
+    if (table && table->dtype == q->dtype) bytes = dtype_bytes(table->dtype);
+  }
   for (const Dim& d : {per_batch ? q->shape[0] : Dim{1, ""}, q->shape[1], q->shape[2], k->shape[2]}) {
     if (!d.is_static()) return std::nullopt;
     bytes *= d.value;
@@ -663,8 +670,10 @@ int64_t cudnn_flex_workspace_bytes(const Graph& g, int node, const FlexAnalysis&
       if (!d.is_static()) return 0;
       elems *= d.value;
     }
-    // A float32 copy of another dtype; the backward's dBias, float32 at the widest.
-    return (b->dtype == DType::Float32 ? 0 : 4 * elems) + (backward ? 4 * elems : 0);
+    // A float32 copy of a dtype neither float32 nor q's; the backward's dBias, float32 at the widest.
+    const TensorType* q = g.tensor_type(n.args[0]);
+    const bool as_is = b->dtype == DType::Float32 || (q && b->dtype == q->dtype);
+    return (as_is ? 0 : 4 * elems) + (backward ? 4 * elems : 0);
   }
   const std::optional<int64_t> bytes = materialized_bias_bytes(g, node, a);
   if (!bytes) return 0;

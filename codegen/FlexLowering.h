@@ -114,15 +114,15 @@ FlexAnalysis analyze_flex(const Graph& g, int node);
 // unused; the backward with no logsumexp gradient.
 std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a);
 
-// The float32 bias tensor cuDNN's path builds for flex node `node` ([B|1, H, Sq, Skv], for an additive
-// score_mod other than a dense [.., H, Sq, Skv] buffer, which is passed as it is), in bytes; nullopt
-// when it builds none or the sizes are symbolic.
+// The bias tensor cuDNN's path builds for flex node `node` ([B|1, H, Sq, Skv], for an additive score_mod
+// other than a dense [.., H, Sq, Skv] buffer, which is passed as it is), in bytes: float32, or a
+// Toeplitz table's own dtype when that is q's; nullopt when it builds none or the sizes are symbolic.
 std::optional<int64_t> materialized_bias_bytes(const Graph& g, int node, const FlexAnalysis& a);
 
 // The memory cuDNN's path takes while it runs flex node `node` beyond its results (cuDNN's own workspace
-// aside): the materialized bias (float32), and in a backward its gradient (counted in float32, the
-// widest this cuDNN writes it in); a dense buffer in another dtype is cast to a float32 copy. 0 when
-// there is no bias.
+// aside): the materialized bias (materialized_bias_bytes), and in a backward its gradient (counted in
+// float32, the widest this cuDNN writes it in); a dense buffer in a dtype neither float32 nor q's is cast
+// to a float32 copy. 0 when there is no bias.
 int64_t cudnn_flex_workspace_bytes(const Graph& g, int node, const FlexAnalysis& a);
 
 }  // namespace hb

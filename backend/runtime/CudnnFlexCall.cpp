@@ -8,8 +8,9 @@
 // subgraph, the band after it; the backward only where its derivative is 1, see score_pointwise) or an
 // additive bias (score + t(b, h, q_idx, kv_idx)).
 //
-// An additive bias is materialized as a [B|1, H, Sq, Skv] float32 tensor that cuDNN adds after the scale
-// (in q's dtype where this cuDNN refuses float32, with a warning): a dense buffer is the bias itself, a
+// An additive bias is materialized as a [B|1, H, Sq, Skv] tensor that cuDNN adds after the scale, in q's
+// dtype when its buffer has that dtype (exact), else in float32 (in q's dtype where this cuDNN refuses
+// float32, with a warning): a dense buffer is the bias itself, a
 // Toeplitz table is gathered along diagonals (codegen/cuda/ToeplitzBias.cu), anything else is the
 // score_mod run once on the index grid with score = 0 (through the executor, like the reference's
 // subgraphs). The backward asks cuDNN for dBias (the score gradient) when a buffer of t wants a gradient:
@@ -247,12 +248,8 @@ class CudnnFlexCall : public Call {
 
   // t on the index grid (score = 0), float32, in the scores' (natural) units: [B|1, H|1, S|1, Skv|1].
   at::Tensor additive_term(const std::vector<c10::IValue>& slots, const at::Tensor& q, int64_t Skv) const {
-    const int64_t B = q.size(0), H = q.size(1), S = q.size(2);
-    const auto i32 = q.options().dtype(at::kInt);
-    // A float32 score of rank 4 (not 0-d), so that t's type promotion is the one flex computes in.
-    std::vector<c10::IValue> in{at::zeros({1, 1, 1, 1}, q.options().dtype(at::kFloat)),
-                                at::arange(B, i32).view({B, 1, 1, 1}), at::arange(H, i32).view({1, H, 1, 1}),
-                                at::arange(S, i32).view({1, 1, S, 1}), at::arange(Skv, i32).view({1, 1, 1, Skv})};
+    const std::array<at::Tensor, 5>& grid = index_grid(q, Skv);
+    std::vector<c10::IValue> in(grid.begin(), grid.end());
     const c10::IValue bufs = build_arg(score_buffers, slots);
     if (!bufs.isNone())
       for (const c10::IValue& b : bufs.toTupleRef().elements()) in.push_back(b);
@@ -261,20 +258,42 @@ class CudnnFlexCall : public Call {
     return out[0].toTensor().to(at::kFloat);
   }
 
+  // The score_mod's inputs on the index grid, made once per shape and device (a per-call rebuild was ten
+  // small launches, host time on the critical path of a short step): a float32 zero score of rank 4 (not
+  // 0-d, so that t's type promotion is the one flex computes in), then b, h, q_idx and kv_idx as int32
+  // along axes 0-3. The subgraph only reads them.
+  const std::array<at::Tensor, 5>& index_grid(const at::Tensor& q, int64_t Skv) const {
+    const int64_t B = q.size(0), H = q.size(1), S = q.size(2);
+    const std::array<int64_t, 5> key{B, H, S, Skv, q.device().index()};
+    std::lock_guard<std::mutex> lock(grid_mu_);
+    auto it = grids_.find(key);
+    if (it != grids_.end()) return it->second;
+    const auto i32 = q.options().dtype(at::kInt);
+    std::array<at::Tensor, 5> grid{at::zeros({1, 1, 1, 1}, q.options().dtype(at::kFloat)),
+                                   at::arange(B, i32).view({B, 1, 1, 1}), at::arange(H, i32).view({1, H, 1, 1}),
+                                   at::arange(S, i32).view({1, 1, S, 1}), at::arange(Skv, i32).view({1, 1, 1, Skv})};
+    return grids_.emplace(key, std::move(grid)).first->second;
+  }
+
   // The row shift t as [B, H, S, 1] (kv_idx = 0: t does not read it).
   at::Tensor row_shift(const std::vector<c10::IValue>& slots, const at::Tensor& q) const {
     return additive_term(slots, q, 1).expand({q.size(0), q.size(1), q.size(2), 1});
   }
 
   // The bias cuDNN adds: t as [B|1, H, Sq, Skv] contiguous (cuDNN reduces dBias over a broadcast batch,
-  // and needs every head), in float32 (run() casts it where this cuDNN takes q's dtype only).
+  // and needs every head). In q's dtype when t is a buffer of that dtype read as is (Dense, Toeplitz):
+  // exact, and half the bytes cuDNN reads (its forward and dBias backward run faster on a bf16 bias than
+  // on a float32 one); else in float32, flex's score dtype (run() casts it where this cuDNN takes q's
+  // dtype only).
   at::Tensor bias(const std::vector<c10::IValue>& slots, const at::Tensor& q, int64_t Skv) const {
     const int64_t B = bias_per_batch ? q.size(0) : 1, H = q.size(1), Sq = q.size(2);
+    auto exact = [&](const at::Tensor& buf) { return buf.scalar_type() == q.scalar_type() ? buf.scalar_type() : at::kFloat; };
     if (const at::Tensor buf = dense(slots, q, Skv); buf.defined())
-      return buf.to(at::kFloat).reshape({B, H, Sq, Skv}).contiguous();
+      return buf.to(exact(buf)).reshape({B, H, Sq, Skv}).contiguous();
     if (ToeplitzIndex ix; toeplitz(slots, q, Skv, &ix)) {
-      at::Tensor t = at::empty({1, H, Sq, Skv}, q.options().dtype(at::kFloat));
-      cuda::toeplitz_bias(buffers(slots).at(layout.buffer).toTensor(), ix, t);
+      const at::Tensor table = buffers(slots).at(layout.buffer).toTensor();
+      at::Tensor t = at::empty({1, H, Sq, Skv}, q.options().dtype(exact(table)));
+      cuda::toeplitz_bias(table, ix, t);
       return t;
     }
     return additive_term(slots, q, Skv).expand({B, H, Sq, Skv}).contiguous();
@@ -369,12 +388,13 @@ class CudnnFlexCall : public Call {
       }
     }
     if (mod == Mod::Bias) {
-      // The bias and dBias in float32 where this cuDNN takes them (t, the logsumexp and the buffers'
-      // gradients exact to float32, as flex computes them), else dBias, then both, in q's dtype.
-      const at::Tensor t32 = bias(slots, x.q, Skv);
+      // The bias as bias() makes it (q's dtype where that is exact, else float32: t and the logsumexp as
+      // flex computes them) and dBias in float32 where this cuDNN takes them (the buffers' gradients
+      // exact to float32), else dBias, then both, in q's dtype.
+      const at::Tensor t = bias(slots, x.q, Skv);
       for (;;) {
         const int m = bias_mode_;
-        x.bias = m < 2 ? t32 : t32.to(x.q.scalar_type());
+        x.bias = m < 2 ? t : t.to(x.q.scalar_type());
         if (backward && any_grad) x.dbias = at::empty_like(x.bias, m == 0 ? at::kFloat : x.q.scalar_type());
         if (m == 2 || graph_builds(handle, x)) break;
         bias_mode_ = m + 1;
@@ -432,7 +452,9 @@ class CudnnFlexCall : public Call {
 
  private:
   mutable std::mutex mu_;
-  mutable std::map<std::string, std::shared_ptr<const CudnnGraph>> cache_;
+  mutable std::map<std::vector<int64_t>, std::shared_ptr<const CudnnGraph>> cache_;
+  mutable std::mutex grid_mu_;
+  mutable std::map<std::array<int64_t, 5>, std::array<at::Tensor, 5>> grids_;  // index_grid's, by shape
   mutable std::atomic<int> bias_mode_{0};  // 0: float32 bias and dBias; 1: float32 bias; 2: neither
 
   // Whether cuDNN builds a graph for these operands (a failed build is not cached).
@@ -463,15 +485,20 @@ class CudnnFlexCall : public Call {
 
   // The graph for these operands' shapes and strides, built once.
   std::shared_ptr<const CudnnGraph> graph_for(cudnnHandle_t handle, const Operands& x) const {
-    std::ostringstream key;
-    key << static_cast<int>(x.q.scalar_type()) << " " << x.q.device().index();
-    for (const auto& [uid, t] : x.by_uid())
-      if (t->defined()) key << " " << uid << ":" << t->sizes() << t->strides();
+    // The key: dtype, device, then each defined operand's uid, dtype, rank, sizes and strides (numbers, not
+    // text: this runs on every call).
+    std::vector<int64_t> key{static_cast<int64_t>(x.q.scalar_type()), x.q.device().index()};
+    for (const auto& [uid, t] : x.by_uid()) {
+      if (!t->defined()) continue;
+      key.insert(key.end(), {uid, static_cast<int64_t>(t->scalar_type()), t->dim()});
+      key.insert(key.end(), t->sizes().begin(), t->sizes().end());
+      key.insert(key.end(), t->strides().begin(), t->strides().end());
+    }
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = cache_.find(key.str());
+    auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     auto built = std::make_shared<CudnnGraph>(build(handle, x));
-    cache_[key.str()] = built;
+    cache_[key] = built;
     return built;
   }
 

@@ -6,6 +6,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <type_traits>
+
 #include "backend/ir/Error.h"
 
 namespace hb::cuda {
@@ -33,8 +35,8 @@ __device__ __forceinline__ int64_t column(const ToeplitzIndex& ix, int64_t h) {
 // warp), then consecutive threads write consecutive columns (coalesced) from it, conflict-free.
 constexpr int kGatherRows = 16, kGatherCols = 1024;
 
-template <typename T>
-__global__ void gather_kernel(const T* __restrict__ buf, ToeplitzIndex ix, float* __restrict__ out, int64_t Sq,
+template <typename T, typename O>
+__global__ void gather_kernel(const T* __restrict__ buf, ToeplitzIndex ix, O* __restrict__ out, int64_t Sq,
                               int64_t Skv) {
   __shared__ float diag[kGatherRows + kGatherCols - 1];
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kGatherCols, i0 = static_cast<int64_t>(blockIdx.y) * kGatherRows;
@@ -49,9 +51,9 @@ __global__ void gather_kernel(const T* __restrict__ buf, ToeplitzIndex ix, float
   }
   __syncthreads();
   for (int64_t i = i0; i < iend; ++i) {
-    float* o = out + (h * Sq + i) * Skv;
+    O* o = out + (h * Sq + i) * Skv;
     const int base = static_cast<int>(i0 + kGatherRows - 1 - i);  // v = base + (j - j0)
-    for (int64_t j = j0 + threadIdx.x; j < jend; j += blockDim.x) o[j] = diag[base + (j - j0)];
+    for (int64_t j = j0 + threadIdx.x; j < jend; j += blockDim.x) o[j] = static_cast<O>(diag[base + (j - j0)]);
   }
 }
 
@@ -166,8 +168,9 @@ int64_t lo_host(int64_t a, int64_t b) { return a < b ? a : b; }
 }  // namespace
 
 void toeplitz_bias(const at::Tensor& buf, const ToeplitzIndex& ix, const at::Tensor& out) {
-  HB_INTERNAL_CHECK(out.is_cuda() && out.scalar_type() == at::kFloat && out.dim() == 4 && out.is_contiguous())
-      << "toeplitz_bias: out must be a contiguous float32 [1, H, Sq, Skv] CUDA tensor";
+  HB_INTERNAL_CHECK(out.is_cuda() && out.dim() == 4 && out.is_contiguous() &&
+                    (out.scalar_type() == at::kFloat || out.scalar_type() == buf.scalar_type()))
+      << "toeplitz_bias: out must be a contiguous [1, H, Sq, Skv] CUDA tensor, float32 or the table's dtype";
   const c10::cuda::CUDAGuard guard(out.device());
   const int64_t Sq = out.size(2), Skv = out.size(3), n = out.numel();
   if (n == 0) return;
@@ -177,16 +180,18 @@ void toeplitz_bias(const at::Tensor& buf, const ToeplitzIndex& ix, const at::Ten
                     static_cast<unsigned>((Sq + kGatherRows - 1) / kGatherRows), static_cast<unsigned>(out.size(1)));
   const int threads = 256;
   auto stream = at::cuda::getCurrentCUDAStream();
+  // The table's values in float32, or in its own dtype (exact: a bf16 table's bias is bf16).
+  auto launch = [&](auto* table) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(table)>>;
+    if (out.scalar_type() == at::kFloat)
+      gather_kernel<<<blocks, threads, 0, stream>>>(table, ix, out.data_ptr<float>(), Sq, Skv);
+    else
+      gather_kernel<<<blocks, threads, 0, stream>>>(table, ix, static_cast<T*>(out.data_ptr()), Sq, Skv);
+  };
   switch (buf.scalar_type()) {
-    case at::kFloat:
-      gather_kernel<<<blocks, threads, 0, stream>>>(buf.data_ptr<float>(), ix, out.data_ptr<float>(), Sq, Skv);
-      break;
-    case at::kBFloat16:
-      gather_kernel<<<blocks, threads, 0, stream>>>(buf.data_ptr<c10::BFloat16>(), ix, out.data_ptr<float>(), Sq, Skv);
-      break;
-    case at::kHalf:
-      gather_kernel<<<blocks, threads, 0, stream>>>(buf.data_ptr<c10::Half>(), ix, out.data_ptr<float>(), Sq, Skv);
-      break;
+    case at::kFloat: launch(buf.data_ptr<float>()); break;
+    case at::kBFloat16: launch(buf.data_ptr<c10::BFloat16>()); break;
+    case at::kHalf: launch(buf.data_ptr<c10::Half>()); break;
     default:
       HB_INTERNAL_CHECK(false) << "toeplitz_bias: table dtype " << buf.scalar_type();
   }

@@ -26,7 +26,8 @@ struct ToeplitzIndex {
   int64_t h_bound = 0;          // the table's column count (h_map's range)
 };
 
-// out: float32 [1, H, Sq, Skv] contiguous, on buf's device; buf: float32, bfloat16 or float16.
+// out: [1, H, Sq, Skv] contiguous, on buf's device, float32 or buf's dtype; buf: float32, bfloat16 or
+// float16.
 void toeplitz_bias(const at::Tensor& buf, const ToeplitzIndex& ix, const at::Tensor& out);
 
 // grad: float32 with the table's element strides, zeroed by the caller; dbias: [1, H, Sq, Skv]

@@ -168,6 +168,9 @@ BIASES = {
     # a dense learned bias, as users move an SDPA attn_mask to flex, per batch and head
     "dense": (lambda B, H, S: (B, H, S, S), torch.float32, True,
               lambda buf, S: lambda s, b, h, q, kv: s + buf[b, h, q, kv]),
+    # ... in bf16: cuDNN takes it as it is (exact), no float32 copy
+    "dense_bf16": (lambda B, H, S: (B, H, S, S), torch.bfloat16, True,
+                   lambda buf, S: lambda s, b, h, q, kv: s + buf[b, h, q, kv]),
     # a key-padding-style bias read by kv_idx alone
     "key": (lambda B, H, S: (S,), torch.float32, True, lambda buf, S: lambda s, b, h, q, kv: s + buf[kv]),
 }
@@ -221,7 +224,8 @@ def test_kv_dependent_bias_matches_float64(tmp_path, bias, shape):
     assert ("dBias scattered" in kernels) == wants_grad, kernels
     # Tables read along diagonals and dense biases skip the grid evaluation and the scatter.
     layout = {"relative": "toeplitz", "relative_bf16": "toeplitz", "relative_t": "toeplitz",
-              "dense": "dense buf0[b, h, q_idx, kv_idx]"}.get(bias, "evaluated on the index grid")
+              "dense": "dense buf0[b, h, q_idx, kv_idx]", "dense_bf16": "dense buf0[b, h, q_idx, kv_idx]"}.get(
+                  bias, "evaluated on the index grid")
     assert layout in kernels, kernels
 
 

@@ -395,6 +395,40 @@ TEST(flex_lowering, bias_layouts_dense_and_toeplitz) {
   EXPECT_EQ(l.kind, K::Grid);
 }
 
+// What cuDNN's path materializes, per buffer dtype (q bf16 [2, 4, 128, 64]): a Toeplitz table of q's dtype
+// is gathered in that dtype (exact, half the bytes), any other in float32; a dense buffer of float32 or q's
+// dtype is passed as it is, another is cast to a float32 copy. Backward adds dBias, counted in float32.
+TEST(flex_lowering, the_materialized_bias_keeps_a_bf16_buffer_in_bf16) {
+  const int64_t grid = int64_t{1} * 4 * 128 * 128;
+  auto toeplitz = [](const std::string& table) {
+    return flex_graph("bf16", "@cuda:0", "",
+                      "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n"
+                      "  %e: i32[] = aten::add.Tensor(%d, 127)\n"
+                      "  %i: f32[] = aten::index.Tensor(%buf, [%e])\n"
+                      "  %out: f32[] = aten::add.Tensor(%score, %i)\n",
+                      true, table);
+  };
+  for (const auto& [table, bytes] : {std::pair<std::string, int64_t>{"f32[255]", 4}, {"bf16[255]", 2}, {"f16[255]", 4}}) {
+    auto g = toeplitz(table);
+    const int flex = g->find("flex_attention");
+    const FlexAnalysis a = analyze_flex(*g, flex);
+    ASSERT_EQ(a.bias_layout.kind, FlexBiasLayout::Kind::Toeplitz) << table;
+    EXPECT_EQ(materialized_bias_bytes(*g, flex, a), grid * bytes) << table;
+    EXPECT_EQ(cudnn_flex_workspace_bytes(*g, flex, a), grid * bytes) << table;
+  }
+  for (const auto& [buf, copy] : {std::pair<std::string, int64_t>{"f32[4, 128, 128]", 0}, {"bf16[4, 128, 128]", 0},
+                                  {"f16[4, 128, 128]", 4 * grid}}) {
+    auto g = flex_graph("bf16", "@cuda:0", "",
+                        "  %t: f32[] = aten::index.Tensor(%buf, [%h, %q_idx, %kv_idx])\n"
+                        "  %out: f32[] = aten::add.Tensor(%score, %t)\n",
+                        true, buf);
+    const int flex = g->find("flex_attention");
+    const FlexAnalysis a = analyze_flex(*g, flex);
+    ASSERT_EQ(a.bias_layout.kind, FlexBiasLayout::Kind::Dense) << buf;
+    EXPECT_EQ(cudnn_flex_workspace_bytes(*g, flex, a), copy) << buf;
+  }
+}
+
 // A DFS slice's learned relative bias (slice-schedule's rewrite, docs/scheduling.md): the score_mod reads
 // lb[q_idx - kv_idx + 127, map[b, h]], the slice's global head from an index table. Still a Toeplitz
 // read, the head through the map, so cuDNN's path gathers the bias along diagonals in the slice; a map
