@@ -219,6 +219,29 @@ def unavailable(opts: Options) -> str:
 
 
 @contextlib.contextmanager
+def _without_inductor_codegen_import() -> Iterator[None]:
+    """AOTAutogradCache's key (FxGraphHashDetails in torch/_inductor/codecache.py) calls Inductor's
+    init_backend_registration, which imports Inductor's code generators (about 0.5 s of a process's
+    first compile, on a cache hit as on a miss), to hash the custom passes of registered Inductor device
+    backends. Our entries depend on no Inductor code generator: while our backend call runs, and only
+    if none is registered yet, the registration is skipped, so the key hashes the empty registry, the
+    same in every process that has not used Inductor (one that has keeps its own, consistent, key: at
+    worst a miss, never a wrong hit). Inductor registers them itself when it compiles."""
+    from torch._inductor import codecache
+    from torch._inductor.codegen import common
+
+    if common.custom_backend_passes or common.device_codegens:
+        yield
+        return
+    saved = codecache.init_backend_registration
+    codecache.init_backend_registration = lambda: None
+    try:
+        yield
+    finally:
+        codecache.init_backend_registration = saved
+
+
+@contextlib.contextmanager
 def caching(opts: Options, gm: torch.fx.GraphModule, build: Callable[..., Callable]) -> Iterator[_Current]:
     """Runs one backend call (aot_autograd) with torch's AOTAutograd cache storing our graphs:
     bundled entries, the backward compiled with the forward (so the entry is written here, not at the
@@ -234,7 +257,7 @@ def caching(opts: Options, gm: torch.fx.GraphModule, build: Callable[..., Callab
     _current.append(current)
     try:
         with functorch_config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
-                torch.compiler.config.patch(cache_key_tag=tag):
+                torch.compiler.config.patch(cache_key_tag=tag), _without_inductor_codegen_import():
             yield current
     finally:
         _current.pop()
