@@ -43,6 +43,9 @@ KernelChoice choose(const Node& n) {
   if (t == "flex_lib::zeros_and_scatter.default") return {KernelKind::ZerosAndScatter, ""};
   if (t == kSliceLoopTarget) return {KernelKind::SliceLoop, "DFS: the body runs once per slice"};
   if (t == kFusedPointwiseTarget) return {KernelKind::FusedPointwise, ""};
+  if (t == "hintbackend::cross_entropy_backward.default")  // fold-cross-entropy-backward's op
+    return {KernelKind::Aten, "nll_loss_backward + log-softmax gradient folded: exp, row scale, target column "
+                              "into one buffer (backend/runtime/CrossEntropyBackward.cpp)"};
   const std::string ns = ns_of(t);
   if (ns == "higher_order")
     return {KernelKind::Unsupported, "higher-order op with no hintbackend implementation"};

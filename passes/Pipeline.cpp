@@ -4,6 +4,7 @@
 #include "backend/ir/Verifier.h"
 #include "codegen/KernelSelect.h"
 #include "passes/DeadCodeElimination.h"
+#include "passes/FoldCrossEntropyBackward.h"
 #include "passes/HintPropagation.h"
 #include "passes/MemoryPlan.h"
 #include "passes/MemorySchedule.h"
@@ -31,6 +32,10 @@ const std::vector<PassInfo>& pipeline() {
        "analysis after hint-propagation (regions and hints final): the dump says what each region can slice"},
       {"slice-schedule", slice_schedule,
        "rewrites DFS/auto regions into slice loops; after legality, before memory-plan, which plans the final order"},
+      {"fold-cross-entropy-backward", fold_cross_entropy_backward,
+       "nll_loss_backward and the log-softmax gradient into one op writing one [N, C] buffer (not two); after "
+       "slice-schedule (whose legality rules read the plain ops, and whose loop bodies it folds too), before "
+       "pointwise-fusion and the memory passes, which then plan the one buffer"},
       {"row-softmax-fusion", row_softmax_fusion,
        "softmax chains and their gradients into row kernels; after slice-schedule (whose legality rules read "
        "the plain ops, and whose loop bodies it fuses too: a DFS backward recomputes the softmax in its "

@@ -10,6 +10,8 @@ namespace hb {
 // functional result first and then copy it into `out`. The row softmax ops (backend/runtime/
 // RowSoftmax.h) qualify too: their CUDA kernels read a whole row before a block reduction that every
 // thread of the row passes before any writes, and their ATen fallback copies into `out` at the end.
+// So does cross_entropy_backward (backend/runtime/CrossEntropyBackward.h): element (i, j) of its result
+// reads only element (i, j) of log_probs, which its first op (exp) reads before anything writes.
 bool may_write_over_input(const Node& n) {
   static const std::set<std::string> k = {
       "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::add.Scalar",
@@ -21,7 +23,8 @@ bool may_write_over_input(const Node& n) {
       "aten::masked_fill.Scalar", "aten::threshold_backward.default", "aten::gelu_backward.default",
       "aten::sigmoid_backward.default", "aten::tanh_backward.default", "aten::silu_backward.default",
       "aten::erf.default", "aten::square.default", "hintbackend::row_softmax.default",
-      "hintbackend::row_softmax_backward.default", "hintbackend::row_softmax_recompute_backward.default"};
+      "hintbackend::row_softmax_backward.default", "hintbackend::row_softmax_recompute_backward.default",
+      "hintbackend::cross_entropy_backward.default"};
   return k.count(n.target) > 0;
 }
 

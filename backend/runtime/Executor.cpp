@@ -16,6 +16,7 @@
 #include "backend/ir/Liveness.h"
 #include "backend/runtime/Args.h"
 #include "backend/runtime/Call.h"
+#include "backend/runtime/CrossEntropyBackward.h"
 #include "backend/runtime/Placement.h"
 #include "backend/runtime/RowSoftmax.h"
 #include "backend/runtime/SymOps.h"
@@ -134,6 +135,7 @@ Executor::Executor(Program program, std::shared_ptr<const std::vector<at::Tensor
   HB_INTERNAL_CHECK(kernels.nodes.size() == g.nodes.size()) << "kernel plan does not match the graph";
   HB_INTERNAL_CHECK(kernels.unsupported.empty()) << "executor built for a graph with unsupported nodes";
   link_row_softmax_ops();  // the ops row-softmax-fusion writes must be registered with the dispatcher
+  link_cross_entropy_backward_ops();  // and the one fold-cross-entropy-backward writes
   placeholders_ = g.placeholders();
   const Liveness live = liveness(g);
   std::vector<int> step_of(g.nodes.size(), -1);

@@ -1,0 +1,74 @@
+#include "backend/runtime/CrossEntropyBackward.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/exp.h>
+#include <ATen/ops/where.h>
+#include <torch/library.h>
+
+namespace hb::rt {
+namespace {
+
+using at::Tensor;
+
+Tensor& cross_entropy_backward_out(const Tensor& grad, const Tensor& log_probs, const Tensor& target, int64_t reduction,
+                                   int64_t ignore_index, const Tensor& total_weight, Tensor& out) {
+  TORCH_CHECK(log_probs.dim() == 2 && target.dim() == 1 && target.size(0) == log_probs.size(0) &&
+                  target.scalar_type() == at::kLong,
+              "hintbackend::cross_entropy_backward: log_probs must be [N, C] and target [N] int64, got ",
+              log_probs.sizes(), " and ", target.sizes(), " ", target.scalar_type());
+  TORCH_CHECK(reduction >= 0 && reduction <= 2, "hintbackend::cross_entropy_backward: reduction ", reduction,
+              " is not 0 (none), 1 (mean) or 2 (sum)");
+  TORCH_CHECK(reduction == 0 ? grad.dim() == 1 && grad.size(0) == log_probs.size(0) : grad.dim() == 0,
+              "hintbackend::cross_entropy_backward: grad has shape ", grad.sizes(), " for reduction ", reduction);
+  TORCH_CHECK(out.sizes().equals(log_probs.sizes()) && out.scalar_type() == log_probs.scalar_type(),
+              "hintbackend::cross_entropy_backward.out: out must be ", log_probs.scalar_type(), " of shape ",
+              log_probs.sizes(), ", got ", out.scalar_type(), " ", out.sizes());
+  // Per row: the scale s_i (0 on ignored rows, chosen by where: with every row ignored, mean's s is
+  // inf or nan, and multiplying by 0 would give nan) and a column to write (any valid one when ignored).
+  const Tensor valid = target.ne(ignore_index);
+  const Tensor s = reduction == 1 ? grad.div(total_weight) : grad;
+  const Tensor row = at::where(valid, s.to(log_probs.scalar_type()), 0).unsqueeze(1);
+  const Tensor col = at::where(valid, target, 0).unsqueeze(1);
+  // exp first (out may be log_probs itself), then each row's scale, then the target column's -s_i.
+  at::exp_out(out, log_probs);
+  out.mul_(row);
+  out.scatter_(1, col, out.gather(1, col).sub_(row));
+  return out;
+}
+
+Tensor cross_entropy_backward(const Tensor& grad, const Tensor& log_probs, const Tensor& target, int64_t reduction,
+                              int64_t ignore_index, const Tensor& total_weight) {
+  Tensor out = at::empty(log_probs.sizes(), log_probs.options());
+  return cross_entropy_backward_out(grad, log_probs, target, reduction, ignore_index, total_weight, out);
+}
+
+}  // namespace
+
+void link_cross_entropy_backward_ops() {}
+
+}  // namespace hb::rt
+
+// The schema: the name passes/FoldCrossEntropyBackward.cpp writes into the IR. CPU and CUDA only (the
+// executor calls it below autograd).
+TORCH_LIBRARY_FRAGMENT(hintbackend, m) {
+  m.def(
+      "cross_entropy_backward(Tensor grad, Tensor log_probs, Tensor target, int reduction, int ignore_index, "
+      "Tensor total_weight) -> Tensor");
+  m.def(
+      "cross_entropy_backward.out(Tensor grad, Tensor log_probs, Tensor target, int reduction, int ignore_index, "
+      "Tensor total_weight, *, Tensor(a!) out) -> Tensor(a!)");
+}
+
+namespace {
+template <typename Lib>
+void impl_all(Lib& m) {
+  m.impl("cross_entropy_backward", &hb::rt::cross_entropy_backward);
+  m.impl("cross_entropy_backward.out", &hb::rt::cross_entropy_backward_out);
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(hintbackend, CPU, m) { impl_all(m); }
+#ifdef HB_WITH_CUDA
+TORCH_LIBRARY_IMPL(hintbackend, CUDA, m) { impl_all(m); }
+#endif

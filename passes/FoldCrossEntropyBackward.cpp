@@ -1,0 +1,97 @@
+#include "passes/FoldCrossEntropyBackward.h"
+
+#include <optional>
+
+#include "backend/ir/GraphEdit.h"
+#include "passes/SliceSchedule.h"
+
+namespace hb {
+namespace {
+
+bool is_ref(const Arg& a) { return a.kind == Arg::Kind::Ref; }
+bool is_float(DType d) { return d == DType::Float32 || d == DType::Float64; }
+
+const char* reduction_name(int64_t r) { return r == 0 ? "none" : r == 1 ? "mean" : "sum"; }
+
+// A row-major [N, C] tensor type (symbolic sizes compare by their expression).
+bool rows_contiguous(const TensorType& t) {
+  if (t.shape.size() != 2 || t.stride.size() != 2) return false;
+  const Dim one{1, ""};
+  return (t.stride[1] == one || t.shape[1] == one) && (t.stride[0] == t.shape[1] || t.shape[0] == one);
+}
+
+struct Fold {
+  int grad = -1;  // the log-softmax gradient: becomes the folded op
+  int nll = -1;   // nll_loss_backward: removed
+};
+
+// `i` is a log-softmax gradient over dim 1 whose grad_output is an nll_loss_backward we can fold.
+std::optional<Fold> match(const Graph& g, int i, const std::vector<int>& uses) {
+  const Node& n = g.nodes[i];
+  if (n.target != "aten::_log_softmax_backward_data.default" || n.args.size() != 4 || !n.kwargs.empty() ||
+      !is_ref(n.args[0]) || !is_ref(n.args[1]) || n.args[2].kind != Arg::Kind::Int ||
+      n.args[3].kind != Arg::Kind::DType || n.type.kind != ValueType::Kind::Tensor)
+    return std::nullopt;
+  const TensorType& out = n.type.tensor;
+  if (!rows_contiguous(out) || !is_float(out.dtype) || n.args[3].dtype != out.dtype ||
+      (n.args[2].i != 1 && n.args[2].i != -1))
+    return std::nullopt;
+  const int nll = n.args[0].ref;
+  const Node& l = g.nodes[nll];
+  // grad_output, self, target, weight, reduction, ignore_index, total_weight
+  if (l.target != "aten::nll_loss_backward.default" || l.args.size() != 7 || !l.kwargs.empty() || uses[nll] != 1 ||
+      l.op != OpKind::CallFunction)
+    return std::nullopt;
+  const Arg &t = l.args[0], &target = l.args[2], &weight = l.args[3], &reduction = l.args[4], &ignore = l.args[5],
+            &total = l.args[6];
+  if (!is_ref(t) || !is_ref(target) || weight.kind != Arg::Kind::None || reduction.kind != Arg::Kind::Int ||
+      reduction.i < 0 || reduction.i > 2 || ignore.kind != Arg::Kind::Int || !is_ref(total))
+    return std::nullopt;
+  const TensorType *tt = g.tensor_type(t), *yt = g.tensor_type(target), *wt = g.tensor_type(total),
+                   *lt = g.tensor_type(n.args[1]);
+  if (!tt || !yt || !wt || !lt || l.type.kind != ValueType::Kind::Tensor) return std::nullopt;
+  const TensorType& nt = l.type.tensor;
+  // One [N, C] shape and float dtype for nll, lsm2 and the result; targets [N] int64; total_weight a scalar.
+  if (nt.shape != out.shape || lt->shape != out.shape || nt.dtype != out.dtype || lt->dtype != out.dtype ||
+      nt.device != out.device || lt->device != out.device)
+    return std::nullopt;
+  if (yt->dtype != DType::Int64 || yt->shape.size() != 1 || yt->shape[0] != out.shape[0] || !wt->shape.empty() ||
+      wt->dtype != out.dtype || tt->dtype != out.dtype)
+    return std::nullopt;
+  // The tangent: a scalar for mean and sum, one per row for none.
+  if (reduction.i == 0 ? (tt->shape.size() != 1 || tt->shape[0] != out.shape[0]) : !tt->shape.empty())
+    return std::nullopt;
+  return Fold{i, nll};
+}
+
+bool fold_graph(Graph& g, PassContext& ctx) {
+  bool changed = for_each_slice_body(g, [&](Graph& body) { return fold_graph(body, ctx); });
+  std::vector<int> uses(g.nodes.size(), 0);
+  for (const Node& n : g.nodes) n.for_each_input([&](const Arg& a) { ++uses[a.ref]; });
+  std::vector<bool> keep(g.nodes.size(), true);
+  for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
+    const std::optional<Fold> f = match(g, i, uses);
+    if (!f) continue;
+    const Node l = g.nodes[f->nll];
+    Node& n = g.nodes[f->grad];
+    const Arg lsm = n.args[1];
+    auto name = [&](const Arg& a) { return "%" + g.nodes[a.ref].name; };
+    ctx.notes.push_back("fold-cross-entropy-backward graph " + g.name + ": %" + n.name + " = cross_entropy_backward(" +
+                        name(l.args[0]) + ", " + name(lsm) + ", " + name(l.args[2]) + "), " +
+                        reduction_name(l.args[4].i) + ", %" + l.name + " removed");
+    // In place of the gradient node (every input comes before nll, which comes before it): its name,
+    // type and hints stay.
+    n.target = kCrossEntropyBackwardTarget;
+    n.args = {l.args[0], lsm, l.args[2], l.args[4], l.args[5], l.args[6]};
+    keep[f->nll] = false;
+    changed = true;
+  }
+  remove_nodes(g, keep);
+  return changed;
+}
+
+}  // namespace
+
+bool fold_cross_entropy_backward(Graph& g, PassContext& ctx) { return fold_graph(g, ctx); }
+
+}  // namespace hb

@@ -1,0 +1,37 @@
+// fold-cross-entropy-backward: the gradient of cross-entropy, as AOTAutograd traces it,
+//   %nll: f32[N, C] = aten::nll_loss_backward.default(%t, %lsm, %target, none, reduction, ignore_index, %total_weight)
+//   %g:   f32[N, C] = aten::_log_softmax_backward_data.default(%nll, %lsm2, 1, dtype.float32)
+// becomes one op that writes one [N, C] buffer:
+//   %g:   f32[N, C] = hintbackend::cross_entropy_backward.default(%t, %lsm2, %target, reduction, ignore_index, %total_weight)
+// (backend/runtime/CrossEntropyBackward.h has its exact semantics).
+//
+// Why: nll_loss_backward writes a [N, C] tensor that is zero but for one element per row, and the
+// log-softmax gradient reads it whole to write a second [N, C] tensor; both are alive at once. At a
+// language model's loss (N = batch x sequence, C = the vocabulary) they are the backward's largest
+// buffers (500 MiB each for B4 S1024 V32000) and its peak (docs/memory.md). From ATen's definitions
+// (weight None): nll[i, j] = -s_i [j == target_i] for rows whose target is not ignore_index, 0 for the
+// others, with s_i = t / total_weight (mean), t (sum) or t[i] (none); and _log_softmax_backward_data is
+// nll - exp(lsm2) * sum_j nll[i, j]. So g[i, j] = s_i (exp(lsm2[i, j]) - [j == target_i]) on kept rows,
+// 0 on ignored ones: computed straight into g's buffer.
+//
+// Folds only: a 2-D input with the classes on dim 1, no class weight, reduction none/mean/sum, float32
+// or float64 throughout, a contiguous gradient, and nll read by nothing but the log-softmax gradient's
+// grad_output. Anything else (a class weight, label smoothing, which adds other terms to the gradient,
+// nll_loss2d, half-precision log-softmax gradients) is left as traced. lsm (nll's input) is only its
+// shape: nll_loss_backward reads no value of it.
+//
+// Runs after slice-schedule (slice-legality's rules read the plain ops; loop bodies are folded too) and
+// before pointwise-fusion and the memory passes, which then plan one buffer where there were two.
+//
+// The note lists each fold:
+//   fold-cross-entropy-backward graph backward_1: %_log_softmax_backward_data = cross_entropy_backward(%tangents_5, %detach_8, %view_26), mean, %nll_loss_backward removed
+#pragma once
+#include "passes/Pipeline.h"
+
+namespace hb {
+
+constexpr const char* kCrossEntropyBackwardTarget = "hintbackend::cross_entropy_backward.default";
+
+bool fold_cross_entropy_backward(Graph& g, PassContext& ctx);
+
+}  // namespace hb

@@ -1,0 +1,134 @@
+// fold-cross-entropy-backward: IR-text tests (the loss gradient of a language model, as AOTAutograd
+// traces F.cross_entropy's backward; the first one is trimmed from a small HF Llama's backward_1 dump).
+// Expectations follow from the pass's contract (passes/FoldCrossEntropyBackward.h) and from byte counts.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/cpp/core/IrTestUtil.h"
+
+namespace hb {
+namespace {
+
+using test::file_check;
+
+// A bf16 model's loss gradient: [64, 256] float32 log-probabilities (64 KiB), the gradient cast back
+// to bf16 (32 KiB) and added to the tangent autograd materializes for the unused logits.
+const char* kBf16Backward = R"(
+graph backward_1 (inputs owned) {
+  %lsm: f32[64, 256] = placeholder
+  %target: i64[64] = placeholder
+  %tw: f32[] = placeholder
+  %t: f32[] = placeholder
+  %tangent: bf16[2, 32, 256] = placeholder
+  %w: bf16[256, 16] = placeholder
+  %nll: f32[64, 256] = aten::nll_loss_backward.default(%t, %lsm, %target, none, 1, -100, %tw)
+  %d: f32[64, 256] = aten::detach.default(%lsm) !view
+  %g: f32[64, 256] = aten::_log_softmax_backward_data.default(%nll, %d, 1, dtype.float32)
+  %v: f32[2, 32, 256] = aten::view.default(%g, [2, 32, 256]) !view
+  %c: bf16[2, 32, 256] = prims::convert_element_type.default(%v, dtype.bfloat16)
+  %a: bf16[2, 32, 256] = aten::add.Tensor(%tangent, %c)
+  %v2: bf16[64, 256] = aten::view.default(%a, [64, 256]) !view
+  %mm: bf16[64, 16] = aten::mm.default(%v2, %w)
+  return (%mm,)
+}
+)";
+
+TEST(fold_cross_entropy_backward, mean_folds_into_one_op_and_the_nll_gradient_goes) {
+  // The op takes nll's tangent, target, reduction, ignore_index and total_weight, and the log-softmax
+  // gradient's log-probabilities (through its detach); it keeps the gradient's name and type.
+  file_check(std::string("// RUN: fold-cross-entropy-backward\n") + kBf16Backward + R"(
+// CHECK: %w: bf16[256, 16] = placeholder
+// CHECK-NOT: nll_loss_backward
+// CHECK: %d: f32[64, 256] = aten::detach.default(%lsm) !view
+// CHECK-NEXT: %g: f32[64, 256] = hintbackend::cross_entropy_backward.default(%t, %d, %target, 1, -100, %tw)
+// CHECK-NOT: _log_softmax_backward_data
+// CHECK: %c: bf16[2, 32, 256] = prims::convert_element_type.default(%v, dtype.bfloat16)
+// CHECK: // note: fold-cross-entropy-backward graph backward_1: %g = cross_entropy_backward(%t, %d, %target), mean, %nll removed
+)");
+}
+
+TEST(fold_cross_entropy_backward, the_planned_peak_holds_one_float32_gradient_not_two) {
+  // Unfolded, nll (64 KiB) and the log-softmax gradient (64 KiB) are alive together: 128 KiB. Folded, the
+  // peak is the gradient and its bf16 copy (32 KiB) while the cast reads it: 96 KiB; the tangent add
+  // writes over the copy in place.
+  file_check(std::string("// RUN: memory-plan\n") + kBf16Backward + R"(
+// CHECK: live peak 131072,
+// CHECK: %nll: offset
+// CHECK: %g: offset
+)");
+  file_check(std::string("// RUN: fold-cross-entropy-backward,memory-plan\n") + kBf16Backward + R"(
+// CHECK: live peak 98304,
+// CHECK-NOT: %nll:
+// CHECK: %g: offset
+// CHECK: then %a in place
+)");
+}
+
+TEST(fold_cross_entropy_backward, sum_and_none_fold_too) {
+  // sum: a scalar tangent, no division; none: one tangent per row (dim -1 is dim 1). Both keep their
+  // reduction and ignore_index arguments.
+  file_check(R"(
+// RUN: fold-cross-entropy-backward
+graph g {
+  %lsm: f32[8, 32] = placeholder
+  %target: i64[8] = placeholder
+  %tw: f32[] = placeholder
+  %ts: f32[] = placeholder
+  %tn: f32[8] = placeholder
+  %nll_s: f32[8, 32] = aten::nll_loss_backward.default(%ts, %lsm, %target, none, 2, -1, %tw)
+  %gs: f32[8, 32] = aten::_log_softmax_backward_data.default(%nll_s, %lsm, 1, dtype.float32)
+  %nll_n: f32[8, 32] = aten::nll_loss_backward.default(%tn, %lsm, %target, none, 0, 3, %tw)
+  %gn: f32[8, 32] = aten::_log_softmax_backward_data.default(%nll_n, %lsm, -1, dtype.float32)
+  return (%gs, %gn)
+}
+// CHECK-NOT: nll_loss_backward
+// CHECK: %gs: f32[8, 32] = hintbackend::cross_entropy_backward.default(%ts, %lsm, %target, 2, -1, %tw)
+// CHECK-NEXT: %gn: f32[8, 32] = hintbackend::cross_entropy_backward.default(%tn, %lsm, %target, 0, 3, %tw)
+// CHECK: %gs = cross_entropy_backward(%ts, %lsm, %target), sum, %nll_s removed
+// CHECK: %gn = cross_entropy_backward(%tn, %lsm, %target), none, %nll_n removed
+)");
+}
+
+TEST(fold_cross_entropy_backward, leaves_what_it_cannot_fold_as_traced) {
+  // %nll_u has a second reader (returned); %nll_w has a class weight; %nll_h is a bf16 gradient (ATen
+  // computes it in float32 and rounds once); %nll_d's gradient is over dim 0; %nll_l (label smoothing's
+  // shape) reaches the log-softmax gradient through an add. None folds, and no note is left.
+  file_check(R"(
+// RUN: fold-cross-entropy-backward
+graph g {
+  %lsm: f32[8, 32] = placeholder
+  %lsm_h: bf16[8, 32] = placeholder
+  %target: i64[8] = placeholder
+  %tw: f32[] = placeholder
+  %tw_h: bf16[] = placeholder
+  %t: f32[] = placeholder
+  %t_h: bf16[] = placeholder
+  %weight: f32[32] = placeholder
+  %smooth: f32[8, 32] = placeholder
+  %nll_u: f32[8, 32] = aten::nll_loss_backward.default(%t, %lsm, %target, none, 1, -100, %tw)
+  %g_u: f32[8, 32] = aten::_log_softmax_backward_data.default(%nll_u, %lsm, 1, dtype.float32)
+  %nll_w: f32[8, 32] = aten::nll_loss_backward.default(%t, %lsm, %target, %weight, 1, -100, %tw)
+  %g_w: f32[8, 32] = aten::_log_softmax_backward_data.default(%nll_w, %lsm, 1, dtype.float32)
+  %nll_h: bf16[8, 32] = aten::nll_loss_backward.default(%t_h, %lsm_h, %target, none, 1, -100, %tw_h)
+  %g_h: bf16[8, 32] = aten::_log_softmax_backward_data.default(%nll_h, %lsm_h, 1, dtype.bfloat16)
+  %nll_d: f32[8, 32] = aten::nll_loss_backward.default(%t, %lsm, %target, none, 1, -100, %tw)
+  %g_d: f32[8, 32] = aten::_log_softmax_backward_data.default(%nll_d, %lsm, 0, dtype.float32)
+  %nll_l: f32[8, 32] = aten::nll_loss_backward.default(%t, %lsm, %target, none, 1, -100, %tw)
+  %sum_l: f32[8, 32] = aten::add.Tensor(%nll_l, %smooth)
+  %g_l: f32[8, 32] = aten::_log_softmax_backward_data.default(%sum_l, %lsm, 1, dtype.float32)
+  return (%g_u, %nll_u, %g_w, %g_h, %g_d, %g_l)
+}
+// CHECK-NOT: cross_entropy_backward
+// CHECK: %g_u: f32[8, 32] = aten::_log_softmax_backward_data.default(%nll_u, %lsm, 1, dtype.float32)
+// CHECK: %nll_w: f32[8, 32] = aten::nll_loss_backward.default(%t, %lsm, %target, %weight, 1, -100, %tw)
+// CHECK: %nll_h: bf16[8, 32] = aten::nll_loss_backward.default
+// CHECK: %nll_d: f32[8, 32] = aten::nll_loss_backward.default
+// CHECK: %nll_l: f32[8, 32] = aten::nll_loss_backward.default
+// CHECK: return (%g_u, %nll_u, %g_w, %g_h, %g_d, %g_l)
+// CHECK-NOT: fold-cross-entropy-backward
+)");
+}
+
+}  // namespace
+}  // namespace hb
