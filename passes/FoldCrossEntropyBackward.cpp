@@ -9,7 +9,12 @@ namespace hb {
 namespace {
 
 bool is_ref(const Arg& a) { return a.kind == Arg::Kind::Ref; }
-bool is_float(DType d) { return d == DType::Float32 || d == DType::Float64; }
+// float32 and float64 anywhere; float16 and bfloat16 on CUDA, where the op is one kernel that computes in
+// float32 and rounds once (ATen's CPU path would round twice).
+bool foldable(const TensorType& t) {
+  if (t.dtype == DType::Float32 || t.dtype == DType::Float64) return true;
+  return (t.dtype == DType::Float16 || t.dtype == DType::BFloat16) && t.device.rfind("cuda", 0) == 0;
+}
 
 const char* reduction_name(int64_t r) { return r == 0 ? "none" : r == 1 ? "mean" : "sum"; }
 
@@ -33,7 +38,7 @@ std::optional<Fold> match(const Graph& g, int i, const std::vector<int>& uses) {
       n.args[3].kind != Arg::Kind::DType || n.type.kind != ValueType::Kind::Tensor)
     return std::nullopt;
   const TensorType& out = n.type.tensor;
-  if (!rows_contiguous(out) || !is_float(out.dtype) || n.args[3].dtype != out.dtype ||
+  if (!rows_contiguous(out) || !foldable(out) || n.args[3].dtype != out.dtype ||
       (n.args[2].i != 1 && n.args[2].i != -1))
     return std::nullopt;
   const int nll = n.args[0].ref;

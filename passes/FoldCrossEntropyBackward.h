@@ -15,9 +15,11 @@
 // 0 on ignored ones: computed straight into g's buffer.
 //
 // Folds only: a 2-D input with the classes on dim 1, no class weight, reduction none/mean/sum, float32
-// or float64 throughout, a contiguous gradient, and nll read by nothing but the log-softmax gradient's
+// or float64 throughout (float16 or bfloat16 too on CUDA, where the op is one kernel computing in float32
+// and rounding once, as ATen's log-softmax gradient does: a bf16 model's loss taken on bf16 logits, such
+// as HF BERT's masked LM), a contiguous gradient, and nll read by nothing but the log-softmax gradient's
 // grad_output. Anything else (a class weight, label smoothing, which adds other terms to the gradient,
-// nll_loss2d, half-precision log-softmax gradients) is left as traced. lsm (nll's input) is only its
+// nll_loss2d, half-precision gradients on CPU) is left as traced. lsm (nll's input) is only its
 // shape: nll_loss_backward reads no value of it.
 //
 // Runs after slice-schedule (slice-legality's rules read the plain ops; loop bodies are folded too) and

@@ -6,6 +6,10 @@
 #include <ATen/ops/where.h>
 #include <torch/library.h>
 
+#ifdef HB_WITH_CUDA
+#include "codegen/cuda/CrossEntropyBackward.h"
+#endif
+
 namespace hb::rt {
 namespace {
 
@@ -28,6 +32,14 @@ Tensor& cross_entropy_backward_out(const Tensor& grad, const Tensor& log_probs, 
   // inf or nan, and multiplying by 0 would give nan) and a column to write (any valid one when ignored).
   const Tensor valid = target.ne(ignore_index);
   const Tensor s = reduction == 1 ? grad.div(total_weight) : grad;
+#ifdef HB_WITH_CUDA
+  if (log_probs.is_cuda() && log_probs.scalar_type() != at::kDouble && log_probs.is_contiguous() && out.is_contiguous()) {
+    // One pass in float32, rounded once (half-precision losses fold too): the scale per row as float32 [N].
+    const Tensor row = at::where(valid, s.to(at::kFloat), 0).expand({log_probs.size(0)}).contiguous();
+    cuda::cross_entropy_backward(log_probs, target.contiguous(), row, out);
+    return out;
+  }
+#endif
   const Tensor row = at::where(valid, s.to(log_probs.scalar_type()), 0).unsqueeze(1);
   const Tensor col = at::where(valid, target, 0).unsqueeze(1);
   // exp first (out may be log_probs itself), then each row's scale, then the target column's -s_i.

@@ -4,7 +4,8 @@
 // included.
 //
 //   cross_entropy_backward(grad, log_probs, target, reduction, ignore_index, total_weight)
-//     log_probs [N, C] (float32 or float64), target [N] int64, total_weight a scalar tensor;
+//     log_probs [N, C] (float32 or float64; on CUDA also float16 and bfloat16), target [N] int64,
+//     total_weight a scalar tensor;
 //     grad a scalar (reduction 1 mean, 2 sum) or [N] (0 none).
 //     s_i = grad / total_weight (mean), grad (sum), grad[i] (none)
 //     result[i, j] = s_i * (exp(log_probs[i, j]) - [j == target_i])   where target_i != ignore_index
@@ -12,8 +13,10 @@
 //   which is _log_softmax_backward_data(nll_loss_backward(grad, log_probs, target, None, reduction,
 //   ignore_index, total_weight), log_probs, 1, dtype) by ATen's definitions of the two (no class weight).
 //
-// ATen ops into the one result: exp, a multiply by the per-row scale, then the target column's
-// element less that scale (gather, scatter); the only other tensors are [N]. The result's element
+// On CUDA (float16, bfloat16, float32): one kernel pass (codegen/cuda/CrossEntropyBackward.cu) computing
+// in float32 and rounding once. Elsewhere, ATen ops into the one result: exp, a multiply by the per-row
+// scale, then the target column's element less that scale (gather, scatter); the only other tensors are
+// [N]. The result's element
 // (i, j) reads only log_probs[i, j] (and row i's scalars), so `out` may be log_probs itself (the
 // planner's in-place rule, backend/ir/Aliasing.cpp).
 #pragma once

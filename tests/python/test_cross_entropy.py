@@ -3,8 +3,8 @@
 where AOTAutograd's graph has nll_loss_backward and _log_softmax_backward_data write two.
 
 The op against a float64 reference of ATen's two ops, then small language-model heads trained through
-the backend against eager (some targets ignore_index, float32 and a bf16 model whose logits go through
-.float()), with the dumps showing the fold happened and that the plan holds one [N, C] float32 buffer
+the backend against eager (some targets ignore_index, float32, a bf16 model whose logits go through
+.float(), and one whose loss takes its bf16 logits, which folds on CUDA only), with the dumps showing the fold happened and that the plan holds one [N, C] float32 buffer
 at a time; a class weight and label smoothing stay as traced and still match."""
 
 import re
@@ -64,6 +64,34 @@ def test_op_matches_atens_two_ops(reduction, ignored):
         assert torch.equal(inplace, got)
         f64 = ops.cross_entropy_backward(grad.double(), lsm.double(), target, r, ignore, total_weight.double())
         torch.testing.assert_close(f64, ref, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", list(REDUCTIONS))
+def test_half_precision_op_on_cuda_rounds_once(reduction, dtype):
+    """On CUDA the op is one kernel computing in float32 (what lets bf16 losses fold): against the float64
+    chain it is at least as close as ATen's own chain in that dtype (which rounds nll's scale, then the
+    gradient), in place too."""
+    if device() != "cuda":
+        pytest.skip("the half-precision kernel is CUDA's (HINTBACKEND_TEST_DEVICE=cuda)")
+    torch.manual_seed(len(reduction) + (7 if dtype == torch.float16 else 0))
+    n, c = 96, 1000
+    lsm = torch.log_softmax(randn(n, c) * 3, 1).to(dtype)
+    target = targets(n, c, IGNORE, 0.3)
+    r = REDUCTIONS[reduction]
+    _, total_weight = torch.ops.aten.nll_loss_forward(lsm, target, None, r, IGNORE)
+    grad = (randn(n) if r == 0 else randn(())).to(dtype)
+    ref = aten_chain(grad.double(), lsm.double(), target, r, IGNORE, total_weight.double())
+    want = aten_chain(grad, lsm, target, r, IGNORE, total_weight)
+    got = ops.cross_entropy_backward(grad, lsm, target, r, IGNORE, total_weight)
+    assert got.dtype == dtype and got.shape == lsm.shape
+    err = ((got.double() - ref).norm() / ref.norm()).item()
+    eager_err = ((want.double() - ref).norm() / ref.norm()).item()
+    assert err <= 1.25 * eager_err + 1e-6, (err, eager_err)
+    assert torch.all(got[target == IGNORE] == 0)
+    inplace = lsm.clone()
+    ops.cross_entropy_backward.out(grad, inplace, target, r, IGNORE, total_weight, out=inplace)
+    assert torch.equal(inplace, got)
 
 
 class LMHead(nn.Module):
@@ -139,6 +167,20 @@ def test_bf16_logits_upcast_fold(tmp_path):
     k = kernels(tmp_path)
     assert "hintbackend::cross_entropy_backward.default" in k and "aten::nll_loss_backward" not in k, k
     assert big_overlaps(tmp_path, n * vocab * 4) == []
+
+
+def test_bf16_logits_fold_on_cuda(tmp_path):
+    """A bf16 model's loss on its bf16 logits (HF BERT's masked LM): folded on CUDA (one kernel), left as
+    traced on CPU; loss and gradients match eager either way."""
+    torch.manual_seed(14)
+    n, vocab = 64, 320
+    train(LMHead(vocab, dtype=torch.bfloat16, ignore_index=IGNORE), n, vocab, tmp_path)
+    k = kernels(tmp_path)
+    if device() == "cuda":
+        assert "hintbackend::cross_entropy_backward.default" in k and "aten::nll_loss_backward" not in k, k
+        assert big_overlaps(tmp_path, n * vocab * 2) == []
+    else:
+        assert "cross_entropy_backward" not in k and "aten::nll_loss_backward" in k, k
 
 
 @pytest.mark.parametrize("ce", [{"weight": "class"}, {"label_smoothing": 0.1}], ids=["weight", "label_smoothing"])

@@ -90,6 +90,32 @@ graph g {
 )");
 }
 
+TEST(fold_cross_entropy_backward, half_precision_folds_on_cuda_only) {
+  // bf16 logits' loss (HF BERT's masked LM): on CUDA the op is one kernel rounding once, so it folds; the
+  // same graph on CPU (ATen's fallback would round twice) stays as traced.
+  const std::string body = R"(
+  %lsm: bf16[8, 32]DEV = placeholder
+  %target: i64[8]DEV = placeholder
+  %tw: bf16[]DEV = placeholder
+  %t: bf16[]DEV = placeholder
+  %nll: bf16[8, 32]DEV = aten::nll_loss_backward.default(%t, %lsm, %target, none, 1, -100, %tw)
+  %g: bf16[8, 32]DEV = aten::_log_softmax_backward_data.default(%nll, %lsm, 1, dtype.bfloat16)
+  return (%g,)
+}
+)";
+  auto on = [&](const std::string& dev) {
+    std::string b = body;
+    for (size_t at = b.find("DEV"); at != std::string::npos; at = b.find("DEV")) b.replace(at, 3, dev);
+    return b;
+  };
+  file_check("// RUN: fold-cross-entropy-backward\ngraph g {" + on("@cuda:0") +
+             "// CHECK-NOT: nll_loss_backward\n"
+             "// CHECK: %g: bf16[8, 32]@cuda:0 = hintbackend::cross_entropy_backward.default(%t, %lsm, %target, 1, -100, %tw)\n");
+  file_check("// RUN: fold-cross-entropy-backward\ngraph g {" + on("") +
+             "// CHECK: %nll: bf16[8, 32] = aten::nll_loss_backward.default\n"
+             "// CHECK-NOT: cross_entropy_backward\n");
+}
+
 TEST(fold_cross_entropy_backward, leaves_what_it_cannot_fold_as_traced) {
   // %nll_u has a second reader (returned); %nll_w has a class weight; %nll_h is a bf16 gradient (ATen
   // computes it in float32 and rounds once); %nll_d's gradient is over dim 0; %nll_l (label smoothing's
