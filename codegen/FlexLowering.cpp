@@ -20,16 +20,30 @@ namespace {
 
 // An abstract value of the mask graph: an integer affine in q_idx and kv_idx (a*q + c*kv + k), or a
 // boolean that holds exactly on a band of d = q - kv, or unknown (with why).
+// Also, for padding masks: the batch index, a captured buffer, and a buffer read at [b] (a per-batch
+// length); a boolean may carry "and kv_idx < buffer pad[b]".
 struct Val {
-  enum class K { Unknown, Affine, Bool } k = K::Unknown;
+  enum class K { Unknown, Affine, Bool, Batch, Buffer, BufferOfB } k = K::Unknown;
   int64_t a = 0, c = 0, k0 = 0;  // Affine
   FlexBand band;                 // Bool
   std::string why;               // Unknown
+  int buf = -1;                  // Buffer, BufferOfB: which captured buffer; Bool: the kv padding's (-1: none)
 };
 
 Val unknown(std::string why) { return Val{Val::K::Unknown, 0, 0, 0, {}, std::move(why)}; }
 Val affine(int64_t a, int64_t c, int64_t k) { return Val{Val::K::Affine, a, c, k, {}, ""}; }
-Val boolean(FlexBand b) { return Val{Val::K::Bool, 0, 0, 0, b, ""}; }
+Val boolean(FlexBand b, int pad = -1) { return Val{Val::K::Bool, 0, 0, 0, b, "", pad}; }
+Val special(Val::K k, int buf = -1) { return Val{k, 0, 0, 0, {}, "", buf}; }
+
+// What an operand that is not index arithmetic or a boolean means to any op but the padding forms.
+Val plain(const Val& v) {
+  switch (v.k) {
+    case Val::K::Batch: return unknown("reads the batch index");
+    case Val::K::Buffer:
+    case Val::K::BufferOfB: return unknown("reads a captured buffer");
+    default: return v;
+  }
+}
 
 std::string op_of(const std::string& target) {  // "aten::ge.Tensor" -> "ge"
   const size_t ns = target.find("::");
@@ -46,8 +60,17 @@ FlexBand intersect(const FlexBand& x, const FlexBand& y) {
   return b;
 }
 
-// x (cmp) y, both affine: a band when x - y = s * (q - kv) + k with s = +-1.
-Val compare(const std::string& op, const Val& x, const Val& y) {
+// x (cmp) y, both affine: a band when x - y = s * (q - kv) + k with s = +-1. kv_idx < buf[b] (or
+// buf[b] > kv_idx): no band, a kv padding by buf.
+Val compare(const std::string& op, const Val& xv, const Val& yv) {
+  const bool x_len = xv.k == Val::K::BufferOfB, y_len = yv.k == Val::K::BufferOfB;
+  if (x_len != y_len) {
+    const Val& idx = x_len ? yv : xv;
+    const bool kv = idx.k == Val::K::Affine && idx.a == 0 && idx.c == 1 && idx.k0 == 0;
+    if (kv && ((!x_len && op == "lt") || (x_len && op == "gt"))) return boolean(FlexBand{}, x_len ? xv.buf : yv.buf);
+    return unknown("reads a captured buffer (other than as kv_idx < buf[b], a padding)");
+  }
+  const Val x = plain(xv), y = plain(yv);
   if (x.k == Val::K::Unknown) return x;
   if (y.k == Val::K::Unknown) return y;
   if (x.k != Val::K::Affine || y.k != Val::K::Affine) return unknown("compares booleans");
@@ -82,7 +105,10 @@ bool constant_int(const Arg& a, int64_t* v) {
 
 }  // namespace
 
-bool mask_band(const Graph& m, FlexBand* band, std::string* why) {
+namespace {
+
+// mask_band's evaluation; *pad (when given) takes a kv padding, else a padding is not a band.
+bool mask_eval(const Graph& m, FlexBand* band, int* pad, std::string* why) {
   std::vector<Val> val(m.nodes.size());
   int placeholder = 0;
   auto arg = [&](const Arg& a) -> Val {
@@ -95,8 +121,8 @@ bool mask_band(const Graph& m, FlexBand* band, std::string* why) {
     const Node& n = m.nodes[i];
     if (n.op == OpKind::Placeholder) {
       const int p = placeholder++;
-      val[i] = p == 2 ? affine(1, 0, 0) : p == 3 ? affine(0, 1, 0)
-               : unknown(p == 0 ? "reads the batch index" : p == 1 ? "reads the head index" : "reads a captured buffer");
+      val[i] = p == 2 ? affine(1, 0, 0) : p == 3 ? affine(0, 1, 0) : p == 0 ? special(Val::K::Batch)
+               : p == 1 ? unknown("reads the head index") : special(Val::K::Buffer, p - 4);
       continue;
     }
     if (n.op == OpKind::Output) {
@@ -110,7 +136,12 @@ bool mask_band(const Graph& m, FlexBand* band, std::string* why) {
         *why = "masks every score";
         return false;
       }
+      if (r.buf >= 0 && !pad) {
+        *why = "reads a captured buffer (kv_idx < buf[b]: a padding, which only cuDNN's path takes)";
+        return false;
+      }
       *band = r.band;
+      if (pad) *pad = r.buf;
       return true;
     }
     if (n.op != OpKind::CallFunction) {
@@ -120,6 +151,16 @@ bool mask_band(const Graph& m, FlexBand* band, std::string* why) {
     const std::string op = op_of(n.target);
     std::vector<Val> in;
     for (const Arg& a : n.args) in.push_back(arg(a));
+    // buf[b]: a per-batch value (a length); any other read of a buffer, or use of b, is unknown.
+    if (op == "index" && n.args.size() == 2 && in[0].k == Val::K::Buffer && n.args[1].items.size() == 1 &&
+        n.args[1].items[0].kind == Arg::Kind::Ref && val[n.args[1].items[0].ref].k == Val::K::Batch) {
+      val[i] = special(Val::K::BufferOfB, in[0].buf);
+      continue;
+    }
+    const bool comparison = op == "ge" || op == "gt" || op == "le" || op == "lt" || op == "eq";
+    const bool conversion = op == "_to_copy" || op == "to" || op == "convert_element_type" || op == "clone" || op == "alias";
+    if (!comparison && !(conversion && !in.empty() && in[0].k == Val::K::BufferOfB))
+      for (Val& v : in) v = plain(v);
     auto first_unknown = [&]() -> const Val* {
       for (const Val& v : in)
         if (v.k == Val::K::Unknown) return &v;
@@ -136,7 +177,11 @@ bool mask_band(const Graph& m, FlexBand* band, std::string* why) {
     } else if (op == "ge" || op == "gt" || op == "le" || op == "lt" || op == "eq") {
       val[i] = in.size() == 2 ? compare(op, in[0], in[1]) : unknown("a comparison of " + std::to_string(in.size()));
     } else if (op == "bitwise_and" || op == "logical_and" || op == "__and__" || op == "and_" || op == "mul") {
-      if (in.size() == 2 && in[0].k == Val::K::Bool && in[1].k == Val::K::Bool) val[i] = boolean(intersect(in[0].band, in[1].band));
+      if (in.size() == 2 && in[0].k == Val::K::Bool && in[1].k == Val::K::Bool) {
+        const int p0 = in[0].buf, p1 = in[1].buf;
+        val[i] = p0 >= 0 && p1 >= 0 && p0 != p1 ? unknown("pads kv_idx by two buffers")
+                                                 : boolean(intersect(in[0].band, in[1].band), p0 >= 0 ? p0 : p1);
+      }
       else if (op == "mul" && in.size() == 2 && in[0].k == Val::K::Affine && in[1].k == Val::K::Affine &&
                ((in[0].a == 0 && in[0].c == 0) || (in[1].a == 0 && in[1].c == 0))) {
         const Val& s = in[0].a == 0 && in[0].c == 0 ? in[0] : in[1];
@@ -165,6 +210,14 @@ bool mask_band(const Graph& m, FlexBand* band, std::string* why) {
   }
   *why = "has no output";
   return false;
+}
+
+}  // namespace
+
+bool mask_band(const Graph& m, FlexBand* band, std::string* why) { return mask_eval(m, band, nullptr, why); }
+
+bool mask_band_with_padding(const Graph& m, FlexBand* band, int* pad, std::string* why) {
+  return mask_eval(m, band, pad, why);
 }
 
 std::string to_string(const FlexBiasLayout& l) {
@@ -530,6 +583,15 @@ FlexAnalysis analyze_flex(const Graph& g, int node) {
   const Graph* mask = block_mask.items.empty() ? nullptr : sub(block_mask.items.back());
   if (!mask) r.mask_why = "no mask_mod graph";
   else r.band_ok = mask_band(*mask, &r.band, &r.mask_why);
+  if (mask && !r.band_ok) {
+    FlexBand b;
+    int pad = -1;
+    std::string why;
+    if (mask_band_with_padding(*mask, &b, &pad, &why) && pad >= 0) {
+      r.band = b;
+      r.pad_kv = pad;
+    }
+  }
   // score_mod: the forward's own graph (the backward's fw_graph is the same function).
   const Graph* score = sub(n.args[backward ? 7 : 3]);
   if (!score) {
@@ -620,13 +682,26 @@ std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a) {
   if (Hkv == 0 || Hq % Hkv != 0 || v->shape[1].value != Hkv) return "the heads of q are not a multiple of k's";
   for (const TensorType* t : {q, k, v})
     if (t->stride.size() == 4 && t->stride[3].value != 1) return "the head dim of q, k or v is not contiguous";
-  if (!a.band_ok) return "mask_mod " + a.mask_why;
+  if (!a.band_ok && a.pad_kv < 0) return "mask_mod " + a.mask_why;
   if (!a.band.unbounded() && a.band.lo != 0) return "mask_mod is the band " + to_string(a.band) + ", not causal";
   if (!a.score_identity && !a.score_row_shift && !a.score_bias && !a.score_pointwise)
     return a.score_why + " (" + a.pointwise_why + ")";
   const Arg& score_bufs = n.args[backward ? 12 : 7];
   const Arg& mask_bufs = n.args[backward ? 13 : 8];
-  if ((a.score_identity && !score_bufs.items.empty()) || !mask_bufs.items.empty()) return "captured buffers";
+  if (a.pad_kv >= 0) {
+    // cuDNN's padding mask: per-batch key lengths, int32 [B, 1, 1, 1]. Taken with the identity or a row
+    // shift (outputs of an empty batch are then set as flex defines them); a no-mask or causal band only.
+    if (!a.score_identity && !a.score_row_shift)
+      return "a kv padding mask (kv_idx < buf[b]) with a score_mod that is neither the identity nor a row shift";
+    if (a.band.hi != FlexBand::kNoBound) return "a kv padding mask with the band " + to_string(a.band);
+    const TensorType* len = mask_bufs.items.size() == 1 ? g.tensor_type(mask_bufs.items[0]) : nullptr;
+    if (!len || len->shape.size() != 1 || !len->shape[0].is_static() || len->shape[0].value < q->shape[0].value ||
+        (len->dtype != DType::Int32 && len->dtype != DType::Int64) || len->device != q->device)
+      return "a kv padding mask whose lengths are not one int32/int64 [B] tensor on q's device";
+  } else if (!mask_bufs.items.empty()) {
+    return "captured buffers";
+  }
+  if (a.score_identity && !score_bufs.items.empty()) return "captured buffers";
   if (a.uses_max_scores) return "max_scores is read (cuDNN does not return it)";
   if (backward && n.args[6].kind != Arg::Kind::None) return "the backward takes a logsumexp gradient";
   return "";

@@ -76,6 +76,9 @@ struct FlexAnalysis {
   bool band_ok = false;
   FlexBand band;
   std::string mask_why;        // why the mask is not a band (when !band_ok)
+  // The mask is `band & (kv_idx < mask buffer pad_kv [b])` (band_ok is false: only cuDNN's path, which
+  // takes per-batch key lengths, reads it; `band` holds the band then).
+  int pad_kv = -1;
   bool score_identity = false;  // score_mod returns its score unchanged
   // score_mod is `score + t` with t independent of the score and of kv_idx (a learned per-query, per-head
   // or per-batch bias): it shifts each softmax row by t, so the output and the q/k/v gradients are those
@@ -103,6 +106,10 @@ struct FlexAnalysis {
 
 // The mask band of a mask_mod subgraph (args b, h, q_idx, kv_idx, *buffers), or why it is none.
 bool mask_band(const Graph& mask_mod, FlexBand* band, std::string* why);
+// The same, also taking a kv padding: the mask may be `kv_idx < buf[b]` (`buf[b] > kv_idx`), alone or
+// `&` a band, buf one of the mask_mod's captured buffers (a per-batch key length, as padding and
+// attention-gym's length masks write it); *pad is that buffer's position (-1: none).
+bool mask_band_with_padding(const Graph& mask_mod, FlexBand* band, int* pad, std::string* why);
 
 // A flex_attention or flex_attention_backward node of g.
 FlexAnalysis analyze_flex(const Graph& g, int node);

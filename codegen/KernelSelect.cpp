@@ -152,6 +152,8 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
   if (why_not.empty() && pref != KernelPref::Fused) {
     c.kind = backward ? KernelKind::FlexCudnnBackward : KernelKind::FlexCudnnForward;
     c.why = "cudnn: " + (a.band.unbounded() ? std::string("no mask") : to_string(a.band) + " band") +
+            (a.pad_kv >= 0 ? ", kv padding (kv_idx < mask buffer " + std::to_string(a.pad_kv) + "[b]: cuDNN's sequence lengths)"
+                           : std::string()) +
             (a.score_identity    ? ", identity score_mod"
              : a.score_row_shift ? ", score_mod shifts each row by a kv-independent term (only the logsumexp moves)"
              : a.softcap > 0     ? ", score_mod is a soft cap " + std::to_string(a.softcap) + " * tanh(score / " +

@@ -2,7 +2,8 @@
 // header-only cudnn-frontend graph API. Kernel selection (codegen/KernelSelect.cpp, cudnn_why_not in
 // codegen/FlexLowering.h) sends here only what cuDNN computes exactly as flex defines it: fp16/bf16
 // q, k, v, no mask / causal / causal sliding window (a band on q_idx - kv_idx, top-left aligned, as the
-// mask_mod compares absolute indices), and a score_mod that is the identity, a row shift
+// mask_mod compares absolute indices), no mask or causal with a kv padding (kv_idx < lengths[b]: cuDNN's
+// padding mask, with an identity or row-shift score_mod), and a score_mod that is the identity, a row shift
 // (score + t(b, h, q_idx): the identity's output and q/k/v gradients, the logsumexp moved by t, zero
 // gradients for t's buffers), pointwise (emitted as cuDNN pointwise nodes in its score-modifier
 // subgraph, the band after it; the backward only where its derivative is 1, see score_pointwise) or an
@@ -38,6 +39,7 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <mutex>
@@ -72,7 +74,7 @@ void load_cudnn(const std::string& where) {
                                     << "); run the region with hinted_context(kernel=\"aten\")";
 }
 
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kBias, kDBias };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kBias, kDBias, kSeqQ, kSeqKV };
 
 struct CudnnGraph {
   std::shared_ptr<fe::graph::Graph> graph;
@@ -86,11 +88,12 @@ std::string check(fe::error_t e) { return e.is_good() ? std::string() : e.get_me
 struct Operands {
   at::Tensor q, k, v, o, stats, bias;     // forward and backward
   at::Tensor d_o, dq, dk, dv, dbias;      // backward
+  at::Tensor seq_q, seq_kv;               // a kv padding: int32 [B, 1, 1, 1] query and key lengths
   std::map<int64_t, at::Tensor> score_inputs;  // a pointwise score_mod's buffers, by uid
   std::vector<std::pair<int64_t, const at::Tensor*>> by_uid() const {
     std::vector<std::pair<int64_t, const at::Tensor*>> r = {
         {kQ, &q}, {kK, &k}, {kV, &v}, {kO, &o}, {kStats, &stats}, {kBias, &bias},
-        {kDO, &d_o}, {kDQ, &dq}, {kDK, &dk}, {kDV, &dv}, {kDBias, &dbias}};
+        {kDO, &d_o}, {kDQ, &dq}, {kDK, &dk}, {kDV, &dv}, {kDBias, &dbias}, {kSeqQ, &seq_q}, {kSeqKV, &seq_kv}};
     for (const auto& [uid, t] : score_inputs) r.emplace_back(uid, &t);
     return r;
   }
@@ -245,6 +248,11 @@ class CudnnFlexCall : public Call {
   std::shared_ptr<Executor> joint;      // bw, Bias: the buffers' gradients from dBias
   ArgSpec score_buffers;
   std::vector<bool> buffer_grads;       // bw: which captured buffers get a gradient
+  // The mask's kv padding (FlexAnalysis::pad_kv): kv_idx < mask buffer pad_kv [b], cuDNN's padding mask
+  // with these key lengths (clamped to [1, Skv]: a batch whose length is 0 or less, every score masked,
+  // gets flex's results, zeros and a logsumexp of -inf, written over cuDNN's after it runs).
+  int pad_kv = -1;
+  ArgSpec mask_buffers;
 
   // t on the index grid (score = 0), float32, in the scores' (natural) units: [B|1, H|1, S|1, Skv|1].
   at::Tensor additive_term(const std::vector<c10::IValue>& slots, const at::Tensor& q, int64_t Skv) const {
@@ -273,6 +281,15 @@ class CudnnFlexCall : public Call {
                                    at::arange(B, i32).view({B, 1, 1, 1}), at::arange(H, i32).view({1, H, 1, 1}),
                                    at::arange(S, i32).view({1, 1, S, 1}), at::arange(Skv, i32).view({1, 1, 1, Skv})};
     return grids_.emplace(key, std::move(grid)).first->second;
+  }
+
+  // cuDNN's query lengths for a kv padding: S for every batch, int32 [B, 1, 1, 1], made once per shape.
+  const at::Tensor& query_lengths(int64_t B, int64_t S, const at::Tensor& q) const {
+    const std::array<int64_t, 5> key{B, 1, S, 0, q.device().index()};
+    std::lock_guard<std::mutex> lock(grid_mu_);
+    auto it = seq_q_.find(key);
+    if (it != seq_q_.end()) return it->second;
+    return seq_q_.emplace(key, at::full({B, 1, 1, 1}, S, q.options().dtype(at::kInt))).first->second;
   }
 
   // The row shift t as [B, H, S, 1] (kv_idx = 0: t does not read it).
@@ -362,6 +379,13 @@ class CudnnFlexCall : public Call {
     HB_INTERNAL_CHECK(fe::detail::set_stream(handle, at::cuda::getCurrentCUDAStream()) == CUDNN_STATUS_SUCCESS)
         << where << ": cudnnSetStream failed";
     const int64_t B = x.q.size(0), H = x.q.size(1), S = x.q.size(2), Skv = x.k.size(2);
+    at::Tensor empty_batches;  // a kv padding: bool [B, 1, 1, 1], the batches whose every score is masked
+    if (pad_kv >= 0) {
+      const at::Tensor len = build_arg(mask_buffers, slots).toTupleRef().elements().at(pad_kv).toTensor().narrow(0, 0, B);
+      x.seq_kv = len.clamp(1, Skv).to(at::kInt).view({B, 1, 1, 1}).contiguous();
+      x.seq_q = query_lengths(B, S, x.q);
+      empty_batches = len.le(0).view({B, 1, 1, 1});
+    }
     const bool any_grad = std::find(buffer_grads.begin(), buffer_grads.end(), true) != buffer_grads.end();
     if (!backward) {
       x.o = at::empty_like(x.q);
@@ -408,8 +432,14 @@ class CudnnFlexCall : public Call {
     if (!backward) {
       if (mod == Mod::RowShift) x.stats.add_(row_shift(slots, x.q));
       at::Tensor lse = x.stats.squeeze(-1).mul_(1.0 / std::log(2.0));  // flex's logsumexp is base 2
+      if (empty_batches.defined()) {
+        x.o.masked_fill_(empty_batches, 0);
+        lse.masked_fill_(empty_batches.view({B, 1, 1}), -std::numeric_limits<double>::infinity());
+      }
       return c10::ivalue::Tuple::create({x.o, lse, at::Tensor()});
     }
+    if (empty_batches.defined())  // every score masked: no gradient (cuDNN read a -inf logsumexp there)
+      for (at::Tensor* g : {&x.dq, &x.dk, &x.dv}) g->masked_fill_(empty_batches, 0);
     std::vector<c10::IValue> grads;
     if (!buffer_grads.empty()) {
       const std::vector<c10::IValue> bufs = buffers(slots);
@@ -455,6 +485,7 @@ class CudnnFlexCall : public Call {
   mutable std::map<std::vector<int64_t>, std::shared_ptr<const CudnnGraph>> cache_;
   mutable std::mutex grid_mu_;
   mutable std::map<std::array<int64_t, 5>, std::array<at::Tensor, 5>> grids_;  // index_grid's, by shape
+  mutable std::map<std::array<int64_t, 5>, at::Tensor> seq_q_;                   // query_lengths', by shape
   mutable std::atomic<int> bias_mode_{0};  // 0: float32 bias and dBias; 1: float32 bias; 2: neither
 
   // Whether cuDNN builds a graph for these operands (a failed build is not cached).
@@ -514,6 +545,7 @@ class CudnnFlexCall : public Call {
     auto tensor = [&](const char* name, const at::Tensor& t, int64_t uid) {
       auto a = fg::Tensor_attributes().set_name(name).set_uid(uid).set_dim(t.sizes().vec()).set_stride(t.strides().vec());
       if (t.scalar_type() == at::kFloat) a.set_data_type(fe::DataType_t::FLOAT);
+      if (t.scalar_type() == at::kInt) a.set_data_type(fe::DataType_t::INT32);
       return g.tensor(a);
     };
     auto output = [&](const std::shared_ptr<fg::Tensor_attributes>& o, const at::Tensor& t, int64_t uid) {
@@ -557,7 +589,13 @@ class CudnnFlexCall : public Call {
                                                                generated_index(*sg, score, 3)},
                                            5, bufs, score, where));
     };
+    std::shared_ptr<fg::Tensor_attributes> SeqQ, SeqKV;
+    if (x.seq_kv.defined()) {
+      SeqQ = tensor("seq_q", x.seq_q, kSeqQ);
+      SeqKV = tensor("seq_kv", x.seq_kv, kSeqKV);
+    }
     auto set_band = [&](auto& attrs) {
+      if (SeqKV) attrs.set_padding_mask(true).set_seq_len_q(SeqQ).set_seq_len_kv(SeqKV);
       if (mod == Mod::Pointwise) {
         if (softcap > 0) attrs.set_score_mod(softcap_fn);
         else attrs.set_score_mod(score_mod_fn);
@@ -620,6 +658,8 @@ std::shared_ptr<const Call> lower_cudnn_flex_attention(const LowerContext& ctx) 
   HB_INTERNAL_CHECK(cudnn_why_not(ctx.graph(), ctx.node, a).empty()) << ctx.where << ": selected for cuDNN, but "
                                                                      << cudnn_why_not(ctx.graph(), ctx.node, a);
   call->band = a.band;
+  call->pad_kv = a.pad_kv;
+  if (a.pad_kv >= 0) call->mask_buffers = convert_untyped(n.args[call->backward ? 13 : 8], ctx.where);
   call->deterministic = n.hints.deterministic.value_or(false);
   call->scale = float_arg(n.args[call->backward ? 10 : 5], ctx.where);
   for (int k = 0; k < (call->backward ? 6 : 3); ++k) call->tensors.push_back(convert_untyped(n.args[k], ctx.where));

@@ -405,3 +405,58 @@ def test_pointwise_score_mod_matches_float64(tmp_path, mod, mask, shape):
     else:  # the generated CUDA kernel where it can be built, else the reference; either says why not cuDNN
         assert ("flex-attention-backward-fused" in kernels or "flex-attention-backward-reference" in kernels) and \
             "d score_mod / d score != 1" in kernels, kernels
+
+
+@pytest.mark.parametrize("score", ["identity", "query_bias"])
+@pytest.mark.parametrize("with_causal", [False, True])
+def test_kv_padding_mask_runs_on_cudnn_with_sequence_lengths(tmp_path, with_causal, score):
+    """kv_idx < lengths[b] (a captured per-batch key length; with causal too): cuDNN's padding mask. The
+    lengths cover an empty batch (every score masked: flex gives zeros, a logsumexp of -inf and no
+    gradient), one key, a partial length and one past S; outputs, logsumexp and gradients against float64
+    within 2x eager's error, the empty batch exactly as flex defines it."""
+    B, H, S, D = 4, 4, 200, 64
+    torch.manual_seed(17 + with_causal + 2 * (score == "query_bias"))
+    lengths = torch.tensor([0, 1, 137, 250], device="cuda", dtype=torch.int32)
+    q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    qb = torch.randn(S, device="cuda")
+
+    def mask(b, h, qi, kv):
+        m = kv < lengths[b]
+        return (qi >= kv) & m if with_causal else m
+
+    bm = create_block_mask(mask, B, None, S, S, device="cuda")
+
+    def step(compile_dir, dtype):
+        buf = qb.to(torch.float64 if dtype == torch.float64 else torch.float32).detach().clone().requires_grad_(True)
+
+        def score_mod(s, b, h, qi, kv):
+            return s + buf[qi] if score == "query_bias" else s
+
+        def attn(q, k, v, lse):
+            return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, return_lse=lse)
+
+        fn = attn
+        if compile_dir:
+            torch._dynamo.reset()
+            fn = torch.compile(attn, backend="hintbackend", options={"dump_dir": compile_dir})
+        out = run(fn, q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype))
+        return out + ((buf.grad,) if score == "query_bias" else ())
+
+    got = step(str(tmp_path), torch.bfloat16)
+    eager = step(None, torch.bfloat16)
+    ref = step(None, torch.float64)
+    for name, g, e, r in zip(("out", "lse", "dq", "dk", "dv", "dqb"), got, eager, ref):
+        if name == "dqb":  # a row shift's buffer: zero gradient (the logsumexp is unused)
+            assert g is None or torch.count_nonzero(g) == 0, g
+            continue
+        if name == "lse":  # the empty batch: -inf, as flex gives
+            assert torch.all(torch.isneginf(g[0])) and torch.all(torch.isneginf(r[0])), g[0]
+            g, e, r = g[1:], e[1:], r[1:]
+        else:
+            assert torch.count_nonzero(g[0]) == 0, name  # the empty batch: zeros, no gradient
+        assert torch.isfinite(g).all(), name
+        err, eager_err = rel(g, r), rel(e, r)
+        assert err <= 2 * eager_err + 1e-5, f"{name}: {err:.3g} vs eager {eager_err:.3g}"
+    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in graph_dirs(tmp_path))
+    assert "flex-attention-cudnn" in kernels and "flex-attention-backward-cudnn" in kernels, kernels
+    assert "kv padding (kv_idx < mask buffer 0[b]" in kernels, kernels

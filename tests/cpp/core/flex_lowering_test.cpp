@@ -546,6 +546,83 @@ TEST(flex_lowering, auto_budget_counts_the_bias_cudnn_materializes) {
   EXPECT_NE(chosen(false).second.find("auto chose slices=1"), std::string::npos) << chosen(false).second;
 }
 
+// A key-padding mask (kv_idx < lengths[b], a captured per-batch length), alone or with causal: cuDNN's
+// padding mask with those lengths. The other kernels' band analysis does not take it (it reads a buffer).
+std::shared_ptr<Graph> padded(const std::string& mask_body, const std::string& len_type = "i32[2]",
+                              const std::string& score_body = "") {
+  const std::string t = "bf16[2, 4, 128, 64]@cuda:0";
+  return parse_graph(
+      "graph forward {\n"
+      "  %q: " + t + " = placeholder\n  %k: " + t + " = placeholder\n  %v: " + t + " = placeholder\n"
+      "  %kv_num_blocks: i32[1, 1, 1]@cuda:0 = placeholder\n  %kv_indices: i32[1, 1, 1, 1]@cuda:0 = placeholder\n"
+      "  %len: " + len_type + "@cuda:0 = placeholder\n"
+      "  %flex_attention: (" + t + ", f32[2, 4, 128]@cuda:0, f32[2, 4, 128]@cuda:0) = higher_order::flex_attention("
+      "%q, %k, %v, @score0, (128, 128, %kv_num_blocks, %kv_indices, none, none, none, none, none, none, 128, 128, "
+      "@mask0), 0.125, {}, (), (%len,))\n"
+      "  %out: " + t + " = operator::getitem(%flex_attention, 0)\n"
+      "  return (%out,)\n"
+      "}\n"
+      "graph mask0 {\n"
+      "  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n  %q_idx: i32[] = placeholder\n"
+      "  %kv_idx: i32[] = placeholder\n  %len: " + len_type + " = placeholder\n" + mask_body +
+      "}\n"
+      "graph score0 {\n"
+      "  %score: bf16[] = placeholder\n  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n"
+      "  %q_idx: i32[] = placeholder\n  %kv_idx: i32[] = placeholder\n" +
+      (score_body.empty() ? "  return (%score,)\n" : score_body) + "}\n");
+}
+
+TEST(flex_lowering, a_kv_padding_mask_runs_on_cudnn_with_sequence_lengths) {
+  const std::string pad = "  %l: i32[] = aten::index.Tensor(%len, [%b])\n  %m: b8[] = aten::lt.Tensor(%kv_idx, %l)\n";
+  auto g = padded(pad + "  return (%m,)\n");
+  const int flex = g->find("flex_attention");
+  FlexAnalysis a = analyze_flex(*g, flex);
+  EXPECT_FALSE(a.band_ok);  // not a band for the kernels that read bands
+  EXPECT_NE(a.mask_why.find("a padding, which only cuDNN's path takes"), std::string::npos) << a.mask_why;
+  EXPECT_EQ(a.pad_kv, 0);
+  EXPECT_TRUE(a.band.unbounded());
+  EXPECT_EQ(cudnn_why_not(*g, flex, a), "");
+  KernelChoice c = select_kernel(*g, flex, with_cudnn());
+  EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
+  EXPECT_NE(c.why.find("cudnn: no mask, kv padding (kv_idx < mask buffer 0[b]"), std::string::npos) << c.why;
+  // With causal (either order of the &), int64 lengths, lengths written len[b] > kv_idx.
+  for (const std::string& body :
+       {pad + "  %c: b8[] = aten::ge.Tensor(%q_idx, %kv_idx)\n  %a: b8[] = aten::bitwise_and.Tensor(%c, %m)\n  return (%a,)\n",
+        std::string("  %l: i64[] = aten::index.Tensor(%len, [%b])\n  %m: b8[] = aten::gt.Tensor(%l, %kv_idx)\n") +
+            "  %c: b8[] = aten::ge.Tensor(%q_idx, %kv_idx)\n  %a: b8[] = aten::bitwise_and.Tensor(%m, %c)\n  return (%a,)\n"}) {
+    auto gc = padded(body, body.find("i64") != std::string::npos ? "i64[2]" : "i32[2]");
+    a = analyze_flex(*gc, flex);
+    EXPECT_EQ(a.pad_kv, 0) << body;
+    EXPECT_EQ(to_string(a.band), "causal") << body;
+    EXPECT_EQ(cudnn_why_not(*gc, flex, a), "") << body;
+    EXPECT_NE(select_kernel(*gc, flex, with_cudnn()).why.find("cudnn: causal band, kv padding"), std::string::npos);
+  }
+  // Not a padding cuDNN takes: a query padding, lengths read by h, kv_idx <= len[b], two length buffers'
+  // worth of reads of one (a second comparison), a float length, a learned bias beside it, a window.
+  auto why_not = [&](const std::string& body, const std::string& len_type = "i32[2]", const std::string& score = "") {
+    auto gx = padded(body, len_type, score);
+    return cudnn_why_not(*gx, flex, analyze_flex(*gx, flex));
+  };
+  EXPECT_NE(why_not("  %l: i32[] = aten::index.Tensor(%len, [%b])\n  %m: b8[] = aten::lt.Tensor(%q_idx, %l)\n  return (%m,)\n"),
+            "");
+  EXPECT_NE(why_not("  %l: i32[] = aten::index.Tensor(%len, [%h])\n  %m: b8[] = aten::lt.Tensor(%kv_idx, %l)\n  return (%m,)\n"),
+            "");
+  EXPECT_NE(why_not("  %l: i32[] = aten::index.Tensor(%len, [%b])\n  %m: b8[] = aten::le.Tensor(%kv_idx, %l)\n  return (%m,)\n"),
+            "");
+  EXPECT_NE(why_not(pad + "  return (%m,)\n", "f32[2]").find("int32/int64 [B]"), std::string::npos);
+  EXPECT_NE(why_not(pad + "  return (%m,)\n", "i32[1]").find("int32/int64 [B]"), std::string::npos);
+  EXPECT_NE(why_not(pad + "  %c: b8[] = aten::ge.Tensor(%q_idx, %kv_idx)\n  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n"
+                          "  %w: b8[] = aten::lt.Tensor(%d, 16)\n  %cw: b8[] = aten::bitwise_and.Tensor(%c, %w)\n"
+                          "  %a: b8[] = aten::bitwise_and.Tensor(%cw, %m)\n  return (%a,)\n")
+                .find("band causal window 16"),
+            std::string::npos);
+  EXPECT_NE(why_not(pad + "  return (%m,)\n", "i32[2]",
+                    "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n  %t: f32[] = aten::mul.Tensor(%d, 0.5)\n"
+                    "  %out: f32[] = aten::add.Tensor(%score, %t)\n  return (%out,)\n")
+                .find("neither the identity nor a row shift"),
+            std::string::npos);
+}
+
 TEST(flex_lowering, pointwise_score_mods_translate_to_cudnn) {
   // softcap 30 * tanh(score / 30): cuDNN pointwise nodes, the band applied after them.
   auto softcap = flex_graph("bf16", "@cuda:0", "",
