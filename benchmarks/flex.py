@@ -7,7 +7,8 @@ above the inputs.
                               [--fused]
 
 --fused adds the column hb-fused: hintbackend with hinted_context(kernel="fused"), the generated tiled CUDA
-kernels (issue 14) instead of cuDNN.
+kernels (issue 14) instead of cuDNN. --cuda-graphs adds hb-cg: hintbackend with options={"cuda_graphs": True}
+(the compiled forward and backward replayed as CUDA graphs: the host time per step mostly gone).
 
 Two timings of each peer, printed as two tables: "synced", each step timed alone (the host waits for the
 GPU after every step, so the host time before a step's first kernel and between its forward and backward
@@ -213,6 +214,8 @@ def main() -> None:
                    help="also time hintbackend with hinted_context(deterministic=True) (column hb-det)")
     p.add_argument("--fused", action="store_true",
                    help='also time hintbackend with hinted_context(kernel="fused") (column hb-fused)')
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help='also time hintbackend with options={"cuda_graphs": True} (column hb-cg)')
     p.add_argument("--peers", default="inductor,sdpa-cudnn,cudnn-bias,hintbackend",
                    help="which of the default peers to time")
     args = p.parse_args()
@@ -273,7 +276,7 @@ def main() -> None:
 
             res = {"inductor": None, "sdpa-cudnn": None, "cudnn-bias": None, "hintbackend": None}
             for peer in tuple(args.peers.split(",")) + (("hb-det",) if args.deterministic else ()) + \
-                    (("hb-fused",) if args.fused else ()):
+                    (("hb-fused",) if args.fused else ()) + (("hb-cg",) if args.cuda_graphs else ()):
                 if (peer == "sdpa-cudnn" and score_mod is not None and sdpa_mask is None) or \
                         (peer == "cudnn-bias" and BIASES["mat"] is None):
                     res[peer] = None
@@ -295,7 +298,8 @@ def main() -> None:
                                                                is_causal=row == "causal").backward(dout)
                     else:
                         f = torch.compile({"hb-det": attn_det, "hb-fused": attn_fused, "cudnn-bias": attn_mat}.get(
-                            peer, attn), backend="inductor" if peer == "inductor" else "hintbackend")
+                            peer, attn), backend="inductor" if peer == "inductor" else "hintbackend",
+                            options={"cuda_graphs": True} if peer == "hb-cg" else None)
 
                         def fn(f=f):
                             fresh_grads()
@@ -335,6 +339,8 @@ def main() -> None:
                 extra = f"  hb-det {cell(det)}, {ratio(det, hb)}x hb"
             if "hb-fused" in res:
                 extra += f"  hb-fused {cell(res['hb-fused'])}, {ratio(res['hb-fused'], res['inductor'])}x inductor"
+            if "hb-cg" in res:
+                extra += f"  hb-cg {cell(res['hb-cg'])}, {ratio(res['hb-cg'], res['sdpa-cudnn'])}x sdpa"
             print(f"{row:<10}{D:>5}{cell(res['inductor']):>16}{cell(res['sdpa-cudnn']):>16}"
                   f"{cell(res['cudnn-bias']):>16}{cell(hb):>16}{ratio(hb, res['inductor']):>13}"
                   f"{ratio(hb, res['sdpa-cudnn']):>9}{ratio(hb, res['cudnn-bias']):>15}{extra}")
