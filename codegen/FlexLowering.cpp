@@ -731,7 +731,11 @@ std::optional<int64_t> materialized_bias_bytes(const Graph& g, int node, const F
   return bytes;
 }
 
-int64_t cudnn_flex_workspace_bytes(const Graph& g, int node, const FlexAnalysis& a) {
+namespace {
+
+// The bias cuDNN's path makes for flex node `node` and its gradient: cudnn_flex_workspace_bytes without
+// cuDNN's own workspace.
+int64_t cudnn_bias_bytes(const Graph& g, int node, const FlexAnalysis& a) {
   const Node& n = g.nodes[node];
   const bool backward = n.target == "higher_order::flex_attention_backward";
   if (!a.score_bias || a.score_pointwise || a.softcap > 0) return 0;
@@ -755,6 +759,37 @@ int64_t cudnn_flex_workspace_bytes(const Graph& g, int node, const FlexAnalysis&
   // The grid evaluation holds t before its contiguous broadcast copy (a score_mod's last op at least).
   const int64_t bias = a.bias_layout.kind == FlexBiasLayout::Kind::Grid ? 2 * *bytes : *bytes;
   return bias + (backward ? *bytes : 0);
+}
+
+}  // namespace
+
+int64_t cudnn_flex_workspace_bytes(const Graph& g, int node, const FlexAnalysis& a) {
+  return cudnn_bias_bytes(g, node, a) + cudnn_sdpa_workspace_bytes(g, node, a);
+}
+
+int64_t cudnn_sdpa_workspace_bytes(const Graph& g, int node, const FlexAnalysis& a) {
+  // Fitted to what cuDNN 9.19 reports on an H200 (benchmarks/cudnn_workspace.py: exact to its 256-byte
+  // constant on every case run, docs/flex-attention.md) and to cudnn-frontend's sdpa_backward node.
+  constexpr int64_t kEngine = 1024;  // the engine's own few bytes: 256 on every case measured
+  const Node& n = g.nodes[node];
+  if (n.target != "higher_order::flex_attention_backward") return kEngine;
+  const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]);
+  if (!q || !k || q->shape.size() != 4 || k->shape.size() != 4) return kEngine;
+  for (const Dim& d : {q->shape[0], q->shape[1], q->shape[2], q->shape[3], k->shape[1], k->shape[2]})
+    if (!d.is_static()) return kEngine;  // symbolic: the rest counted as 0, like symbolic values
+  const int64_t B = q->shape[0].value, H = q->shape[1].value, S = q->shape[2].value, D = q->shape[3].value,
+                Hkv = k->shape[1].value, Skv = k->shape[2].value;
+  auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
+  const bool dbias = a.score_bias && !a.score_pointwise && a.softcap <= 0 && a.buffer_grads > 0;
+  const bool deterministic = n.hints.deterministic.value_or(false);
+  // The row sums of dO * O, float32 [B, H, S]; then either dP (the score gradient, q's dtype, [B, H, S,
+  // Skv] padded to 128-row tiles), which dBias reads and the deterministic algorithm reduces dQ from, or
+  // the default's float32 dQ accumulator [B, H, S, D]; GQA adds the per-q-head float32 dK/dV partials
+  // [B, H, Skv, D] it reduces over each group.
+  int64_t bytes = kEngine + B * H * S * 4;
+  bytes += dbias || deterministic ? B * H * up(S, 128) * up(Skv, 128) * 2 : B * H * S * D * 4;
+  if (Hkv != H) bytes += B * H * Skv * D * 4;
+  return bytes;
 }
 
 }  // namespace hb

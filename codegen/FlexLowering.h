@@ -126,10 +126,18 @@ std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a);
 // Toeplitz table's own dtype when that is q's; nullopt when it builds none or the sizes are symbolic.
 std::optional<int64_t> materialized_bias_bytes(const Graph& g, int node, const FlexAnalysis& a);
 
-// The memory cuDNN's path takes while it runs flex node `node` beyond its results (cuDNN's own workspace
-// aside): the materialized bias (materialized_bias_bytes), and in a backward its gradient (counted in
-// float32, the widest this cuDNN writes it in); a dense buffer in a dtype neither float32 nor q's is cast
-// to a float32 copy. 0 when there is no bias.
+// The memory cuDNN's path takes while it runs flex node `node` beyond its results: cuDNN's own workspace
+// (cudnn_sdpa_workspace_bytes), the materialized bias (materialized_bias_bytes), and in a backward its
+// gradient (counted in float32, the widest this cuDNN writes it in); a dense buffer in a dtype neither
+// float32 nor q's is cast to a float32 copy.
 int64_t cudnn_flex_workspace_bytes(const Graph& g, int node, const FlexAnalysis& a);
+
+// cuDNN's own workspace for flex node `node` (what cudnn-frontend's get_workspace_size reports for the
+// graph CudnnFlexCall builds), modelled from the shapes and options as an upper bound, measured by
+// benchmarks/cudnn_workspace.py: a constant 1 KiB for a forward; a backward adds the float32 row sums of
+// dO * O ([B, H, S]), then dP in q's dtype ([B, H, S, Skv] padded to 128) where dBias is wanted or the
+// algorithm is deterministic, else a float32 dQ accumulator ([B, H, S, D]), and with GQA float32 per-head
+// dK/dV partials ([B, H, Skv, D]). The constant alone when the sizes are symbolic.
+int64_t cudnn_sdpa_workspace_bytes(const Graph& g, int node, const FlexAnalysis& a);
 
 }  // namespace hb

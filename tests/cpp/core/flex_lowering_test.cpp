@@ -397,7 +397,8 @@ TEST(flex_lowering, bias_layouts_dense_and_toeplitz) {
 
 // What cuDNN's path materializes, per buffer dtype (q bf16 [2, 4, 128, 64]): a Toeplitz table of q's dtype
 // is gathered in that dtype (exact, half the bytes), any other in float32; a dense buffer of float32 or q's
-// dtype is passed as it is, another is cast to a float32 copy. Backward adds dBias, counted in float32.
+// dtype is passed as it is, another is cast to a float32 copy. Backward adds dBias, counted in float32. The
+// node's workspace adds cuDNN's own (cudnn_sdpa_workspace_bytes, tests/cpp/core/cudnn_workspace_test.cpp).
 TEST(flex_lowering, the_materialized_bias_keeps_a_bf16_buffer_in_bf16) {
   const int64_t grid = int64_t{1} * 4 * 128 * 128;
   auto toeplitz = [](const std::string& table) {
@@ -414,7 +415,7 @@ TEST(flex_lowering, the_materialized_bias_keeps_a_bf16_buffer_in_bf16) {
     const FlexAnalysis a = analyze_flex(*g, flex);
     ASSERT_EQ(a.bias_layout.kind, FlexBiasLayout::Kind::Toeplitz) << table;
     EXPECT_EQ(materialized_bias_bytes(*g, flex, a), grid * bytes) << table;
-    EXPECT_EQ(cudnn_flex_workspace_bytes(*g, flex, a), grid * bytes) << table;
+    EXPECT_EQ(cudnn_flex_workspace_bytes(*g, flex, a), grid * bytes + cudnn_sdpa_workspace_bytes(*g, flex, a)) << table;
   }
   for (const auto& [buf, copy] : {std::pair<std::string, int64_t>{"f32[4, 128, 128]", 0}, {"bf16[4, 128, 128]", 0},
                                   {"f16[4, 128, 128]", 4 * grid}}) {
@@ -425,7 +426,7 @@ TEST(flex_lowering, the_materialized_bias_keeps_a_bf16_buffer_in_bf16) {
     const int flex = g->find("flex_attention");
     const FlexAnalysis a = analyze_flex(*g, flex);
     ASSERT_EQ(a.bias_layout.kind, FlexBiasLayout::Kind::Dense) << buf;
-    EXPECT_EQ(cudnn_flex_workspace_bytes(*g, flex, a), copy) << buf;
+    EXPECT_EQ(cudnn_flex_workspace_bytes(*g, flex, a), copy + cudnn_sdpa_workspace_bytes(*g, flex, a)) << buf;
   }
 }
 
@@ -480,7 +481,8 @@ TEST(flex_lowering, toeplitz_reads_the_head_through_a_slice_index_table) {
   const KernelChoice c = select_kernel(*g, flex, with_cudnn());
   EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
   EXPECT_NE(c.why.find("(toeplitz buf0[q_idx - kv_idx + 127, buf1[b, h]])"), std::string::npos) << c.why;
-  EXPECT_EQ(kernel_workspace_bytes(*g, g->nodes[flex], /*cudnn_attention=*/true), 1 * 2 * 128 * 128 * 4);
+  EXPECT_EQ(kernel_workspace_bytes(*g, g->nodes[flex], /*cudnn_attention=*/true),
+            1 * 2 * 128 * 128 * 4 + cudnn_sdpa_workspace_bytes(*g, flex, a));
   // map[h] (an int32 table of one dim) too.
   a = analyze_flex(*mapped_relbias("i32[2]", "[%h]"), flex);
   EXPECT_EQ(a.bias_layout.kind, FlexBiasLayout::Kind::Toeplitz);
@@ -540,7 +542,10 @@ TEST(flex_lowering, auto_budget_counts_the_bias_cudnn_materializes) {
   ASSERT_GE(flex, 0);
   const FlexAnalysis a = analyze_flex(b, flex);
   EXPECT_EQ(a.bias_layout.kind, FlexBiasLayout::Kind::Toeplitz);
-  EXPECT_EQ(kernel_workspace_bytes(b, b.nodes[flex], true), int64_t{1} * 8 * 4096 * 4096 * 4);
+  // The bias, and cuDNN's own workspace: a forward's is a constant few bytes (its backward's is not:
+  // cudnn_workspace.auto_budget_counts_cudnn_s_own_workspace).
+  EXPECT_EQ(kernel_workspace_bytes(b, b.nodes[flex], true),
+            int64_t{1} * 8 * 4096 * 4096 * 4 + cudnn_sdpa_workspace_bytes(b, flex, a));
   EXPECT_NE(select_kernel(b, flex, with_cudnn()).why.find("toeplitz buf0[q_idx - kv_idx + 4095, buf1[b, h]]"),
             std::string::npos);
   EXPECT_NE(chosen(false).second.find("auto chose slices=1"), std::string::npos) << chosen(false).second;
