@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <functional>
 #include <memory>
 
 #include "backend/importer/JsonImport.h"
@@ -14,6 +15,7 @@
 #include "backend/ir/SliceLoop.h"
 #include "backend/runtime/Executor.h"
 #include "backend/runtime/Placement.h"
+#include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
 #include "codegen/TargetModel.h"
 #include "passes/Pipeline.h"
@@ -198,6 +200,27 @@ class CompiledGraph {
   std::vector<std::string> warnings() const { return program_.warnings; }
   std::string ir() const { return print_graph(*program_.graph); }  // printed on demand only
   std::string kernels() const { return print_kernel_plan(*program_.graph, *program_.kernels); }
+  // The last run's largest workspace one kernel allocated for itself (cuDNN's SDPA), 0 before a run.
+  int64_t kernel_workspace_bytes() const { return executor_ ? executor_->arena_stats().workspace : 0; }
+  // cuDNN's workspace as the plan models it (cudnn_sdpa_workspace_bytes), per node that runs on cuDNN,
+  // slice-loop bodies' included: [(node, bytes)].
+  std::vector<std::pair<std::string, int64_t>> cudnn_workspace_model() const {
+    std::vector<std::pair<std::string, int64_t>> out;
+    std::function<void(const Graph&, const KernelPlan&)> walk = [&](const Graph& g, const KernelPlan& kp) {
+      for (size_t i = 0; i < g.nodes.size() && i < kp.nodes.size(); ++i) {
+        const KernelKind k = kp.nodes[i].kind;
+        if (k != KernelKind::FlexCudnnForward && k != KernelKind::FlexCudnnBackward) continue;
+        const int node = static_cast<int>(i);
+        out.emplace_back(g.nodes[i].name, cudnn_sdpa_workspace_bytes(g, node, analyze_flex(g, node)));
+      }
+      for (const auto& [name, sub] : kp.subgraphs) {
+        auto it = g.subgraphs.find(name);
+        if (it != g.subgraphs.end() && sub) walk(*it->second, *sub);
+      }
+    };
+    walk(*program_.graph, *program_.kernels);
+    return out;
+  }
   py::object memory_plan() const {
     return program_.memory ? py::object(plan_data(*program_.memory, *program_.graph)) : py::object(py::none());
   }
@@ -246,6 +269,12 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("warnings", &hb::CompiledGraph::warnings)
       .def_property_readonly("ir", &hb::CompiledGraph::ir)
       .def_property_readonly("kernels", &hb::CompiledGraph::kernels, "The kernel chosen for each node and why (text)")
+      .def_property_readonly("kernel_workspace_bytes", &hb::CompiledGraph::kernel_workspace_bytes,
+                             "The last run's largest workspace one kernel allocated for itself (cuDNN's SDPA), "
+                             "slice-loop bodies included; 0 before a run")
+      .def_property_readonly("cudnn_workspace_model", &hb::CompiledGraph::cudnn_workspace_model,
+                             "cuDNN's workspace as the memory plan models it, per node that runs on cuDNN: "
+                             "[(node, bytes)]")
       .def_property_readonly("memory_plan", &hb::CompiledGraph::memory_plan,
                              "The memory plan as data (dict; None when memory-plan is disabled)");
   m.def("import_graph", [](const std::string& doc) { return hb::print_graph(*hb::import_json(doc)); },

@@ -23,6 +23,7 @@ class Executor;
 struct CallStats {
   int64_t arenas = 0;   // arenas allocated (a slice loop's body arena)
   int64_t written = 0;  // results written straight into a caller's destination
+  int64_t workspace = 0;  // the largest workspace one kernel allocated for itself (cuDNN's), in bytes
 };
 
 class Call {

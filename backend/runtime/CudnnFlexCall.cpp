@@ -366,7 +366,7 @@ class CudnnFlexCall : public Call {
     return bufs.toTupleRef().elements().vec();
   }
 
-  c10::IValue run(const std::vector<c10::IValue>& slots, const at::Tensor&, CallStats&) const override {
+  c10::IValue run(const std::vector<c10::IValue>& slots, const at::Tensor&, CallStats& stats) const override {
     std::vector<at::Tensor> t;
     for (const ArgSpec& a : tensors) t.push_back(build_arg(a, slots).toTensor());
     Operands x;
@@ -428,7 +428,7 @@ class CudnnFlexCall : public Call {
                           m + 1 == 1 ? "the buffers' gradients carry its rounding" : "the bias is rounded to it");
       }
     }
-    execute(handle, x);
+    execute(handle, x, stats);
     if (!backward) {
       if (mod == Mod::RowShift) x.stats.add_(row_shift(slots, x.q));
       at::Tensor lse = x.stats.squeeze(-1).mul_(1.0 / std::log(2.0));  // flex's logsumexp is base 2
@@ -502,8 +502,11 @@ class CudnnFlexCall : public Call {
     return [e](std::vector<c10::IValue> in) { return e->run(std::move(in)); };
   }
 
-  void execute(cudnnHandle_t handle, const Operands& x) const {
+  // Runs the graph for x with a workspace of the size cuDNN asks for, reported through `stats` (the plan's
+  // model of it: cudnn_sdpa_workspace_bytes, codegen/FlexLowering.h).
+  void execute(cudnnHandle_t handle, const Operands& x, CallStats& stats) const {
     const std::shared_ptr<const CudnnGraph> g = graph_for(handle, x);
+    stats.workspace = std::max(stats.workspace, g->workspace);
     std::unordered_map<int64_t, void*> pack;
     for (const auto& [uid, t] : x.by_uid())
       if (t->defined()) pack[uid] = t->data_ptr();

@@ -399,6 +399,7 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
     std::atomic_store(&kept_, std::make_shared<const std::vector<std::pair<int, c10::IValue>>>(std::move(keeping)));
   last_arena_bytes_ = largest_arena;
   last_written_ = written + stats.written;
+  last_workspace_ = stats.workspace;
   last_placed_ = placed;
   allocations_ += stats.arenas;
   return outputs;
@@ -477,6 +478,7 @@ Executor::ArenaStats Executor::arena_stats() const {
   s.arena_bytes = last_arena_bytes_.load();
   s.placed = last_placed_.load();
   s.written = last_written_.load();
+  s.workspace = last_workspace_.load();
   s.allocations = allocations_.load();
   return s;
 }

@@ -76,6 +76,9 @@ class Executor {
     int64_t allocations = 0;  // all runs: arenas allocated, this graph's and its slice_loop bodies'
     int64_t written = 0;      // the last run: outputs written straight into the caller's destinations
                               // (slice-loop bodies: into slice i of the loop's results, every slice counted)
+    int64_t workspace = 0;    // the last run: the largest workspace one kernel allocated for itself (cuDNN's
+                              // SDPA), its slice-loop bodies' included; the plan's model of it is
+                              // kernel_workspace_bytes (codegen/TargetModel.h)
   };
   ArenaStats arena_stats() const;
   // Whether calls use the arena (the plan's decision). Slice-loop bodies use it regardless.
@@ -106,7 +109,8 @@ class Executor {
   bool constants_require_grad_ = false;
   std::vector<bool> segment_ends_;  // per node: a busy period of the plan ends there (its arena is dropped)
   c10::Device arena_device_ = c10::Device(c10::kCPU);
-  mutable std::atomic<int64_t> last_arena_bytes_{0}, last_placed_{0}, allocations_{0}, last_written_{0};
+  mutable std::atomic<int64_t> last_arena_bytes_{0}, last_placed_{0}, allocations_{0}, last_written_{0},
+      last_workspace_{0};
 };
 
 }  // namespace hb::rt

@@ -6,6 +6,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
+#include <algorithm>
+
 #include "backend/ir/Error.h"
 #include "backend/ir/SliceLoop.h"
 #include "backend/runtime/Args.h"
@@ -97,7 +99,9 @@ class SliceLoopCall : public Call {
         throw;
       }
       HB_INTERNAL_CHECK(out.size() == full.size()) << "slice body returned " << out.size() << " values";
-      stats.written += body->arena_stats().written;
+      const Executor::ArenaStats body_stats = body->arena_stats();
+      stats.written += body_stats.written;
+      stats.workspace = std::max(stats.workspace, body_stats.workspace);
       for (size_t k = 0; k < out.size(); ++k) {
         if (loop.out_dims[k] == kOutReplicated) {  // slice 0's value is the loop's
           if (i == 0) full[k] = out[k].toTensor();

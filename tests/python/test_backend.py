@@ -188,6 +188,19 @@ def test_runtime_error_names_the_node():
         g.run([torch.randn(2, 3)])
 
 
+def test_a_graph_without_cudnn_reports_no_kernel_workspace():
+    """kernel_workspace_bytes is the last run's largest workspace a kernel allocated for itself (cuDNN's
+    SDPA, test_flex_cudnn.py checks it against the plan's model): none here, before or after a run."""
+    doc = {"format": "hintbackend.graph", "version": 1, "graph": {"name": "g", "nodes": [
+        {"name": "a", "op": "placeholder", "target": "a"}, {"name": "b", "op": "placeholder", "target": "b"},
+        {"name": "mm", "op": "call_function", "target": "aten::mm.default", "args": [{"ref": "a"}, {"ref": "b"}]},
+        {"name": "output", "op": "output", "args": [{"tuple": [{"ref": "mm"}]}]}]}}
+    g = hintbackend._core().CompiledGraph(json.dumps(doc), [], _settings())
+    assert g.kernel_workspace_bytes == 0 and g.cudnn_workspace_model == []
+    g.run([torch.randn(2, 3), torch.randn(3, 4)])
+    assert g.kernel_workspace_bytes == 0
+
+
 def test_outside_torch_compile_nothing_changes():
     assert hintbackend.__version__
     assert callable(hintbackend.hintbackend)
