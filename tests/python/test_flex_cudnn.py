@@ -265,6 +265,57 @@ def test_deterministic_relative_bias_gradient_is_bitwise_repeatable(tmp_path, bi
     assert "toeplitz" in kernels and "deterministic" in kernels, kernels
 
 
+@pytest.mark.parametrize("bias,shape,deterministic", [
+    (None, (2, 8, 8, 1000, 128), False),     # the float32 dQ accumulator; S % 128 != 0
+    (None, (2, 8, 2, 640, 64), True),        # deterministic: dP; GQA: the per-q-head partials
+    ("relative", (2, 8, 8, 1000, 128), False),  # dBias: dP, padded to 1024 x 1024
+    ("dense", (1, 4, 4, 256, 64), False),
+])
+def test_cudnn_workspace_is_within_the_plan_s_model(monkeypatch, bias, shape, deterministic):
+    """The workspace cuDNN asks for (CompiledGraph.kernel_workspace_bytes after a step) is at most what the
+    memory plan counts for it (cudnn_workspace_model, the model in codegen/FlexLowering.cpp), and a
+    backward's at least half of it: the plan neither misses cuDNN's memory nor books far too much."""
+    import hintbackend.backend as hb_backend
+
+    graphs = []
+    build = hb_backend._build
+
+    def capturing(payload, opts, name):
+        fn, unsupported = build(payload, opts, name)
+        if fn is not None:
+            graphs.append((name, fn.hintbackend_graph))
+        return fn, unsupported
+
+    monkeypatch.setattr(hb_backend, "_build", capturing)
+    B, H, Hkv, S, D = shape
+    torch.manual_seed(S)
+    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    mod = None
+    if bias:
+        buf_shape, buf_dtype, _, make_mod = BIASES[bias]
+        buf = torch.randn(buf_shape(B, H, S), device="cuda", dtype=buf_dtype, requires_grad=True)
+        mod = make_mod(buf, S)
+
+    def attn(q, k, v):
+        with hinted_context(deterministic=deterministic):
+            return flex_attention(q, k, v, score_mod=mod, enable_gqa=H != Hkv)
+
+    torch._dynamo.reset()
+    fn = torch.compile(attn, backend="hintbackend", options={"compile_cache": False})
+    fn(q, k, v).backward(torch.randn_like(q))
+    torch.cuda.synchronize()
+    kinds = {name.split("_")[0]: g for name, g in graphs}
+    assert set(kinds) == {"forward", "backward"}, [name for name, _ in graphs]
+    for kind, g in kinds.items():
+        model = g.cudnn_workspace_model
+        assert len(model) == 1, (kind, model, g.kernels)  # the one flex node, on cuDNN
+        planned, reported = model[0][1], g.kernel_workspace_bytes
+        assert reported <= planned, (kind, reported, planned)
+        if kind == "backward":
+            assert reported >= planned / 2, (kind, reported, planned)
+
+
 @pytest.mark.parametrize("buf_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_relative_bias_in_dfs_slices_matches_float64(tmp_path, buf_dtype, deterministic):
