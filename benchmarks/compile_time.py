@@ -3,6 +3,7 @@ training step), in a first process with empty caches and in a second process tha
 hintbackend and Inductor side by side.
 
     python benchmarks/compile_time.py [--device cpu|cuda] [--backends hintbackend,inductor] [--seq 128]
+                                      [--dynamo-cache]
 
 Each run is a fresh Python process: hintbackend's kernel cache (options cache_dir) and Inductor's caches
 (TORCHINDUCTOR_CACHE_DIR) point into one temporary folder per backend, empty for the first process and kept
@@ -12,6 +13,11 @@ step's wall time less a warm step's; beside it, from torch._dynamo.utils.compile
 compiles (which include the backend's work) and, of that, AOTAutograd's (on a cache hit: its cache lookup
 and load), and whether AOTAutograd's cache hit. The last column is the second process's compile time over
 the first's.
+
+--dynamo-cache also runs both processes with torch's Dynamo cache (torch._dynamo.config.caching_precompile,
+the opt-in TORCH_CACHING_PRECOMPILE=1): the first process saves its entries with
+torch.compiler.save_cache_artifacts() after its steps, and the second loads them when torch.compile wraps
+the model, skipping Dynamo's tracing as well (its row says whether Dynamo's cache hit).
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ def child(args) -> dict:
 
     from hintbackend.demo import TinyGPT
 
+    if args.dynamo_cache:
+        torch._dynamo.config.caching_precompile = True
     torch.manual_seed(0)
     dev = args.device
     model = TinyGPT(seq=args.seq, device=dev).to(dev)
@@ -59,13 +67,17 @@ def child(args) -> dict:
             aot = max(aot, total)
     c = torch._dynamo.utils.counters["aot_autograd"]
     cache = "hit" if c["autograd_cache_hit"] else "miss" if c["autograd_cache_miss"] else "off"
+    if args.dynamo_cache:
+        d = torch._dynamo.utils.counters["dynamo_cache"]
+        cache += ", Dynamo " + ("hit" if d["dynamo_cache_hit"] else "error" if d["dynamo_cache_error"] else "miss")
+        torch.compiler.save_cache_artifacts()  # writes this process's Dynamo entries (none new on a hit)
     return {"first": first, "warm": warm, "compile": first - warm, "dynamo": dynamo, "aot": aot, "cache": cache}
 
 
-def run(backend: str, device: str, seq: int, cache: str) -> dict:
+def run(backend: str, device: str, seq: int, cache: str, dynamo_cache: bool) -> dict:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor")}
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--backend", backend, "--device", device,
-           "--seq", str(seq), "--cache", os.path.join(cache, "hintbackend")]
+           "--seq", str(seq), "--cache", os.path.join(cache, "hintbackend")] + (["--dynamo-cache"] if dynamo_cache else [])
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         errors = [line for line in p.stderr.splitlines() if "Error" in line and "TORCHDYNAMO_VERBOSE" not in line]
@@ -81,6 +93,8 @@ def main() -> None:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--backend", help=argparse.SUPPRESS)
     p.add_argument("--cache", help=argparse.SUPPRESS)
+    p.add_argument("--dynamo-cache", action="store_true",
+                   help="also with torch's Dynamo cache (caching_precompile), saved by the first process")
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(args)))
@@ -88,9 +102,12 @@ def main() -> None:
     import torch
 
     rows = []
-    for backend in args.backends.split(","):
-        with tempfile.TemporaryDirectory(prefix=f"hb_compile_{backend}_") as cache:
-            rows.append((backend, run(backend, args.device, args.seq, cache), run(backend, args.device, args.seq, cache)))
+    for dynamo_cache in (False, True) if args.dynamo_cache else (False,):
+        for backend in args.backends.split(","):
+            with tempfile.TemporaryDirectory(prefix=f"hb_compile_{backend}_") as cache:
+                name = backend + (" + Dynamo cache" if dynamo_cache else "")
+                rows.append((name, run(backend, args.device, args.seq, cache, dynamo_cache),
+                             run(backend, args.device, args.seq, cache, dynamo_cache)))
     print(f"\n# compile time of the demo model's training step (TinyGPT, seq {args.seq}, batch 4) on {args.device}, "
           f"torch {torch.__version__}, {os.cpu_count()} CPUs; seconds")
     print("| backend | first process: compile (Dynamo frames; AOT of it; AOT cache) | second process: compile (Dynamo "

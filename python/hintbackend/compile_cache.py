@@ -218,6 +218,41 @@ def unavailable(opts: Options) -> str:
     return ""
 
 
+def _load_dynamo_guards_outside_a_trace() -> None:
+    """Lets torch's Dynamo cache (``torch._dynamo.config.caching_precompile``, TORCH_CACHING_PRECOMPILE=1)
+    reload a model whose traced code touched pytree, as FlexAttention's does, so a second process skips
+    Dynamo's tracing too (docs/debugging.md, "Compile cache").
+
+    torch 2.11 pickles a Dynamo entry's guard sources; unpickling an ``ImportSource`` (the guard on
+    ``torch.utils._pytree.SUPPORTED_NODES``) runs its ``__post_init__``, which installs a guard into the
+    current trace, and outside one raises "TracingContext.get() must be called within an ongoing trace"
+    (then Dynamo's fallback asserts the package is not initialized yet). The entry's guards are the
+    pickled ones; that install is a side effect the load does not need. So, while no trace is active,
+    the unpickling runs inside a throwaway TracingContext whose guards are dropped. Installed when
+    hintbackend is imported (the backend's entry point), before Dynamo looks an entry up."""
+    try:
+        import torch._dynamo.package as package
+        from torch._guards import TracingContext, tracing
+    except ImportError:  # a torch without Dynamo's package cache: nothing to fix
+        return
+    load = getattr(package, "load_guards_state", None)
+    if load is None or getattr(load, "_hintbackend_outside_trace", False):
+        return
+
+    @functools.wraps(load)
+    def load_guards_state(guards_state: bytes) -> Any:
+        if TracingContext.try_get() is not None:
+            return load(guards_state)
+        with tracing(TracingContext(None)):
+            return load(guards_state)
+
+    load_guards_state._hintbackend_outside_trace = True  # type: ignore[attr-defined]
+    package.load_guards_state = load_guards_state
+
+
+_load_dynamo_guards_outside_a_trace()
+
+
 @contextlib.contextmanager
 def _without_inductor_codegen_import() -> Iterator[None]:
     """AOTAutogradCache's key (FxGraphHashDetails in torch/_inductor/codecache.py) calls Inductor's

@@ -154,3 +154,48 @@ def test_option_and_environment_are_validated(monkeypatch):
     monkeypatch.setenv("HINTBACKEND_COMPILE_CACHE", "off")
     with pytest.raises(ValueError, match="HINTBACKEND_COMPILE_CACHE"):
         parse_options({})
+
+
+# The demo model (FlexAttention with a learned relative bias: its traced code touches pytree) trained one
+# step with torch's Dynamo cache on (caching_precompile, the opt-in TORCH_CACHING_PRECOMPILE=1); the
+# first process saves its entries, the second loads them when torch.compile wraps the model.
+DYNAMO_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    torch._dynamo.config.caching_precompile = True
+    from hintbackend.demo import TinyGPT
+
+    cache, out = sys.argv[1], sys.argv[2]
+    torch.manual_seed(0)
+    model = TinyGPT(seq=32, device="cpu")
+    fn = torch.compile(model, backend="hintbackend", options={"cache_dir": cache})
+    data = torch.randint(0, 256, (2, 33))
+    loss = fn(data[:, :-1], data[:, 1:])
+    loss.backward()
+    torch.save({"loss": loss.detach(), "grads": [p.grad for p in model.parameters()]}, out)
+    torch.compiler.save_cache_artifacts()
+    c = torch._dynamo.utils.counters
+    print(json.dumps({"dynamo_cache": dict(c["dynamo_cache"]), "graphs": c["stats"]["unique_graphs"]}))
+""")
+
+
+def test_dynamo_cache_reloads_the_flex_demo_in_a_second_process(tmp_path):
+    """With torch's Dynamo cache on, the second process traces nothing (Dynamo's entry hit, no graph
+    compiled) and its loss and gradients equal the first's bit for bit. torch 2.11 fails to reload this
+    model's guards on its own ("TracingContext.get() must be called within an ongoing trace", from the
+    pytree guard FlexAttention's code adds); compile_cache._load_dynamo_guards_outside_a_trace fixes it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch")}
+    results = []
+    for tag in ("first", "second"):
+        out = tmp_path / f"{tag}.pt"
+        r = subprocess.run([sys.executable, "-c", DYNAMO_SCRIPT, str(tmp_path / "hb"), str(out)], capture_output=True,
+                           text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "Failed to load" not in r.stderr, r.stderr[-3000:]
+        results.append((json.loads(r.stdout.strip().splitlines()[-1]), torch.load(out)))
+    (first, a), (second, b) = results
+    assert first["dynamo_cache"].get("dynamo_cache_hit", 0) == 0 and first["graphs"] >= 1, first
+    assert second["dynamo_cache"].get("dynamo_cache_hit", 0) == 1 and second["graphs"] == 0, second
+    assert torch.equal(a["loss"], b["loss"])
+    for x, y in zip(a["grads"], b["grads"]):
+        assert torch.equal(x, y)
