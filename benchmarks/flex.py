@@ -8,7 +8,8 @@ above the inputs.
 
 --fused adds the column hb-fused: hintbackend with hinted_context(kernel="fused"), the generated tiled CUDA
 kernels (issue 14) instead of cuDNN. --cuda-graphs adds hb-cg: hintbackend with options={"cuda_graphs": True}
-(the compiled forward and backward replayed as CUDA graphs: the host time per step mostly gone).
+(the compiled forward and backward replayed as CUDA graphs: the host time per step mostly gone; its q/k/v
+gradients are set to None before each step, as cudagraph trees require, where the other peers accumulate).
 
 Two timings of each peer, printed as two tables: "synced", each step timed alone (the host waits for the
 GPU after every step, so the host time before a step's first kernel and between its forward and backward
@@ -301,8 +302,13 @@ def main() -> None:
                             peer, attn), backend="inductor" if peer == "inductor" else "hintbackend",
                             options={"cuda_graphs": True} if peer == "hb-cg" else None)
 
-                        def fn(f=f):
+                        def fn(f=f, cg=peer == "hb-cg"):
                             fresh_grads()
+                            if cg:  # a new iteration for CUDA-graph trees (mode="reduce-overhead" usage): the
+                                # gradients a replay returned live in the graphs' memory, which the next replay
+                                # overwrites, so they are dropped (zero_grad), not accumulated into
+                                torch.compiler.cudagraph_mark_step_begin()
+                                q.grad = k.grad = v.grad = None
                             f(q, k, v).backward(dout)
                     peak, ms = measure(fn, "cuda", args.steps)
                     ms_q = measure_queued(fn, args.steps)

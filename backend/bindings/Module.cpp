@@ -120,6 +120,10 @@ struct CompileSettings {
   bool verify_each_pass = false;
   std::string memory_plan_strategy;  // "" = the planner keeps the better of its strategies
   bool memory_plan_in_place = true;
+  // Run the steps that read only constants on the first call only (Executor::find_invariant_steps). Off
+  // under CUDA graphs: a value kept from the warm-up would live in the graphs' memory pool untracked
+  // (cudagraph trees refuse that), and a replay costs those steps no host time anyway.
+  bool keep_invariants = true;
   bool arena = true;
   bool dump = false;  // print the IR after every pass, the kernels and the plan (else none is printed)
   std::string host_compiler;  // builds generated CPU kernels ("" = none: the reference runs instead)
@@ -170,6 +174,7 @@ class CompiledGraph {
     if (program_.kernels->unsupported_descriptions.empty()) {
       auto consts = std::make_shared<const std::vector<at::Tensor>>(std::move(constants));
       executor_ = std::make_unique<rt::Executor>(program_, consts);
+      if (!settings.keep_invariants) executor_->run_invariant_steps_every_call();
     }
   }
 
@@ -252,6 +257,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("verify_each_pass", &hb::CompileSettings::verify_each_pass)
       .def_readwrite("memory_plan_strategy", &hb::CompileSettings::memory_plan_strategy)
       .def_readwrite("memory_plan_in_place", &hb::CompileSettings::memory_plan_in_place)
+      .def_readwrite("keep_invariants", &hb::CompileSettings::keep_invariants)
       .def_readwrite("arena", &hb::CompileSettings::arena)
       .def_readwrite("dump", &hb::CompileSettings::dump)
       .def_readwrite("host_compiler", &hb::CompileSettings::host_compiler)

@@ -201,6 +201,12 @@ Executor::Executor(Program program, std::shared_ptr<const std::vector<at::Tensor
   find_invariant_steps(step_of);
 }
 
+void Executor::run_invariant_steps_every_call() {
+  for (Step& s : steps_) s.invariant = s.keep = false;
+  copied_outputs_.clear();
+  copy_all_outputs_ = false;
+}
+
 void Executor::find_invariant_steps(const std::vector<int>& step_of) {
   // A step that reads only constants and other such steps (the default BlockMask flex_attention builds
   // from constants: arange, index_put, sort, ... every call) computes the same values each call: the

@@ -253,6 +253,31 @@ def _load_dynamo_guards_outside_a_trace() -> None:
 _load_dynamo_guards_outside_a_trace()
 
 
+def _pickle_dynamo_sources_by_their_init_fields() -> None:
+    """The other torch 2.11 bug on the Dynamo cache's load path (seen on the GPU machine, where the demo's
+    traced code guards a function's defaults): `dataclass_with_cached_hash` (torch/_guards.py) pickles a
+    guard source as its class called with every dataclass field, including fields computed in
+    `__post_init__` (`init=False`), so unpickling `DefaultsSource` raises "__init__() takes from 3 to 4
+    positional arguments but 6 were given" and the second process fails. For the source classes that have
+    such fields, the reduction passes the constructor's fields only (`__post_init__` recomputes the rest).
+    Entries written before this ran keep the old form and fail to load: delete them."""
+    try:
+        from torch._dynamo import source as sources
+    except ImportError:
+        return
+
+    def __reduce__(self: Any) -> Any:
+        return (self.__class__, tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.init))
+
+    for cls in list(vars(sources).values()):
+        if (isinstance(cls, type) and issubclass(cls, sources.Source) and dataclasses.is_dataclass(cls)
+                and "__reduce__" in vars(cls) and any(not f.init for f in dataclasses.fields(cls))):
+            cls.__reduce__ = __reduce__
+
+
+_pickle_dynamo_sources_by_their_init_fields()
+
+
 @contextlib.contextmanager
 def _without_inductor_codegen_import() -> Iterator[None]:
     """AOTAutogradCache's key (FxGraphHashDetails in torch/_inductor/codecache.py) calls Inductor's

@@ -199,3 +199,17 @@ def test_dynamo_cache_reloads_the_flex_demo_in_a_second_process(tmp_path):
     assert torch.equal(a["loss"], b["loss"])
     for x, y in zip(a["grads"], b["grads"]):
         assert torch.equal(x, y)
+
+
+def test_dynamo_guard_sources_with_computed_fields_round_trip_through_pickle():
+    """torch 2.11 pickles a guard source as its class called with every field, computed ones included, so
+    a DefaultsSource (a guard on a function's defaults) could not be unpickled by the Dynamo cache's load;
+    hintbackend's import makes the reduction pass the constructor's fields only."""
+    import pickle
+
+    import hintbackend.compile_cache  # noqa: F401  (the fix is installed on import)
+    from torch._dynamo.source import DefaultsSource, LocalSource
+
+    for src in (DefaultsSource(LocalSource("f"), 1), DefaultsSource(LocalSource("f"), "k", True)):
+        back = pickle.loads(pickle.dumps(src))
+        assert back == src and back.name == src.name

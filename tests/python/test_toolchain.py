@@ -192,6 +192,41 @@ def test_cuda_graphs_replay_matches_eager(how, caplog):
         assert any(m.endswith("runs without CUDA graphs: no CUDA tensors") for m in messages), messages
 
 
+@pytest.mark.skipif(device() != "cuda", reason="FlexAttention on cuDNN under CUDA graphs (HINTBACKEND_TEST_DEVICE=cuda)")
+@pytest.mark.parametrize("masked", [False, True], ids=["default_block_mask", "causal"])
+def test_cuda_graphs_replay_flex_attention_training(masked, caplog):
+    """FlexAttention training steps replayed as CUDA graphs match eager. Without a block mask the forward
+    builds flex's default BlockMask from constants, steps the executor otherwise runs once and keeps:
+    under CUDA graphs they run every call (a kept value would sit in the graphs' memory pool untracked,
+    which cudagraph trees refuse: "tensor(s) in the cudagraph pool not tracked as outputs")."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch.manual_seed(3)
+    bm = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, 256, 256, device="cuda") if masked else None
+
+    def attn(q, k, v):
+        return flex_attention(q, k, v, block_mask=bm)
+
+    f = torch.compile(attn, backend="hintbackend", options={"cuda_graphs": True})
+    with caplog.at_level(logging.INFO, logger="hintbackend"):
+        for step in range(4):
+            torch.compiler.cudagraph_mark_step_begin()
+            q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            dout = torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16)
+            got = f(q, k, v)
+            got.backward(dout)
+            grads = [t.grad for t in (q, k, v)]
+            q2, k2, v2 = (t.detach().requires_grad_(True) for t in (q, k, v))
+            want = attn(q2, k2, v2)
+            want.backward(dout)
+            torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+            for g, w in zip(grads, (q2.grad, k2.grad, v2.grad)):
+                torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
+    messages = [r.getMessage() for r in caplog.records if r.name == "hintbackend"]
+    assert any("replays as a CUDA graph" in m and m.startswith("graph backward_") for m in messages), messages
+
+
 def test_unsupported_mode_names_the_ones_that_work():
     f = torch.compile(lambda x: x + 1, backend="hintbackend", mode="max-autotune")
     with pytest.raises(Exception, match='mode=\'max-autotune\' is not supported: use mode="reduce-overhead"'):

@@ -139,6 +139,30 @@ TEST(Executor, InvariantStepsRunOnceAndReturnedValuesAreCopies) {
   }
 }
 
+// Under CUDA graphs (CompileSettings::keep_invariants off) every step runs on every call: nothing is kept,
+// the results are the same, and a returned invariant value is the step's own fresh result.
+TEST(Executor, InvariantStepsCanRunEveryCall) {
+  at::Tensor c = at::randn({3}, at::kDouble), x = at::randn({3}, at::kDouble);
+  const std::string text =
+      doc(ph("x") + R"(, {"name": "c", "op": "get_attr", "target": "_tensor_constant0", "constant": 0},)" +
+              call("t", "aten::mul.Tensor", R"({"ref": "c"}, {"ref": "c"})") + "," +
+              call("e", "aten::exp.default", R"({"ref": "t"})") + "," +
+              call("s", "aten::add.Tensor", R"({"ref": "x"}, {"ref": "e"})") + "," + out(R"({"ref": "s"}, {"ref": "e"})"),
+          1);
+  rt::Executor ex(rt::program_of(import_json(text)), std::make_shared<const std::vector<at::Tensor>>(std::vector<at::Tensor>{c}));
+  ex.run_invariant_steps_every_call();
+  const at::Tensor want = (c * c).exp();
+  at::Tensor previous;
+  for (int call = 0; call < 3; ++call) {
+    auto r = ex.run({x});
+    EXPECT_EQ(ex.kept_values(), 0u);
+    EXPECT_TRUE(at::allclose(r[0].toTensor(), x + want));
+    EXPECT_TRUE(at::allclose(r[1].toTensor(), want));
+    if (previous.defined()) EXPECT_NE(r[1].toTensor().data_ptr(), previous.data_ptr());
+    previous = r[1].toTensor();
+  }
+}
+
 TEST(Executor, RuntimeErrorsNameTheNode) {
   at::Tensor a = at::randn({2, 3}), b = at::randn({4, 5});
   try {
