@@ -120,9 +120,8 @@ struct CompileSettings {
   bool verify_each_pass = false;
   std::string memory_plan_strategy;  // "" = the planner keeps the better of its strategies
   bool memory_plan_in_place = true;
-  // Run the steps that read only constants on the first call only (Executor::find_invariant_steps). Off
-  // under CUDA graphs: a value kept from the warm-up would live in the graphs' memory pool untracked
-  // (cudagraph trees refuse that), and a replay costs those steps no host time anyway.
+  // Program::keep_across_calls: keep device values from one call for the next (the steps that read only
+  // constants run once). Off under CUDA graphs.
   bool keep_invariants = true;
   bool arena = true;
   bool dump = false;  // print the IR after every pass, the kernels and the plan (else none is printed)
@@ -160,6 +159,7 @@ class CompiledGraph {
       };
     }
     program_ = compile_program(std::move(graph), ctx);
+    program_.keep_across_calls = settings.keep_invariants;
     ctx.after_pass = nullptr;
     const Graph& g = *program_.graph;
     if (settings.dump) {
@@ -174,7 +174,6 @@ class CompiledGraph {
     if (program_.kernels->unsupported_descriptions.empty()) {
       auto consts = std::make_shared<const std::vector<at::Tensor>>(std::move(constants));
       executor_ = std::make_unique<rt::Executor>(program_, consts);
-      if (!settings.keep_invariants) executor_->run_invariant_steps_every_call();
     }
   }
 

@@ -31,6 +31,7 @@ std::shared_ptr<Executor> LowerContext::subgraph(const Arg& a, bool with_memory_
   Program sub;
   sub.graph = it->second;
   sub.kernels = kp->second;
+  sub.keep_across_calls = program.keep_across_calls;
   if (with_memory_plan && program.memory) {
     auto mp = program.memory->bodies.find(a.s);
     if (mp != program.memory->bodies.end()) sub.memory = mp->second;

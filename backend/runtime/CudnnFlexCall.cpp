@@ -253,10 +253,11 @@ class CudnnFlexCall : public Call {
   // gets flex's results, zeros and a logsumexp of -inf, written over cuDNN's after it runs).
   int pad_kv = -1;
   ArgSpec mask_buffers;
+  bool cache_index_tensors = true;  // Program::keep_across_calls: index_grid and query_lengths made once
 
   // t on the index grid (score = 0), float32, in the scores' (natural) units: [B|1, H|1, S|1, Skv|1].
   at::Tensor additive_term(const std::vector<c10::IValue>& slots, const at::Tensor& q, int64_t Skv) const {
-    const std::array<at::Tensor, 5>& grid = index_grid(q, Skv);
+    const std::array<at::Tensor, 5> grid = index_grid(q, Skv);
     std::vector<c10::IValue> in(grid.begin(), grid.end());
     const c10::IValue bufs = build_arg(score_buffers, slots);
     if (!bufs.isNone())
@@ -270,26 +271,28 @@ class CudnnFlexCall : public Call {
   // small launches, host time on the critical path of a short step): a float32 zero score of rank 4 (not
   // 0-d, so that t's type promotion is the one flex computes in), then b, h, q_idx and kv_idx as int32
   // along axes 0-3. The subgraph only reads them.
-  const std::array<at::Tensor, 5>& index_grid(const at::Tensor& q, int64_t Skv) const {
+  // (Made every call where the program keeps nothing across calls: under CUDA graphs.)
+  std::array<at::Tensor, 5> index_grid(const at::Tensor& q, int64_t Skv) const {
     const int64_t B = q.size(0), H = q.size(1), S = q.size(2);
     const std::array<int64_t, 5> key{B, H, S, Skv, q.device().index()};
     std::lock_guard<std::mutex> lock(grid_mu_);
-    auto it = grids_.find(key);
-    if (it != grids_.end()) return it->second;
+    if (auto it = grids_.find(key); it != grids_.end()) return it->second;
     const auto i32 = q.options().dtype(at::kInt);
     std::array<at::Tensor, 5> grid{at::zeros({1, 1, 1, 1}, q.options().dtype(at::kFloat)),
                                    at::arange(B, i32).view({B, 1, 1, 1}), at::arange(H, i32).view({1, H, 1, 1}),
                                    at::arange(S, i32).view({1, 1, S, 1}), at::arange(Skv, i32).view({1, 1, 1, Skv})};
-    return grids_.emplace(key, std::move(grid)).first->second;
+    if (cache_index_tensors) grids_.emplace(key, grid);
+    return grid;
   }
 
   // cuDNN's query lengths for a kv padding: S for every batch, int32 [B, 1, 1, 1], made once per shape.
-  const at::Tensor& query_lengths(int64_t B, int64_t S, const at::Tensor& q) const {
+  at::Tensor query_lengths(int64_t B, int64_t S, const at::Tensor& q) const {
     const std::array<int64_t, 5> key{B, 1, S, 0, q.device().index()};
     std::lock_guard<std::mutex> lock(grid_mu_);
-    auto it = seq_q_.find(key);
-    if (it != seq_q_.end()) return it->second;
-    return seq_q_.emplace(key, at::full({B, 1, 1, 1}, S, q.options().dtype(at::kInt))).first->second;
+    if (auto it = seq_q_.find(key); it != seq_q_.end()) return it->second;
+    at::Tensor lengths = at::full({B, 1, 1, 1}, S, q.options().dtype(at::kInt));
+    if (cache_index_tensors) seq_q_.emplace(key, lengths);
+    return lengths;
   }
 
   // The row shift t as [B, H, S, 1] (kv_idx = 0: t does not read it).
@@ -662,6 +665,7 @@ std::shared_ptr<const Call> lower_cudnn_flex_attention(const LowerContext& ctx) 
                                                                      << cudnn_why_not(ctx.graph(), ctx.node, a);
   call->band = a.band;
   call->pad_kv = a.pad_kv;
+  call->cache_index_tensors = ctx.program.keep_across_calls;
   if (a.pad_kv >= 0) call->mask_buffers = convert_untyped(n.args[call->backward ? 13 : 8], ctx.where);
   call->deterministic = n.hints.deterministic.value_or(false);
   call->scale = float_arg(n.args[call->backward ? 10 : 5], ctx.where);

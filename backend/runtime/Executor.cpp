@@ -198,13 +198,7 @@ Executor::Executor(Program program, std::shared_ptr<const std::vector<at::Tensor
   if (constants_)
     for (const at::Tensor& c : *constants_) constants_require_grad_ |= c.defined() && c.requires_grad();
   place_results(step_of);
-  find_invariant_steps(step_of);
-}
-
-void Executor::run_invariant_steps_every_call() {
-  for (Step& s : steps_) s.invariant = s.keep = false;
-  copied_outputs_.clear();
-  copy_all_outputs_ = false;
+  if (program_.keep_across_calls) find_invariant_steps(step_of);
 }
 
 void Executor::find_invariant_steps(const std::vector<int>& step_of) {

@@ -83,9 +83,6 @@ class Executor {
   ArenaStats arena_stats() const;
   // Whether calls use the arena (the plan's decision). Slice-loop bodies use it regardless.
   bool arena_for_calls() const { return plan_->arena_for_calls && plan_->arena_bytes > 0; }
-  // Runs every step on every call: nothing is kept from the first run (CompileSettings::keep_invariants off,
-  // under CUDA graphs). Call before the first run.
-  void run_invariant_steps_every_call();
   // How many invariant values the first run kept for later runs (find_invariant_steps); 0 before it.
   size_t kept_values() const {
     const auto k = std::atomic_load(&kept_);

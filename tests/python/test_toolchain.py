@@ -193,19 +193,25 @@ def test_cuda_graphs_replay_matches_eager(how, caplog):
 
 
 @pytest.mark.skipif(device() != "cuda", reason="FlexAttention on cuDNN under CUDA graphs (HINTBACKEND_TEST_DEVICE=cuda)")
-@pytest.mark.parametrize("masked", [False, True], ids=["default_block_mask", "causal"])
-def test_cuda_graphs_replay_flex_attention_training(masked, caplog):
+@pytest.mark.parametrize("case", ["default_block_mask", "causal", "query_bias"])
+def test_cuda_graphs_replay_flex_attention_training(case, caplog):
     """FlexAttention training steps replayed as CUDA graphs match eager. Without a block mask the forward
-    builds flex's default BlockMask from constants, steps the executor otherwise runs once and keeps:
-    under CUDA graphs they run every call (a kept value would sit in the graphs' memory pool untracked,
-    which cudagraph trees refuse: "tensor(s) in the cudagraph pool not tracked as outputs")."""
+    builds flex's default BlockMask from constants, steps the executor otherwise runs once and keeps; a
+    per-query bias (a row shift on cuDNN) reads index tensors cuDNN's call otherwise makes once. Under CUDA
+    graphs nothing is kept across calls (Program::keep_across_calls): a kept value would sit in the graphs'
+    memory pool untracked, which cudagraph trees refuse ("tensor(s) in the cudagraph pool not tracked as
+    outputs")."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     torch.manual_seed(3)
-    bm = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, 256, 256, device="cuda") if masked else None
+    bm = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, 256, 256, device="cuda") if case == "causal" else None
+    qb = torch.randn(256, device="cuda")
+
+    def score_mod(s, b, h, q, kv):
+        return s + qb[q] if case == "query_bias" else s
 
     def attn(q, k, v):
-        return flex_attention(q, k, v, block_mask=bm)
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
 
     f = torch.compile(attn, backend="hintbackend", options={"cuda_graphs": True})
     with caplog.at_level(logging.INFO, logger="hintbackend"):

@@ -139,7 +139,7 @@ TEST(Executor, InvariantStepsRunOnceAndReturnedValuesAreCopies) {
   }
 }
 
-// Under CUDA graphs (CompileSettings::keep_invariants off) every step runs on every call: nothing is kept,
+// Under CUDA graphs (Program::keep_across_calls off) every step runs on every call: nothing is kept,
 // the results are the same, and a returned invariant value is the step's own fresh result.
 TEST(Executor, InvariantStepsCanRunEveryCall) {
   at::Tensor c = at::randn({3}, at::kDouble), x = at::randn({3}, at::kDouble);
@@ -149,8 +149,9 @@ TEST(Executor, InvariantStepsCanRunEveryCall) {
               call("e", "aten::exp.default", R"({"ref": "t"})") + "," +
               call("s", "aten::add.Tensor", R"({"ref": "x"}, {"ref": "e"})") + "," + out(R"({"ref": "s"}, {"ref": "e"})"),
           1);
-  rt::Executor ex(rt::program_of(import_json(text)), std::make_shared<const std::vector<at::Tensor>>(std::vector<at::Tensor>{c}));
-  ex.run_invariant_steps_every_call();
+  Program p = rt::program_of(import_json(text));
+  p.keep_across_calls = false;
+  rt::Executor ex(p, std::make_shared<const std::vector<at::Tensor>>(std::vector<at::Tensor>{c}));
   const at::Tensor want = (c * c).exp();
   at::Tensor previous;
   for (int call = 0; call < 3; ++call) {
