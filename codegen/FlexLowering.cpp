@@ -772,11 +772,13 @@ int64_t cudnn_sdpa_workspace_bytes(const Graph& g, int node, const FlexAnalysis&
   // constant on every case run, docs/flex-attention.md) and to cudnn-frontend's sdpa_backward node.
   constexpr int64_t kEngine = 1024;  // the engine's own few bytes: 256 on every case measured
   const Node& n = g.nodes[node];
-  if (n.target != "higher_order::flex_attention_backward") return kEngine;
   const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]);
   if (!q || !k || q->shape.size() != 4 || k->shape.size() != 4) return kEngine;
   for (const Dim& d : {q->shape[0], q->shape[1], q->shape[2], q->shape[3], k->shape[1], k->shape[2]})
     if (!d.is_static()) return kEngine;  // symbolic: the rest counted as 0, like symbolic values
+  // A kv padding: cudnn-frontend's per-batch sequence-length copies, 8 bytes a batch (not measured).
+  const int64_t padding = a.pad_kv >= 0 ? q->shape[0].value * 8 : 0;
+  if (n.target != "higher_order::flex_attention_backward") return kEngine + padding;
   const int64_t B = q->shape[0].value, H = q->shape[1].value, S = q->shape[2].value, D = q->shape[3].value,
                 Hkv = k->shape[1].value, Skv = k->shape[2].value;
   auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
@@ -786,7 +788,7 @@ int64_t cudnn_sdpa_workspace_bytes(const Graph& g, int node, const FlexAnalysis&
   // Skv] padded to 128-row tiles), which dBias reads and the deterministic algorithm reduces dQ from, or
   // the default's float32 dQ accumulator [B, H, S, D]; GQA adds the per-q-head float32 dK/dV partials
   // [B, H, Skv, D] it reduces over each group.
-  int64_t bytes = kEngine + B * H * S * 4;
+  int64_t bytes = kEngine + padding + B * H * S * 4;
   bytes += dbias || deterministic ? B * H * up(S, 128) * up(Skv, 128) * 2 : B * H * S * D * 4;
   if (Hkv != H) bytes += B * H * Skv * D * 4;
   return bytes;

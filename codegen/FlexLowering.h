@@ -137,7 +137,8 @@ int64_t cudnn_flex_workspace_bytes(const Graph& g, int node, const FlexAnalysis&
 // benchmarks/cudnn_workspace.py: a constant 1 KiB for a forward; a backward adds the float32 row sums of
 // dO * O ([B, H, S]), then dP in q's dtype ([B, H, S, Skv] padded to 128) where dBias is wanted or the
 // algorithm is deterministic, else a float32 dQ accumulator ([B, H, S, D]), and with GQA float32 per-head
-// dK/dV partials ([B, H, Skv, D]). The constant alone when the sizes are symbolic.
+// dK/dV partials ([B, H, Skv, D]); a kv padding adds 8 bytes a batch (cudnn-frontend's sequence-length
+// copies). The constant alone when the sizes are symbolic.
 int64_t cudnn_sdpa_workspace_bytes(const Graph& g, int node, const FlexAnalysis& a);
 
 }  // namespace hb

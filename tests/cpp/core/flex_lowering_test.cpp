@@ -590,6 +590,7 @@ TEST(flex_lowering, a_kv_padding_mask_runs_on_cudnn_with_sequence_lengths) {
   KernelChoice c = select_kernel(*g, flex, with_cudnn());
   EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
   EXPECT_NE(c.why.find("cudnn: no mask, kv padding (kv_idx < mask buffer 0[b]"), std::string::npos) << c.why;
+  EXPECT_EQ(cudnn_sdpa_workspace_bytes(*g, flex, a), 1024 + 2 * 8);  // B = 2 sequence lengths
   // With causal (either order of the &), int64 lengths, lengths written len[b] > kv_idx.
   for (const std::string& body :
        {pad + "  %c: b8[] = aten::ge.Tensor(%q_idx, %kv_idx)\n  %a: b8[] = aten::bitwise_and.Tensor(%c, %m)\n  return (%a,)\n",
