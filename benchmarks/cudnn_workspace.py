@@ -32,21 +32,6 @@ def causal(b, h, q, kv):
     return q >= kv
 
 
-def capture_graphs():
-    """Every CompiledGraph built from now on, in order (wraps backend._build, where each is made)."""
-    graphs = []
-    build = hb_backend._build
-
-    def capturing(payload, opts, name):
-        fn, unsupported = build(payload, opts, name)
-        if fn is not None:
-            graphs.append((name, fn.hintbackend_graph))
-        return fn, unsupported
-
-    hb_backend._build = capturing
-    return graphs
-
-
 def make_case(bias: str, B: int, H: int, Hkv: int, S: int, D: int, dtype=torch.bfloat16):
     """(q, k, v, dout, score_mod or None, the bias buffer that wants a gradient or None)."""
     q = torch.randn(B, H, S, D, device="cuda", dtype=dtype, requires_grad=True)
@@ -114,7 +99,11 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="small shapes only")
     p.add_argument("--json", help="write the rows here too")
     args = p.parse_args(argv)
-    graphs = capture_graphs()
+    with hb_backend.compiled_graphs() as graphs:
+        return run(graphs, args)
+
+
+def run(graphs, args) -> int:
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "cuDNN", torch.backends.cudnn.version())
     head = f"{'graph':8} {'mask':6} {'bias':8} {'B':>2} {'H':>3} {'Hkv':>3} {'S':>5} {'D':>3} {'det':>3} " \
            f"{'reported MiB':>13} {'model MiB':>10} {'model/rep':>9}"

@@ -9,13 +9,14 @@ raises under ``options={"strict": True}``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
 import json
 import logging
 import warnings
-from typing import Any, Callable, List, Mapping, Optional, Set
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Set
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -105,6 +106,23 @@ def _dumper(opts: Options, name: str) -> Optional[Dumper]:
     return Dumper(opts.dump_dir, name, trace) if opts.dump_dir or trace else None
 
 
+# The lists compiled_graphs() is filling: every CompiledGraph _build makes is appended to each.
+_watchers: List[List[Any]] = []
+
+
+@contextlib.contextmanager
+def compiled_graphs() -> Iterator[List[Any]]:
+    """The C++ graphs compiled while the block runs, as (graph name, CompiledGraph) in order: what a
+    benchmark or test reads after a torch.compile'd step (kernel_workspace_bytes, memory_plan, kernels),
+    compile cache hits included (they rebuild the plan too)."""
+    graphs: List[Any] = []
+    _watchers.append(graphs)
+    try:
+        yield graphs
+    finally:
+        _watchers.remove(graphs)
+
+
 def _build(payload: dict, opts: Options, name: str):
     """The C++ compile of a serialized graph, its dumps, warnings and log lines: (boxed callable, the
     unsupported ops (the callable is None then)). Also what a compile cache hit runs."""
@@ -137,6 +155,8 @@ def _build(payload: dict, opts: Options, name: str):
 
     compiled_fn._boxed_call = True  # type: ignore[attr-defined]
     compiled_fn.hintbackend_graph = compiled  # type: ignore[attr-defined]
+    for graphs in _watchers:
+        graphs.append((name, compiled))
     return compiled_fn, []
 
 

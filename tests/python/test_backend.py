@@ -244,3 +244,20 @@ def test_no_dump_prints_no_ir():
     assert names[0] == "ir-import" and "ir-final" in names and "memory-plan" in names and "placement" in names, names
     x = torch.randn(5)
     assert torch.equal(off.run([x.clone()])[0], torch.relu(x))
+
+
+def test_compiled_graphs_lists_what_a_step_compiled():
+    """hintbackend.backend.compiled_graphs(): the C++ graphs compiled inside the block, by name, in order
+    (what benchmarks and tests read after a torch.compile'd step); nothing after the block."""
+    from hintbackend.backend import compiled_graphs
+
+    torch._dynamo.reset()
+    w = torch.randn(4, 4, requires_grad=True)
+    f = torch.compile(lambda x: (x @ w).tanh().sum(), backend="hintbackend")
+    with compiled_graphs() as graphs:
+        f(torch.randn(3, 4)).backward()
+    assert [name.split("_")[0] for name, _ in graphs] == ["forward", "backward"], graphs
+    assert all("aten::" in g.kernels for _, g in graphs)
+    torch._dynamo.reset()
+    torch.compile(lambda x: x.sin(), backend="hintbackend")(torch.randn(2))
+    assert len(graphs) == 2

@@ -271,22 +271,12 @@ def test_deterministic_relative_bias_gradient_is_bitwise_repeatable(tmp_path, bi
     ("relative", (2, 8, 8, 1000, 128), False),  # dBias: dP, padded to 1024 x 1024
     ("dense", (1, 4, 4, 256, 64), False),
 ])
-def test_cudnn_workspace_is_within_the_plan_s_model(monkeypatch, bias, shape, deterministic):
+def test_cudnn_workspace_is_within_the_plan_s_model(bias, shape, deterministic):
     """The workspace cuDNN asks for (CompiledGraph.kernel_workspace_bytes after a step) is at most what the
     memory plan counts for it (cudnn_workspace_model, the model in codegen/FlexLowering.cpp), and a
     backward's at least half of it: the plan neither misses cuDNN's memory nor books far too much."""
-    import hintbackend.backend as hb_backend
+    from hintbackend.backend import compiled_graphs
 
-    graphs = []
-    build = hb_backend._build
-
-    def capturing(payload, opts, name):
-        fn, unsupported = build(payload, opts, name)
-        if fn is not None:
-            graphs.append((name, fn.hintbackend_graph))
-        return fn, unsupported
-
-    monkeypatch.setattr(hb_backend, "_build", capturing)
     B, H, Hkv, S, D = shape
     torch.manual_seed(S)
     q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -303,8 +293,9 @@ def test_cudnn_workspace_is_within_the_plan_s_model(monkeypatch, bias, shape, de
 
     torch._dynamo.reset()
     fn = torch.compile(attn, backend="hintbackend", options={"compile_cache": False})
-    fn(q, k, v).backward(torch.randn_like(q))
-    torch.cuda.synchronize()
+    with compiled_graphs() as graphs:
+        fn(q, k, v).backward(torch.randn_like(q))
+        torch.cuda.synchronize()
     kinds = {name.split("_")[0]: g for name, g in graphs}
     assert set(kinds) == {"forward", "backward"}, [name for name, _ in graphs]
     for kind, g in kinds.items():

@@ -95,14 +95,19 @@ TEST(Executor, ConstantsAndOptionalTensorLists) {
 // Steps that read only constants (the default BlockMask flex_attention builds every call) run once: the
 // first run keeps what the other steps read, later runs skip them. A returned invariant value is a fresh
 // copy each call (the caller may write into it); a mutating op on such a value turns the caching off.
+// s = x + exp(c * c) for a constant c, returning (s, exp(c * c)): the exp and mul steps read only the
+// constant.
+std::string invariant_graph() {
+  return doc(ph("x") + R"(, {"name": "c", "op": "get_attr", "target": "_tensor_constant0", "constant": 0},)" +
+                 call("t", "aten::mul.Tensor", R"({"ref": "c"}, {"ref": "c"})") + "," +
+                 call("e", "aten::exp.default", R"({"ref": "t"})") + "," +
+                 call("s", "aten::add.Tensor", R"({"ref": "x"}, {"ref": "e"})") + "," + out(R"({"ref": "s"}, {"ref": "e"})"),
+             1);
+}
+
 TEST(Executor, InvariantStepsRunOnceAndReturnedValuesAreCopies) {
   at::Tensor c = at::randn({3}, at::kDouble), x = at::randn({3}, at::kDouble);
-  const std::string text =
-      doc(ph("x") + R"(, {"name": "c", "op": "get_attr", "target": "_tensor_constant0", "constant": 0},)" +
-              call("t", "aten::mul.Tensor", R"({"ref": "c"}, {"ref": "c"})") + "," +
-              call("e", "aten::exp.default", R"({"ref": "t"})") + "," +
-              call("s", "aten::add.Tensor", R"({"ref": "x"}, {"ref": "e"})") + "," + out(R"({"ref": "s"}, {"ref": "e"})"),
-          1);
+  const std::string text = invariant_graph();
   rt::Executor ex(rt::program_of(import_json(text)), std::make_shared<const std::vector<at::Tensor>>(std::vector<at::Tensor>{c}));
   EXPECT_EQ(ex.kept_values(), 0u);
   auto first = ex.run({x});
@@ -143,13 +148,7 @@ TEST(Executor, InvariantStepsRunOnceAndReturnedValuesAreCopies) {
 // the results are the same, and a returned invariant value is the step's own fresh result.
 TEST(Executor, InvariantStepsCanRunEveryCall) {
   at::Tensor c = at::randn({3}, at::kDouble), x = at::randn({3}, at::kDouble);
-  const std::string text =
-      doc(ph("x") + R"(, {"name": "c", "op": "get_attr", "target": "_tensor_constant0", "constant": 0},)" +
-              call("t", "aten::mul.Tensor", R"({"ref": "c"}, {"ref": "c"})") + "," +
-              call("e", "aten::exp.default", R"({"ref": "t"})") + "," +
-              call("s", "aten::add.Tensor", R"({"ref": "x"}, {"ref": "e"})") + "," + out(R"({"ref": "s"}, {"ref": "e"})"),
-          1);
-  Program p = rt::program_of(import_json(text));
+  Program p = rt::program_of(import_json(invariant_graph()));
   p.keep_across_calls = false;
   rt::Executor ex(p, std::make_shared<const std::vector<at::Tensor>>(std::vector<at::Tensor>{c}));
   const at::Tensor want = (c * c).exp();
