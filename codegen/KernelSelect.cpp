@@ -112,7 +112,7 @@ constexpr int64_t kMaxMaterializedBias = int64_t{8} << 30;
 std::string bias_memory_why(const Graph& g, int node, const FlexAnalysis& a) {
   const std::optional<int64_t> bytes = materialized_bias_bytes(g, node, a);
   if (!bytes || *bytes <= kMaxMaterializedBias) return "";
-  return "it would materialize a " + std::to_string((*bytes + (1 << 20) - 1) >> 20) + " MiB float32 bias (above 8 GiB)";
+  return "it would materialize a " + std::to_string((*bytes + (1 << 20) - 1) >> 20) + " MiB bias (above 8 GiB)";
 }
 
 // A flex node: cuDNN's SDPA when the target has it and it can run the node as flex defines it (and the

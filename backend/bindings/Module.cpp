@@ -122,7 +122,7 @@ struct CompileSettings {
   bool memory_plan_in_place = true;
   // Program::keep_across_calls: keep device values from one call for the next (the steps that read only
   // constants run once). Off under CUDA graphs.
-  bool keep_invariants = true;
+  bool keep_across_calls = true;
   bool arena = true;
   bool dump = false;  // print the IR after every pass, the kernels and the plan (else none is printed)
   std::string host_compiler;  // builds generated CPU kernels ("" = none: the reference runs instead)
@@ -159,7 +159,7 @@ class CompiledGraph {
       };
     }
     program_ = compile_program(std::move(graph), ctx);
-    program_.keep_across_calls = settings.keep_invariants;
+    program_.keep_across_calls = settings.keep_across_calls;
     ctx.after_pass = nullptr;
     const Graph& g = *program_.graph;
     if (settings.dump) {
@@ -256,7 +256,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("verify_each_pass", &hb::CompileSettings::verify_each_pass)
       .def_readwrite("memory_plan_strategy", &hb::CompileSettings::memory_plan_strategy)
       .def_readwrite("memory_plan_in_place", &hb::CompileSettings::memory_plan_in_place)
-      .def_readwrite("keep_invariants", &hb::CompileSettings::keep_invariants)
+      .def_readwrite("keep_across_calls", &hb::CompileSettings::keep_across_calls)
       .def_readwrite("arena", &hb::CompileSettings::arena)
       .def_readwrite("dump", &hb::CompileSettings::dump)
       .def_readwrite("host_compiler", &hb::CompileSettings::host_compiler)

@@ -21,7 +21,7 @@ struct Program {
   std::vector<std::string> warnings;          // hints the passes could not honor, for the user
   // Whether the runtime may keep device values from one call for the next: the steps that read only
   // constants run once (Executor::find_invariant_steps), kernels cache index tensors. Off under CUDA graphs
-  // (CompileSettings::keep_invariants): values made in the warm-up live in the graphs' memory pool, where
+  // (CompileSettings::keep_across_calls): values made in the warm-up live in the graphs' memory pool, where
   // cudagraph trees refuse allocations that are not outputs, and a replay costs those steps no host time.
   bool keep_across_calls = true;
 };

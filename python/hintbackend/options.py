@@ -72,7 +72,7 @@ class Options:
         s.verify_each_pass = self.verify_each_pass
         s.arena = self.arena
         s.memory_plan_in_place = self.memory_plan_in_place
-        s.keep_invariants = not self.cuda_graphs  # a kept value would sit in the CUDA graphs' pool untracked
+        s.keep_across_calls = not self.cuda_graphs  # a kept value would sit in the CUDA graphs' pool untracked
         s.memory_plan_strategy = self.memory_plan_strategy
         s.dump = self.dump_dir is not None if dump is None else dump
         s.host_compiler = self.host_compiler or ""
