@@ -9,8 +9,9 @@
 #        FUSED_BENCH set, benchmarks/flex.py --fused $FUSED_BENCH; FUSED_PYTEST_ARGS adds pytest flags, e.g.
 #        -n 8); dfs: the slicing tests and the demo with --dfs on CUDA, then benchmarks/slicing.py
 #        --region flex-learned (DFS of a learned relative bias, DFS_ARGS adds flags); lab: no package build, only
-#        benchmarks/flex_kernel_lab.cu for head dims $LAB_DIMS (default 128 64) with $LAB_ARGS, then each
-#        template copy in $LAB_TEMPLATES (paths from the repository root) at D 128, each score_mod/joint
+#        benchmarks/flex_kernel_lab.cu for head dims $LAB_DIMS (default 128 64) with $LAB_ARGS (LAB_SM80=1: also
+#        the mma.sync kernels on a Hopper GPU), then each
+#        template copy in $LAB_TEMPLATES (paths from the repository root) at D $LAB_TEMPLATE_DIMS (128), each score_mod/joint
 #        file in $LAB_MODS (with $LAB_DEFS; see the lab's HB_LAB_MODS), and with LAB_NCU set the
 #        backward under Nsight Compute)
 set -uo pipefail
@@ -34,13 +35,22 @@ done
 [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 if [ "$MODE" = lab ]; then
-  LAB="nvcc -O3 -std=c++17 -arch=sm_$($PY -c "import torch; print(''.join(map(str, torch.cuda.get_device_capability())))") -I$HINTBACKEND_CUTLASS_INCLUDE -I. benchmarks/flex_kernel_lab.cu"
+  # As codegen/HostCompiler.cpp builds the generated unit: sm_90a with the wgmma kernels on a Hopper GPU.
+  CC=$($PY -c "import torch; print(''.join(map(str, torch.cuda.get_device_capability())))")
+  ARCH="-gencode arch=compute_$CC,code=sm_$CC"
+  [ "$CC" = 90 ] && ARCH="-gencode arch=compute_90a,code=sm_90a -DHB_SM90=1"
+  LAB0="nvcc -O3 -std=c++17 -prec-div=false -I$HINTBACKEND_CUTLASS_INCLUDE -I. benchmarks/flex_kernel_lab.cu"
+  LAB="$LAB0 $ARCH"
   for d in ${LAB_DIMS:-128 64}; do
     $LAB -DHB_D=$d -o /tmp/lab$d && /tmp/lab$d ${LAB_ARGS:-}
+    # LAB_SM80=1: the mma.sync kernels too, for comparison
+    [ -n "${LAB_SM80:-}" ] && $LAB0 -gencode arch=compute_$CC,code=sm_$CC -DHB_D=$d -o /tmp/lab${d}_80 && echo "(sm_80 kernels)" && /tmp/lab${d}_80 ${LAB_ARGS:-}
   done
   for t in ${LAB_TEMPLATES:-}; do
-    echo "== $t"
-    $LAB -DHB_D=128 -DHB_LAB_TEMPLATE="\"../$t\"" -o /tmp/lab_t && /tmp/lab_t ${LAB_ARGS:-}
+    for d in ${LAB_TEMPLATE_DIMS:-128}; do
+      echo "== $t"
+      $LAB -DHB_D=$d -DHB_LAB_TEMPLATE="\"../$t\"" -o /tmp/lab_t && /tmp/lab_t ${LAB_ARGS:-}
+    done
   done
   for m in ${LAB_MODS:-}; do
     echo "== $m"

@@ -216,8 +216,11 @@ HostBuild build_cuda_module(const std::string& source, const CudaCompileSettings
   // so the library needs nothing beyond the driver that torch already loaded. -prec-div=false: float
   // division within 2 ulp (a score_mod's `score / c` runs per score element; IEEE division is a long
   // instruction sequence; the approximate one is a reciprocal and a multiply).
-  const std::string cmd = s.nvcc + " -O3 -std=c++17 -prec-div=false -shared -Xcompiler -fPIC -w -gencode arch=compute_" + s.arch +
-                          ",code=sm_" + s.arch + " -I" + quote(s.cutlass_include);
+  // On sm_90 (H100, H200) the arch-specific target sm_90a, which has the warpgroup MMAs the template's
+  // Hopper kernels use (HB_SM90).
+  const std::string target = s.arch == "90" ? "arch=compute_90a,code=sm_90a -DHB_SM90=1" : "arch=compute_" + s.arch + ",code=sm_" + s.arch;
+  const std::string cmd = s.nvcc + " -O3 -std=c++17 -prec-div=false -shared -Xcompiler -fPIC -w -gencode " + target + " -I" +
+                          quote(s.cutlass_include);
   std::string cutlass;  // the headers' version is part of what the kernel is built from
   read_file(s.cutlass_include + "/cutlass/version.h", &cutlass);
   return build_cached(source, s.cache_dir, cmd, compiler_version(s.nvcc) + "\n" + cutlass, ".cu", s.nvcc);

@@ -35,6 +35,20 @@
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/mma_sm80.hpp>
 
+// Hopper: the generated unit is built for sm_90a with HB_SM90=1 (codegen/HostCompiler.cpp); head dims 64
+// and 128 then run on warpgroup MMAs, the others on the sm_80 kernels.
+#ifndef HB_SM90
+#define HB_SM90 0
+#endif
+#define HB_WG (HB_SM90 && (HB_D == 64 || HB_D == 128))
+#if HB_WG
+#include <utility>
+
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#endif
+
 namespace hbk {
 
 constexpr int D = HB_D;
@@ -136,6 +150,211 @@ struct Walk {
   }
 };
 
+
+// ------------------------------------------------------------- per-element work shared by the kernels
+// A thread's scores are in the tensor cores' accumulator layout: s[j][2 r + c] is query row lq + 8 r
+// (lq = 16 x warp + lane / 4) and key column 8 j + 2 (lane % 4) + c of the tile. mma.sync's m16n8 tiles
+// and wgmma's m64nN accumulators (a warp's 16 rows of its warpgroup's 64) are both this layout.
+
+// Scale, score_mod, mask_mod (partial blocks only), out-of-range rows and columns -inf; then base 2.
+// `inside`: the tile lies inside both sequences, so with nothing to call per element it only scales.
+template <int NC>
+__device__ __forceinline__ void fwd_scores(float (&s)[NC / 8][4], const HbFlexCudaArgs& a, long long b, long long h,
+                                           long long qi0, long long k0, bool full, bool inside, HbFlexTile& t) {
+  const int t4 = threadIdx.x & 3;
+  if (!HB_SCORE_MOD && (full || !HB_MASK_MOD) && inside) {
+    const float sl = a.scale * kLog2e;
+#pragma unroll
+    for (int j = 0; j < NC / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= sl;
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const long long qi = qi0 + 8 * r;
+#pragma unroll
+    for (int j = 0; j < NC / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const long long ki = k0 + j * 8 + 2 * t4 + c;
+        float x = s[j][2 * r + c] * a.scale;
+        const bool in = inside || (qi < a.Sq && ki < a.Skv);
+#if HB_SCORE_MOD
+        if (in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
+#endif
+        bool keep = in;
+#if HB_MASK_MOD
+        if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
+#endif
+        s[j][2 * r + c] = keep ? x * kLog2e : -INFINITY;
+      }
+  }
+}
+
+// Online softmax over a tile of base-2 scores (each row's 4 threads share its maximum): s becomes P, the
+// running max m and sum l move, and corr is what the output accumulator must be scaled by.
+template <int NC>
+__device__ __forceinline__ void softmax_tile(float (&s)[NC / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NC / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mnew = fmaxf(m[r], mx);
+    const float shift = mnew == -INFINITY ? 0.f : mnew;
+    corr[r] = exp2f(m[r] - shift);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NC / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float p = exp2f(s[j][2 * r + c] - shift);
+        s[j][2 * r + c] = p;
+        sum += p;
+      }
+    l[r] = l[r] * corr[r] + sum;
+    m[r] = mnew;
+  }
+}
+
+__device__ __forceinline__ void rescale(float (&o)[D / 8][4], const float (&corr)[2]) {
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
+}
+
+// Normalize and store a thread's two output rows (qi0, qi0 + 8); logsumexp and max in base 2.
+__device__ __forceinline__ void fwd_store(const float (&o)[D / 8][4], const float (&m)[2], const float (&l)[2],
+                                          const HbFlexCudaArgs& a, long long b, long long h, long long qi0) {
+  const int t4 = threadIdx.x & 3;
+  Elem* O = (Elem*)a.out + b * a.o_strides[0] + h * a.o_strides[1];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const long long qi = qi0 + 8 * r;
+    if (qi >= a.Sq) continue;
+    const float inv = sum == 0.f ? 0.f : 1.f / sum;
+    Elem* row = O + qi * a.o_strides[2];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<Elem2*>(row + j * 8 + 2 * t4) = pack2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+    if (t4 == 0) {
+      const long long at = (b * a.Hq + h) * a.Sq + qi;
+      a.lse[at] = sum == 0.f ? -INFINITY : m[r] + log2f(sum);
+      a.max_scores[at] = sum == 0.f ? -INFINITY : m[r];
+    }
+  }
+}
+
+// Backward, per element: s (scores) becomes P = exp(score - logsumexp) and dp becomes dS = P (dP - delta)
+// through the joint graph, times the scale; masked and out-of-range elements 0. `row0` is (b, h)'s first
+// logsumexp row. A tile inside both sequences with nothing to call per element takes the short way.
+template <int NC>
+__device__ __forceinline__ void bwd_p_ds(float (&s)[NC / 8][4], float (&dp)[NC / 8][4], const HbFlexCudaArgs& a,
+                                         long long b, long long h, long long q0, int lq, long long k0, bool full,
+                                         bool inside, long long row0, HbFlexTile& t) {
+  const int t4 = threadIdx.x & 3;
+  if (!HB_SCORE_MOD && !HB_JOINT && (full || !HB_MASK_MOD) && inside) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float lse = a.lse[row0 + q0 + lq + 8 * r], delta = a.delta[row0 + q0 + lq + 8 * r];
+      const float shift = lse == -INFINITY ? INFINITY : lse, sl = a.scale * kLog2e;
+#pragma unroll
+      for (int j = 0; j < NC / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float p = exp2f(s[j][2 * r + c] * sl - shift);
+          s[j][2 * r + c] = p;
+          dp[j][2 * r + c] = p * (dp[j][2 * r + c] - delta) * a.scale;
+        }
+    }
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const long long qi = q0 + lq + 8 * r;
+    const bool qin = qi < a.Sq;
+    const float lse = qin ? a.lse[row0 + qi] : -INFINITY;
+    const float delta = qin ? a.delta[row0 + qi] : 0.f;
+#pragma unroll
+    for (int j = 0; j < NC / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const long long ki = k0 + j * 8 + 2 * t4 + c;
+        const float s0 = s[j][2 * r + c] * a.scale;
+        float x = s0;
+        const bool in = inside || (qin && ki < a.Skv);
+#if HB_SCORE_MOD
+        if (in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
+#endif
+        bool keep = in && lse != -INFINITY;
+#if HB_MASK_MOD
+        if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
+#endif
+        const float p = keep ? exp2f(x * kLog2e - lse) : 0.f;
+        float ds = p * (dp[j][2 * r + c] - delta);
+#if HB_JOINT
+        if (keep && a.run_joint) ds = hb_joint<float>(s0, b, h, qi, ki, ds, &t);
+#endif
+        s[j][2 * r + c] = p;
+        dp[j][2 * r + c] = keep ? ds * a.scale : 0.f;
+      }
+  }
+}
+
+// P and dS of a thread's two rows (lq, lq + 8) into [rows][NC] shared tiles, as element pairs; idx(row,
+// chunk) is the tile's layout.
+template <int NC, class Idx>
+__device__ __forceinline__ void store_p_ds(const float (&p)[NC / 8][4], const float (&ds)[NC / 8][4], uint4* sP,
+                                           uint4* sdS, int lq, Idx idx) {
+  const int t4 = threadIdx.x & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int j = 0; j < NC / 8; ++j) {
+      const int at = idx(lq + 8 * r, j);
+      reinterpret_cast<Elem2*>(&sP[at])[t4] = pack2(p[j][2 * r], p[j][2 * r + 1]);
+      reinterpret_cast<Elem2*>(&sdS[at])[t4] = pack2(ds[j][2 * r], ds[j][2 * r + 1]);
+    }
+}
+
+// dQ rows (qi0, qi0 + 8), columns d0 + [0, NC) of a thread, added into the float accumulator.
+template <int NC>
+__device__ __forceinline__ void add_dq(const float (&dq)[NC / 8][4], const HbFlexCudaArgs& a, long long row0,
+                                       long long qi0, int d0) {
+  const int t4 = threadIdx.x & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const long long qi = qi0 + 8 * r;
+    if (qi >= a.Sq) continue;
+    float* dst = a.dq + (row0 + qi) * D + d0 + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < NC / 8; ++j)
+#if __CUDA_ARCH__ >= 900
+      atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[j][2 * r], dq[j][2 * r + 1]));
+#else
+      atomicAdd(dst + j * 8, dq[j][2 * r]), atomicAdd(dst + j * 8 + 1, dq[j][2 * r + 1]);
+#endif
+  }
+}
+
+// A thread's rows (lk, lk + 8) of a [rows][D] accumulator to dst (row stride D), rows below `valid`.
+__device__ __forceinline__ void store_rows(const float (&acc)[D / 8][4], Elem* dst, int lk, int valid) {
+  const int t4 = threadIdx.x & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int kr = lk + 8 * r;
+    if (kr >= valid) continue;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<Elem2*>(dst + (long long)kr * D + j * 8 + 2 * t4) = pack2(acc[j][2 * r], acc[j][2 * r + 1]);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------- forward
 constexpr int FW = 4, FT = FW * 32, FM = FW * 16;  // warps, threads, query rows per CTA
 constexpr int FN = D <= 128 ? 64 : 32;             // key rows per tile
@@ -184,62 +403,10 @@ __global__ void __launch_bounds__(FT) flex_fwd(const __grid_constant__ HbFlexCud
         mma(s[2 * j + 1], qa, kb[2], kb[3]);
       }
     }
-    // score_mod, mask_mod, out-of-range keys; then the scores in base 2. A tile inside both sequences
-    // with nothing to call per element only scales.
-    if (!HB_SCORE_MOD && (full || !HB_MASK_MOD) && k0 + FN <= a.Skv && q0 + FM <= a.Sq) {
-      const float sl = a.scale * kLog2e;
-#pragma unroll
-      for (int j = 0; j < FN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] *= sl;
-    } else {
-    const bool edge = k0 + FN > a.Skv || q0 + FM > a.Sq;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const long long qi = q0 + warp * 16 + g + 8 * r;
-#pragma unroll
-      for (int j = 0; j < FN / 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const long long ki = k0 + j * 8 + 2 * t4 + c;
-          float x = s[j][2 * r + c] * a.scale;
-          const bool in = !edge || (qi < a.Sq && ki < a.Skv);
-#if HB_SCORE_MOD
-          if (in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
-#endif
-          bool keep = in;
-#if HB_MASK_MOD
-          if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
-#endif
-          s[j][2 * r + c] = keep ? x * kLog2e : -INFINITY;
-        }
-    }
-    }
-    // Online softmax over the tile (each row's 4 threads share its maximum).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < FN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mnew = fmaxf(m[r], mx);
-      const float shift = mnew == -INFINITY ? 0.f : mnew;
-      const float corr = exp2f(m[r] - shift);
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < FN / 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float p = exp2f(s[j][2 * r + c] - shift);
-          s[j][2 * r + c] = p;
-          sum += p;
-        }
-      l[r] = l[r] * corr + sum;
-      m[r] = mnew;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) o[j][2 * r] *= corr, o[j][2 * r + 1] *= corr;
-    }
+    fwd_scores<FN>(s, a, b, h, q0 + warp * 16 + g, k0, full, k0 + FN <= a.Skv && q0 + FM <= a.Sq, t);
+    float corr[2];
+    softmax_tile<FN>(s, m, l, corr);
+    rescale(o, corr);
     cute::cp_async_wait<0>();
     __syncthreads();  // V has landed; every warp is done with K
     if (i + 1 < ntiles) {
@@ -262,26 +429,7 @@ __global__ void __launch_bounds__(FT) flex_fwd(const __grid_constant__ HbFlexCud
     }
   }
   report(a.error, t);
-  // Normalize and store; logsumexp and max in base 2.
-  Elem* O = (Elem*)a.out + b * a.o_strides[0] + h * a.o_strides[1];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = l[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const long long qi = q0 + warp * 16 + g + 8 * r;
-    if (qi >= a.Sq) continue;
-    const float inv = sum == 0.f ? 0.f : 1.f / sum;
-    Elem* row = O + qi * a.o_strides[2];
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<Elem2*>(row + j * 8 + 2 * t4) = pack2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-    if (t4 == 0) {
-      const long long at = (b * a.Hq + h) * a.Sq + qi;
-      a.lse[at] = sum == 0.f ? -INFINITY : m[r] + log2f(sum);
-      a.max_scores[at] = sum == 0.f ? -INFINITY : m[r];
-    }
-  }
+  fwd_store(o, m, l, a, b, h, q0 + warp * 16 + g);
 }
 
 // --------------------------------------------------------------------------------------------- backward
@@ -309,6 +457,7 @@ __global__ void flex_bwd_pre(const __grid_constant__ HbFlexCudaArgs a) {
   }
 }
 
+#if !HB_WG  // (the Hopper kernels have their own backward)
 __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlexCudaArgs a) {
   extern __shared__ uint4 smem[];
   uint4* sK = smem;
@@ -389,64 +538,8 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
           mma(dp[2 * j + 1], da, vb[2], vb[3]);
         }
       }
-      // P = exp(score - logsumexp); dS = P (dP - delta), through the joint graph; masked: 0. A tile
-      // inside both sequences with nothing to call per element takes the short way.
-      const bool plain = !HB_SCORE_MOD && !HB_JOINT && (full || !HB_MASK_MOD) && k0 + BN <= a.Skv && q0 + BM <= a.Sq;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (!plain) continue;
-        const int lr = warp * 16 + g + 8 * r;
-        const float lse = a.lse[row0 + q0 + lr], delta = a.delta[row0 + q0 + lr];
-        const float shift = lse == -INFINITY ? INFINITY : lse, sl = a.scale * kLog2e;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const float p0 = exp2f(s[j][2 * r] * sl - shift), p1 = exp2f(s[j][2 * r + 1] * sl - shift);
-          const int col = j * 8 + 2 * t4;
-          *(reinterpret_cast<Elem2*>(&sP[sw<PC>(lr, col / 8)]) + (col % 8) / 2) = pack2(p0, p1);
-          *(reinterpret_cast<Elem2*>(&sdS[sw<PC>(lr, col / 8)]) + (col % 8) / 2) =
-              pack2(p0 * (dp[j][2 * r] - delta) * a.scale, p1 * (dp[j][2 * r + 1] - delta) * a.scale);
-        }
-      }
-      const bool edge = k0 + BN > a.Skv || q0 + BM > a.Sq;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (plain) continue;
-        const int lr = warp * 16 + g + 8 * r;
-        const long long qi = q0 + lr;
-        const bool qin = qi < a.Sq;
-        const float lse = qin ? a.lse[row0 + qi] : -INFINITY;
-        const float delta = qin ? a.delta[row0 + qi] : 0.f;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          float p2[2], ds2[2];
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const long long ki = k0 + j * 8 + 2 * t4 + c;
-            const float s0 = s[j][2 * r + c] * a.scale;
-            float x = s0;
-            const bool in = !edge || (qin && ki < a.Skv);
-#if HB_SCORE_MOD
-            if (in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
-#endif
-            bool keep = in && lse != -INFINITY;
-#if HB_MASK_MOD
-            if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
-#endif
-            const float p = keep ? exp2f(x * kLog2e - lse) : 0.f;
-            float ds = p * (dp[j][2 * r + c] - delta);
-#if HB_JOINT
-            if (keep && a.run_joint) ds = hb_joint<float>(s0, b, h, qi, ki, ds, &t);
-#endif
-            p2[c] = p;
-            ds2[c] = keep ? ds * a.scale : 0.f;
-          }
-          const int col = j * 8 + 2 * t4;
-          Elem2* pp = reinterpret_cast<Elem2*>(&sP[sw<PC>(lr, col / 8)]) + (col % 8) / 2;
-          Elem2* dd = reinterpret_cast<Elem2*>(&sdS[sw<PC>(lr, col / 8)]) + (col % 8) / 2;
-          *pp = pack2(p2[0], p2[1]);
-          *dd = pack2(ds2[0], ds2[1]);
-        }
-      }
+      bwd_p_ds<BN>(s, dp, a, b, h, q0, warp * 16 + g, k0, full, k0 + BN <= a.Skv && q0 + BM <= a.Sq, row0, t);
+      store_p_ds<BN>(s, dp, sP, sdS, warp * 16 + g, [](int r, int c) { return sw<PC>(r, c); });
       __syncthreads();
 
       // dV += P^T dO (warps 0-3) or dK += dS^T Q (warps 4-7), over this warp's 16 key rows.
@@ -483,15 +576,7 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
             mma(dq[2 * jd + 1], da, kb[2], kb[3]);
           }
         }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const long long qi = q0 + warp * 16 + g + 8 * r;
-          if (qi >= a.Sq) continue;
-          float* dst = a.dq + (row0 + qi) * D + d0 + 2 * t4;
-#pragma unroll
-          for (int j = 0; j < QC / 8; ++j)
-            atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[j][2 * r], dq[j][2 * r + 1]));
-        }
+        add_dq<QC>(dq, a, row0, q0 + warp * 16 + g, d0);
       }
     }
     h = hn, walk = wn, i = in;
@@ -499,23 +584,324 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
   report(a.error, t);
   // dK, dV rows of (b, kv head): [B, Hkv, Skv, D] contiguous (summed over b by the caller when k, v
   // broadcast over the batch).
-  Elem* dst = (Elem*)(dk_warp ? a.dk : a.dv) + ((b * a.Hkv + hk) * a.Skv + k0) * D;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int kr = krow + g + 8 * r;
-    if (kr >= kvalid) continue;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<Elem2*>(dst + (long long)kr * D + j * 8 + 2 * t4) = pack2(acc[j][2 * r], acc[j][2 * r + 1]);
+  store_rows(acc, (Elem*)(dk_warp ? a.dk : a.dv) + ((b * a.Hkv + hk) * a.Skv + k0) * D, krow + g, kvalid);
+}
+#endif  // !HB_WG
+#endif
+
+// ------------------------------------------------------------------------------ Hopper (sm_90a) kernels
+// The same algorithm and per-element code on warpgroup MMAs (wgmma through CuTe's SM90 GMMA atoms): a
+// warpgroup of 4 warps multiplies 64 rows at a time with its B operand (and A, unless it comes from
+// registers) read from shared memory by the tensor cores, once per warpgroup instead of once per warp.
+// Tiles live in GMMA's 128-byte-swizzled canonical form: [rows][D] as 64-column panels of 128-byte rows,
+// each 8-row group 1024 bytes, 16-byte chunks XOR-ed with the row (the same swizzle as sw<8>). A tile is
+// K-major for an operand whose reduction runs along its columns (Q, K, dO, V in S and dP) and MN-major
+// where it runs along its rows (V in P V, K in dS K, P, dS, dO and Q in the dV and dK products).
+#if HB_WG
+template <int R>
+__device__ __forceinline__ int pw(int row, int chunk) {
+  return (chunk >> 3) * R * 8 + row * 8 + ((chunk & 7) ^ (row & 7));
+}
+
+template <int ROWS, int NT>
+__device__ __forceinline__ void load_panels(uint4* s, const Elem* base, long long row0, long long ld, long long len) {
+  for (int i = threadIdx.x; i < ROWS * CH; i += NT) {
+    const int r = i / CH, c = i % CH;
+    const bool ok = row0 + r < len;
+    const Elem* src = base + (ok ? (row0 + r) * ld + c * 8 : 0);
+    cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(*reinterpret_cast<const cute::uint128_t*>(src),
+                                                                 *reinterpret_cast<cute::uint128_t*>(&s[pw<ROWS>(r, c)]), ok);
   }
 }
+
+// A GMMA shared-memory descriptor (128-byte swizzle); byte offsets.
+__device__ __forceinline__ uint64_t gmma_desc(const uint4* p, uint32_t lbo, uint32_t sbo) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = (uint16_t)(cute::cast_smem_ptr_to_uint(p) >> 4);
+  d.bitfield.leading_byte_offset_ = (uint16_t)(lbo >> 4);
+  d.bitfield.stride_byte_offset_ = (uint16_t)(sbo >> 4);
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = (uint8_t)cute::SM90::GMMA::LayoutType::B128;
+  return d.desc_;
+}
+// K-major: rows row0 .. row0 + 63 (a multiple of 8) of an R-row tile, columns 16 kk .. 16 kk + 15.
+template <int R>
+__device__ __forceinline__ uint64_t kmajor(const uint4* tile, int row0, int kk) {
+  return gmma_desc(tile + (kk >> 2) * R * 8 + row0 * 8 + (kk & 3) * 2, 16, 1024);
+}
+// MN-major: rows 16 kk .. 16 kk + 15 of an R-row tile, all its columns (the panels R x 128 bytes apart).
+template <int R>
+__device__ __forceinline__ uint64_t mnmajor(const uint4* tile, int kk) {
+  return gmma_desc(tile + kk * 16 * 8, R * 128, 1024);
+}
+
+using cute::SM90::GMMA::Major;
+template <int N, Major A, Major B>
+struct WgSS;
+template <int N, Major B>
+struct WgRS;
+#if HB_HALF
+template <Major A, Major B> struct WgSS<64, A, B> { using Op = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_SS<A, B>; };
+template <Major A, Major B> struct WgSS<128, A, B> { using Op = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_SS<A, B>; };
+template <Major B> struct WgRS<64, B> { using Op = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_RS<Major::K, B>; };
+template <Major B> struct WgRS<128, B> { using Op = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<Major::K, B>; };
+#else
+template <Major A, Major B> struct WgSS<64, A, B> { using Op = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<A, B>; };
+template <Major A, Major B> struct WgSS<128, A, B> { using Op = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<A, B>; };
+template <Major B> struct WgRS<64, B> { using Op = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<Major::K, B>; };
+template <Major B> struct WgRS<128, B> { using Op = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<Major::K, B>; };
 #endif
+
+template <class Op, int M, size_t... I>
+__device__ __forceinline__ void ss_fma(uint64_t a, uint64_t b, float (&d)[M], bool acc, std::index_sequence<I...>) {
+  Op::fma(a, b, d[I]..., acc ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+template <class Op, int M, size_t... I>
+__device__ __forceinline__ void rs_fma(const uint32_t (&a)[4], uint64_t b, float (&d)[M], bool acc, std::index_sequence<I...>) {
+  Op::fma(a[0], a[1], a[2], a[3], b, d[I]..., acc ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+// D (64 x N, the accumulator layout as float[N / 8][4]) (+)= A B, A from shared memory or registers.
+template <Major MA, Major MB, int N>
+__device__ __forceinline__ void wg_ss(uint64_t a, uint64_t b, float (&d)[N / 8][4], bool acc) {
+  ss_fma<typename WgSS<N, MA, MB>::Op>(a, b, reinterpret_cast<float(&)[N / 2]>(d), acc, std::make_index_sequence<N / 2>{});
+}
+template <Major MB, int N>
+__device__ __forceinline__ void wg_rs(const uint32_t (&a)[4], uint64_t b, float (&d)[N / 8][4], bool acc) {
+  rs_fma<typename WgRS<N, MB>::Op>(a, b, reinterpret_cast<float(&)[N / 2]>(d), acc, std::make_index_sequence<N / 2>{});
+}
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous MMAs.
+template <int N>
+__device__ __forceinline__ void fence_acc(float (&d)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(d[j][e]);
+}
+// Shared-memory writes (cp.async, stores) made visible to the tensor cores' reads, then a CTA barrier.
+__device__ __forceinline__ void sync_for_wgmma() {
+  cutlass::arch::fence_view_async_shared();
+  __syncthreads();
+}
+// A 64 x N accumulator as bf16/fp16 A fragments, one per 16 columns (two n8 tiles make one k16), fenced
+// so that the MMAs that read them need no implicit wait.
+template <int N>
+__device__ __forceinline__ void a_frags(const float (&s)[N / 8][4], uint32_t (&f)[N / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    f[kk][0] = pack(s[2 * kk][0], s[2 * kk][1]), f[kk][1] = pack(s[2 * kk][2], s[2 * kk][3]);
+    f[kk][2] = pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), f[kk][3] = pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(f[kk][e]);
+  }
+}
+
+// Forward: one CTA of 2 warpgroups per 128 query rows (each warpgroup 64), key/value tiles of 64 rows
+// double-buffered (the next tile loads while this one computes). S = Q K^T and O += P V are wgmma, P
+// from registers.
+constexpr int WFM = 128, WFT = 256;
+template <int WFN>
+constexpr int kFwdWgSmem = (WFM + 4 * WFN) * CH * 16;
+
+template <int WFN>
+__global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ HbFlexCudaArgs a) {
+  extern __shared__ __align__(1024) uint4 wsmem[];
+  uint4* sQ = wsmem;
+  uint4* sKV = sQ + WFM * CH;  // [2][K, V] tiles of WFN rows
+  const int warp = threadIdx.x / 32, wg = warp / 4, g = (threadIdx.x % 32) >> 2;
+  const long long b = blockIdx.y / a.Hq, h = blockIdx.y % a.Hq, hk = h / (a.Hq / a.Hkv), bk = a.Bkv == 1 ? 0 : b;
+  const long long q0 = (long long)blockIdx.x * WFM;
+  const Elem* Q = (const Elem*)a.q + b * a.q_strides[0] + h * a.q_strides[1];
+  const Elem* K = (const Elem*)a.k + bk * a.k_strides[0] + hk * a.k_strides[1];
+  const Elem* V = (const Elem*)a.v + bk * a.v_strides[0] + hk * a.v_strides[1];
+  const Walk walk(a.kv_list, a.kv_full_list, b, h, q0 / a.q_block, a.kv_block, WFN, a.Skv);
+  const int ntiles = walk.count();
+  HbFlexTile t = {};
+  t.b = b, t.h = h, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
+  auto load_kv = [&](long long k0, int buf) {
+    load_panels<WFN, WFT>(sKV + buf * 2 * WFN * CH, K, k0, a.k_strides[2], a.Skv);
+    load_panels<WFN, WFT>(sKV + (buf * 2 + 1) * WFN * CH, V, k0, a.v_strides[2], a.Skv);
+  };
+
+  load_panels<WFM, WFT>(sQ, Q, q0, a.q_strides[2], a.Sq);
+  bool full = false;
+  long long k0 = ntiles ? walk.first(0, &full) : 0;
+  if (ntiles) load_kv(k0, 0);
+  cute::cp_async_fence();
+
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  for (int i = 0; i < ntiles; ++i) {
+    const int buf = i & 1;
+    cute::cp_async_wait<0>();
+    sync_for_wgmma();  // tile i has landed; every warpgroup is done with tile i - 1's buffer
+    bool full_next = false;
+    long long k_next = 0;
+    if (i + 1 < ntiles) {
+      k_next = walk.first(i + 1, &full_next);
+      load_kv(k_next, buf ^ 1);
+    }
+    cute::cp_async_fence();
+    const uint4* sK = sKV + buf * 2 * WFN * CH;
+    const uint4* sV = sK + WFN * CH;
+
+    float s[WFN / 8][4];
+    fence_acc(s);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) wg_ss<Major::K, Major::K, WFN>(kmajor<WFM>(sQ, wg * 64, kk), kmajor<WFN>(sK, 0, kk), s, kk > 0);
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+    fence_acc(s);
+
+    fwd_scores<WFN>(s, a, b, h, q0 + warp * 16 + g, k0, full, k0 + WFN <= a.Skv && q0 + WFM <= a.Sq, t);
+    float corr[2];
+    softmax_tile<WFN>(s, m, l, corr);
+    rescale(o, corr);
+
+    uint32_t pa[WFN / 16][4];
+    a_frags<WFN>(s, pa);
+    fence_acc(o);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < WFN / 16; ++kk) wg_rs<Major::MN, D>(pa[kk], mnmajor<WFN>(sV, kk), o, true);
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+    fence_acc(o);
+    k0 = k_next, full = full_next;
+  }
+  report(a.error, t);
+  fwd_store(o, m, l, a, b, h, q0 + warp * 16 + g);
+}
+
+// Backward: one CTA of one warpgroup per 64 key rows of one (b, kv head), two CTAs per SM (so that one's
+// per-element work overlaps the other's MMAs), over the same steps as flex_bwd but of 64 query rows
+// (the q lists, every query head of the GQA group, the next step's Q and dO double-buffered): S = Q K^T
+// and dP = dO V^T, P and dS to shared memory, then dV += P^T dO, dK += dS^T Q and dQ = dS K (dS from
+// registers) in one batch, dQ added into the float accumulator.
+constexpr int WBM = 64, WBN = 64, WBT = 128;
+constexpr int kBwdWgSmem = (2 * WBN * CH + 4 * WBM * CH + 2 * WBM * 8) * 16;
+
+__global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ HbFlexCudaArgs a) {
+  extern __shared__ __align__(1024) uint4 wsmem[];
+  uint4* sK = wsmem;
+  uint4* sV = sK + WBN * CH;
+  uint4* sQ0 = sV + WBN * CH;
+  uint4* sP = sQ0 + 4 * WBM * CH;
+  uint4* sdS = sP + WBM * 8;
+  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) >> 2;
+  const long long G = a.Hq / a.Hkv;
+  const long long b = blockIdx.y / a.Hkv, hk = blockIdx.y % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
+  const long long k0 = (long long)blockIdx.x * WBN;
+  const int kvalid = (int)lmin(WBN, a.Skv - k0);
+  load_panels<WBN, WBT>(sK, (const Elem*)a.k + bk * a.k_strides[0] + hk * a.k_strides[1], k0, a.k_strides[2], a.Skv);
+  load_panels<WBN, WBT>(sV, (const Elem*)a.v + bk * a.v_strides[0] + hk * a.v_strides[1], k0, a.v_strides[2], a.Skv);
+  cute::cp_async_fence();
+
+  float dv[D / 8][4] = {}, dk[D / 8][4] = {};
+  HbFlexTile t = {};
+  t.b = b, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
+
+  const long long hend = (hk + 1) * G, kblk = k0 / a.kv_block;
+  auto head_walk = [&](long long h) { return Walk(a.q_list, a.q_full_list, b, h, kblk, a.q_block, WBM, a.Sq); };
+  auto load_step = [&](long long h, long long q0, int buf) {
+    load_panels<WBM, WBT>(sQ0 + buf * 2 * WBM * CH, (const Elem*)a.q + b * a.q_strides[0] + h * a.q_strides[1], q0,
+                          a.q_strides[2], a.Sq);
+    load_panels<WBM, WBT>(sQ0 + (buf * 2 + 1) * WBM * CH,
+                          (const Elem*)a.dout + b * a.do_strides[0] + h * a.do_strides[1], q0, a.do_strides[2], a.Sq);
+  };
+  long long h = hk * G;
+  Walk walk = head_walk(h);
+  int i = 0;
+  while (i >= walk.count() && ++h < hend) walk = head_walk(h), i = 0;
+  bool full = false;
+  if (h < hend) load_step(h, walk.first(i, &full), 0);
+  cute::cp_async_fence();
+  for (int buf = 0; h < hend; buf ^= 1) {
+    const long long q0 = walk.first(i, &full);
+    t.h = h;
+    const long long row0 = (b * a.Hq + h) * a.Sq;
+    long long hn = h;
+    Walk wn = walk;
+    int in = i + 1;
+    while (in >= wn.count() && ++hn < hend) wn = head_walk(hn), in = 0;
+    cute::cp_async_wait<0>();
+    sync_for_wgmma();
+    if (hn < hend) {
+      bool unused;
+      load_step(hn, wn.first(in, &unused), buf ^ 1);
+    }
+    cute::cp_async_fence();
+    const uint4* sQ = sQ0 + buf * 2 * WBM * CH;
+    const uint4* sdO = sQ + WBM * CH;
+
+    float s[WBN / 8][4], dp[WBN / 8][4];
+    fence_acc(s);
+    fence_acc(dp);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) wg_ss<Major::K, Major::K, WBN>(kmajor<WBM>(sQ, 0, kk), kmajor<WBN>(sK, 0, kk), s, kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) wg_ss<Major::K, Major::K, WBN>(kmajor<WBM>(sdO, 0, kk), kmajor<WBN>(sV, 0, kk), dp, kk > 0);
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+    fence_acc(s);
+    fence_acc(dp);
+
+    bwd_p_ds<WBN>(s, dp, a, b, h, q0, warp * 16 + g, k0, full, k0 + WBN <= a.Skv && q0 + WBM <= a.Sq, row0, t);
+    store_p_ds<WBN>(s, dp, sP, sdS, warp * 16 + g, [](int r, int c) { return pw<WBM>(r, c); });
+    uint32_t da[WBN / 16][4];
+    a_frags<WBN>(dp, da);
+    sync_for_wgmma();
+
+    fence_acc(dv);
+    fence_acc(dk);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < WBM / 16; ++kk) wg_ss<Major::MN, Major::MN, D>(mnmajor<WBM>(sP, kk), mnmajor<WBM>(sdO, kk), dv, true);
+#pragma unroll
+    for (int kk = 0; kk < WBM / 16; ++kk) wg_ss<Major::MN, Major::MN, D>(mnmajor<WBM>(sdS, kk), mnmajor<WBM>(sQ, kk), dk, true);
+    cute::warpgroup_commit_batch();
+#pragma unroll
+    for (int d0 = 0; d0 < D; d0 += 64) {
+      float dq[8][4];
+      fence_acc(dq);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int kk = 0; kk < WBN / 16; ++kk) wg_rs<Major::MN, 64>(da[kk], mnmajor<WBN>(sK + d0 / 64 * WBN * 8, kk), dq, kk > 0);
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+      fence_acc(dq);
+      add_dq<64>(dq, a, row0, q0 + warp * 16 + g, d0);
+    }
+    fence_acc(dv);
+    fence_acc(dk);
+    h = hn, walk = wn, i = in;
+  }
+  report(a.error, t);
+  store_rows(dv, (Elem*)a.dv + ((b * a.Hkv + hk) * a.Skv + k0) * D, warp * 16 + g, kvalid);
+  store_rows(dk, (Elem*)a.dk + ((b * a.Hkv + hk) * a.Skv + k0) * D, warp * 16 + g, kvalid);
+}
+template <int WFN>
+int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
+  cudaError_t e = cudaFuncSetAttribute(flex_fwd_wg<WFN>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdWgSmem<WFN>);
+  if (e != cudaSuccess) return (int)e;
+  flex_fwd_wg<WFN><<<grid, WFT, kFwdWgSmem<WFN>, (cudaStream_t)stream>>>(a);
+  return (int)cudaGetLastError();
+}
+#endif  // HB_WG
 
 }  // namespace hbk
 
 // ------------------------------------------------------------------------------------- entry points
 extern "C" int hb_flex_cuda_forward(const HbFlexCudaArgs* a, void* stream) {
   if (a->B * a->Hq == 0 || a->Sq == 0) return 0;
+#if HB_WG
+  if (a->q_block % hbk::WFM == 0) {  // 128-row CTAs nest in the BlockMask's query blocks
+    const dim3 grid((unsigned)((a->Sq + hbk::WFM - 1) / hbk::WFM), (unsigned)(a->B * a->Hq));
+    return HB_D == 128 && a->kv_block % 128 == 0 ? hbk::launch_fwd_wg<128>(*a, grid, stream)
+                                                     : hbk::launch_fwd_wg<64>(*a, grid, stream);
+  }
+#endif
   cudaError_t e = cudaFuncSetAttribute(hbk::flex_fwd, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kFwdSmem);
   if (e != cudaSuccess) return (int)e;
   const dim3 grid((unsigned)((a->Sq + hbk::FM - 1) / hbk::FM), (unsigned)(a->B * a->Hq));
@@ -531,10 +917,17 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
   hbk::flex_bwd_pre<<<pre_blocks, 256, 0, (cudaStream_t)stream>>>(*a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return (int)e;
+#if HB_WG
+  e = cudaFuncSetAttribute(hbk::flex_bwd_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kBwdWgSmem);
+  if (e != cudaSuccess) return (int)e;
+  const dim3 grid((unsigned)((a->Skv + hbk::WBN - 1) / hbk::WBN), (unsigned)(a->B * a->Hkv));
+  hbk::flex_bwd_wg<<<grid, hbk::WBT, hbk::kBwdWgSmem, (cudaStream_t)stream>>>(*a);
+#else
   e = cudaFuncSetAttribute(hbk::flex_bwd, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kBwdSmem);
   if (e != cudaSuccess) return (int)e;
   const dim3 grid((unsigned)((a->Skv + hbk::BN - 1) / hbk::BN), (unsigned)(a->B * a->Hkv));
   hbk::flex_bwd<<<grid, hbk::BT, hbk::kBwdSmem, (cudaStream_t)stream>>>(*a);
+#endif
   return (int)cudaGetLastError();
 #else
   return (int)cudaErrorNotSupported;
