@@ -1,8 +1,10 @@
-// FlexAttention's tiled CUDA kernels (issue 14's kernel="fused" on CUDA): FlashAttention-2's algorithm on
-// the tensor cores' mma.sync (CuTe's SM80 atoms: ldmatrix, cp.async, m16n8k16 with float accumulators;
-// sm_80 and later, the H100/H200 included), with the user's score_mod, mask_mod and joint graph inlined
-// per score element. Not compiled into the extension: codegen/FlexKernelGen.cpp pastes this text after
-// the generated scalar functions, and codegen/HostCompiler.h builds the unit with nvcc at compile time.
+// FlexAttention's tiled CUDA kernels (issue 14's kernel="fused" on CUDA): FlashAttention-2's algorithm
+// with the user's score_mod, mask_mod and joint graph inlined per score element, in two forms: on the
+// tensor cores' mma.sync (CuTe's SM80 atoms: ldmatrix, cp.async, m16n8k16 with float accumulators; sm_80
+// and later), and on Hopper's warpgroup MMAs (CuTe's SM90 GMMA atoms; sm_90a, head dims 64 and 128). Not
+// compiled into the extension: codegen/FlexKernelGen.cpp pastes this text after the generated scalar
+// functions, and codegen/HostCompiler.h builds the unit with nvcc at compile time (for sm_90a with
+// HB_SM90=1 on an H100/H200).
 //
 // The generated part defines, before this text:
 //   HB_D            head dim of q, k and v (16, 32, 64, 128; the forward also 256)
@@ -17,16 +19,17 @@
 // attends to nothing gets out = 0 and logsumexp = -inf. Tiles follow the BlockMask: listed partial
 // blocks run mask_mod, full blocks skip it, unlisted blocks are never touched.
 //
-// Forward: one CTA of 4 warps per 64 query rows of one (b, h); each warp owns 16 rows. K and V tiles of
-// FN rows stream through shared memory (cp.async: V loads while S = Q K^T runs, the next K while P.V runs).
-// Backward: one CTA of 8 warps per 64 key rows of one (b, kv head); it walks the query tiles (128 rows)
-// that the BlockMask's q lists give for its kv block, over every query head of its GQA group, the next
-// step's Q and dO loading (double-buffered) while the current one computes. Per tile:
+// mma.sync forms. Forward: one CTA of 4 warps per 64 query rows of one (b, h); each warp owns 16 rows. K
+// and V tiles of FN rows stream through shared memory (cp.async: V loads while S = Q K^T runs, the next K
+// while P.V runs). Backward: one CTA of 8 warps per 64 key rows of one (b, kv head); it walks the query
+// tiles (128 rows) that the BlockMask's q lists give for its kv block, over every query head of its GQA
+// group, the next step's Q and dO loading (double-buffered) while the current one computes. Per tile:
 // S and dP with warps over query rows; P and dS go to shared memory; dV += P^T dO and dK += dS^T Q with
 // warps over key rows (warps 0-3 dV, 4-7 dK); dQ += dS K with warps over query rows, added into a float
 // accumulator with float2 atomics. Buffer gradients: the joint's scatters, as float atomics (hb_scatter).
 // Registers and shared memory (nvcc -Xptxas -v, D 128): forward 168 registers, 48 KiB; backward 244
 // registers, 192 KiB (one CTA per SM).
+// The wgmma forms are described at their section below.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -695,9 +698,15 @@ __device__ __forceinline__ void a_frags(const float (&s)[N / 8][4], uint32_t (&f
   }
 }
 
-// Forward: one CTA of 2 warpgroups per 128 query rows (each warpgroup 64), key/value tiles of 64 rows
-// double-buffered (the next tile loads while this one computes). S = Q K^T and O += P V are wgmma, P
-// from registers.
+// Forward: one CTA of 2 warpgroups per 128 query rows (each warpgroup 64), key/value tiles of WFN rows
+// (128 at D 128 where the BlockMask's kv blocks allow, else 64) double-buffered (the next tile loads
+// while this one computes). S = Q K^T and O += P V are wgmma, P from registers. Registers and shared
+// memory at D 128 (nvcc -Xptxas -v): 198 registers and 160 KiB with 128-row tiles, 162 and 96 KiB with
+// 64; the backward 254 registers and 112 KiB, two CTAs per SM. Measured on the H200 with
+// benchmarks/flex_kernel_lab.cu (D 128, B4 H16 S4096): forward 1.73 ms, backward 5.29 ms (the mma.sync
+// forms 2.42 and 7.55). Tried and not kept: an S_{i+1} product in flight during tile i's softmax
+// (2.09 ms: ptxas serialized the warpgroup MMAs around it), a backward of 2 warpgroups per CTA sharing
+// 128-row query steps (6.16 ms: one CTA per SM, nothing to overlap its per-element work with).
 constexpr int WFM = 128, WFT = 256;
 template <int WFN>
 constexpr int kFwdWgSmem = (WFM + 4 * WFN) * CH * 16;
