@@ -160,31 +160,26 @@ struct Walk {
 // and wgmma's m64nN accumulators (a warp's 16 rows of its warpgroup's 64) are both this layout.
 
 // Scale, score_mod, mask_mod (partial blocks only), out-of-range rows and columns -inf; then base 2.
-// `inside`: the tile lies inside both sequences, so with nothing to call per element it only scales.
-template <int NC>
-__device__ __forceinline__ void fwd_scores(float (&s)[NC / 8][4], const HbFlexCudaArgs& a, long long b, long long h,
-                                           long long qi0, long long k0, bool full, bool inside, HbFlexTile& t) {
-  const int t4 = threadIdx.x & 3;
-  if (!HB_SCORE_MOD && (full || !HB_MASK_MOD) && inside) {
-    const float sl = a.scale * kLog2e;
-#pragma unroll
-    for (int j = 0; j < NC / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] *= sl;
-    return;
-  }
+// `inside`: the tile lies inside both sequences. Such a tile with nothing to call per element only
+// scales; with a score_mod it calls it unconditionally (GUARD false), so that the compiler may share
+// the reads every element makes alike (`slope[h]`, `bias[q]`) instead of one guarded load per element.
+// Positions are int: sequence lengths are below 2^31.
+template <int NC, bool GUARD>
+__device__ __forceinline__ void score_elems(float (&s)[NC / 8][4], const HbFlexCudaArgs& a, long long b, long long h,
+                                            int qi0, int k0, bool full, HbFlexTile& t) {
+  const int t4 = threadIdx.x & 3, sq = (int)a.Sq, skv = (int)a.Skv;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const long long qi = qi0 + 8 * r;
+    const int qi = qi0 + 8 * r;
 #pragma unroll
     for (int j = 0; j < NC / 8; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const long long ki = k0 + j * 8 + 2 * t4 + c;
+        const int ki = k0 + j * 8 + 2 * t4 + c;
         float x = s[j][2 * r + c] * a.scale;
-        const bool in = inside || (qi < a.Sq && ki < a.Skv);
+        const bool in = !GUARD || (qi < sq && ki < skv);
 #if HB_SCORE_MOD
-        if (in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
+        if (!GUARD || in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
 #endif
         bool keep = in;
 #if HB_MASK_MOD
@@ -192,6 +187,22 @@ __device__ __forceinline__ void fwd_scores(float (&s)[NC / 8][4], const HbFlexCu
 #endif
         s[j][2 * r + c] = keep ? x * kLog2e : -INFINITY;
       }
+  }
+}
+
+template <int NC>
+__device__ __forceinline__ void fwd_scores(float (&s)[NC / 8][4], const HbFlexCudaArgs& a, long long b, long long h,
+                                           long long qi0, long long k0, bool full, bool inside, HbFlexTile& t) {
+  if (!HB_SCORE_MOD && (full || !HB_MASK_MOD) && inside) {
+    const float sl = a.scale * kLog2e;
+#pragma unroll
+    for (int j = 0; j < NC / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] *= sl;
+  } else if (inside) {
+    score_elems<NC, false>(s, a, b, h, (int)qi0, (int)k0, full, t);
+  } else {
+    score_elems<NC, true>(s, a, b, h, (int)qi0, (int)k0, full, t);
   }
 }
 
@@ -255,7 +266,45 @@ __device__ __forceinline__ void fwd_store(const float (&o)[D / 8][4], const floa
 
 // Backward, per element: s (scores) becomes P = exp(score - logsumexp) and dp becomes dS = P (dP - delta)
 // through the joint graph, times the scale; masked and out-of-range elements 0. `row0` is (b, h)'s first
-// logsumexp row. A tile inside both sequences with nothing to call per element takes the short way.
+// logsumexp row. As in the forward, a tile inside both sequences calls the generated functions
+// unguarded, and with nothing to call per element takes the short way.
+template <int NC, bool GUARD>
+__device__ __forceinline__ void p_ds_elems(float (&s)[NC / 8][4], float (&dp)[NC / 8][4], const HbFlexCudaArgs& a,
+                                           long long b, long long h, int q0, int lq, int k0, bool full, long long row0,
+                                           HbFlexTile& t) {
+  const int t4 = threadIdx.x & 3, sq = (int)a.Sq, skv = (int)a.Skv;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qi = q0 + lq + 8 * r;
+    const bool qin = !GUARD || qi < sq;
+    const float lse = qin ? a.lse[row0 + qi] : -INFINITY;
+    const float delta = qin ? a.delta[row0 + qi] : 0.f;
+#pragma unroll
+    for (int j = 0; j < NC / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int ki = k0 + j * 8 + 2 * t4 + c;
+        const float s0 = s[j][2 * r + c] * a.scale;
+        float x = s0;
+        const bool in = !GUARD || (qin && ki < skv);
+#if HB_SCORE_MOD
+        if (!GUARD || in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
+#endif
+        bool keep = in && lse != -INFINITY;
+#if HB_MASK_MOD
+        if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
+#endif
+        const float p = keep ? exp2f(x * kLog2e - lse) : 0.f;
+        float ds = p * (dp[j][2 * r + c] - delta);
+#if HB_JOINT
+        if (keep && a.run_joint) ds = hb_joint<float>(s0, b, h, qi, ki, ds, &t);
+#endif
+        s[j][2 * r + c] = p;
+        dp[j][2 * r + c] = keep ? ds * a.scale : 0.f;
+      }
+  }
+}
+
 template <int NC>
 __device__ __forceinline__ void bwd_p_ds(float (&s)[NC / 8][4], float (&dp)[NC / 8][4], const HbFlexCudaArgs& a,
                                          long long b, long long h, long long q0, int lq, long long k0, bool full,
@@ -275,37 +324,10 @@ __device__ __forceinline__ void bwd_p_ds(float (&s)[NC / 8][4], float (&dp)[NC /
           dp[j][2 * r + c] = p * (dp[j][2 * r + c] - delta) * a.scale;
         }
     }
-    return;
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const long long qi = q0 + lq + 8 * r;
-    const bool qin = qi < a.Sq;
-    const float lse = qin ? a.lse[row0 + qi] : -INFINITY;
-    const float delta = qin ? a.delta[row0 + qi] : 0.f;
-#pragma unroll
-    for (int j = 0; j < NC / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const long long ki = k0 + j * 8 + 2 * t4 + c;
-        const float s0 = s[j][2 * r + c] * a.scale;
-        float x = s0;
-        const bool in = inside || (qin && ki < a.Skv);
-#if HB_SCORE_MOD
-        if (in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
-#endif
-        bool keep = in && lse != -INFINITY;
-#if HB_MASK_MOD
-        if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
-#endif
-        const float p = keep ? exp2f(x * kLog2e - lse) : 0.f;
-        float ds = p * (dp[j][2 * r + c] - delta);
-#if HB_JOINT
-        if (keep && a.run_joint) ds = hb_joint<float>(s0, b, h, qi, ki, ds, &t);
-#endif
-        s[j][2 * r + c] = p;
-        dp[j][2 * r + c] = keep ? ds * a.scale : 0.f;
-      }
+  } else if (inside) {
+    p_ds_elems<NC, false>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t);
+  } else {
+    p_ds_elems<NC, true>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t);
   }
 }
 
