@@ -3,6 +3,7 @@
 #include "backend/ir/Error.h"
 #include "backend/ir/Verifier.h"
 #include "codegen/KernelSelect.h"
+#include "passes/CallInvariance.h"
 #include "passes/DeadCodeElimination.h"
 #include "passes/FoldCrossEntropyBackward.h"
 #include "passes/HintPropagation.h"
@@ -46,10 +47,13 @@ const std::vector<PassInfo>& pipeline() {
       {"memory-schedule", memory_schedule,
        "reorders top-level nodes for a lower simulated peak; after every pass that adds or removes nodes, "
        "before memory-plan, which plans the order it leaves"},
-      // Last: plans offsets over the final order; any pass after it would invalidate the plan.
+      // Plans offsets over the final order; a pass after it that changed the graph would invalidate the plan.
       {"memory-plan", memory_plan_pass,
        "analysis over the final order: the program's memory plan (arena offsets, in-place reuse, direct "
        "output writes) for ctx.memory's target; the runtime runs it as given"},
+      {"call-invariance", call_invariance,
+       "analysis: the nodes that compute the same value on every call (from constants only), which the "
+       "runtime runs once; after memory-plan, whose direct output writes it reads, and changes no node"},
   };
   return kPipeline;
 }
@@ -102,6 +106,8 @@ Program compile_program(std::shared_ptr<Graph> g, PassContext& ctx) {
   // asks the same per-node choice, codegen/TargetModel.h).
   p.kernels = std::make_shared<const KernelPlan>(select_kernels(*g, ctx.memory.target));
   p.memory = ctx.memory_plan;
+  p.keep_across_calls = ctx.keep_across_calls;
+  p.invariants = ctx.call_invariants;
   p.notes = ctx.notes;
   p.warnings = ctx.warnings;
   p.graph = std::move(g);

@@ -36,6 +36,11 @@ struct PassContext {
   std::map<int, int64_t> slice_counts;
   // memory-plan's result, the compiled program's plan (null until it runs, or when it is disabled).
   std::shared_ptr<const MemoryPlan> memory_plan;
+  // Whether the runtime may keep values from one call for the next (false under CUDA graphs); when false,
+  // call-invariance finds nothing.
+  bool keep_across_calls = true;
+  // call-invariance's result, the compiled program's run-once nodes (null: none).
+  std::shared_ptr<const CallInvariants> call_invariants;
 };
 
 using PassFn = bool (*)(Graph& g, PassContext& ctx);

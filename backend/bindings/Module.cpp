@@ -139,6 +139,7 @@ struct CompileSettings {
     ctx.memory.in_place = memory_plan_in_place;
     ctx.memory.arena = arena;
     ctx.memory.target = rt::runtime_target({host_compiler, cache_dir}, {nvcc, cuda_arch, cutlass_include, cache_dir});  // plan exactly what this runtime runs
+    ctx.keep_across_calls = keep_across_calls;
     return ctx;
   }
 };
@@ -159,7 +160,6 @@ class CompiledGraph {
       };
     }
     program_ = compile_program(std::move(graph), ctx);
-    program_.keep_across_calls = settings.keep_across_calls;
     ctx.after_pass = nullptr;
     const Graph& g = *program_.graph;
     if (settings.dump) {

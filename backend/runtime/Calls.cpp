@@ -32,6 +32,10 @@ std::shared_ptr<Executor> LowerContext::subgraph(const Arg& a, bool with_memory_
   sub.graph = it->second;
   sub.kernels = kp->second;
   sub.keep_across_calls = program.keep_across_calls;
+  if (program.invariants) {
+    auto inv = program.invariants->subgraphs.find(a.s);
+    if (inv != program.invariants->subgraphs.end()) sub.invariants = inv->second;
+  }
   if (with_memory_plan && program.memory) {
     auto mp = program.memory->bodies.find(a.s);
     if (mp != program.memory->bodies.end()) sub.memory = mp->second;

@@ -198,55 +198,22 @@ Executor::Executor(Program program, std::shared_ptr<const std::vector<at::Tensor
   if (constants_)
     for (const at::Tensor& c : *constants_) constants_require_grad_ |= c.defined() && c.requires_grad();
   place_results(step_of);
-  if (program_.keep_across_calls) find_invariant_steps(step_of);
+  apply_invariants();
 }
 
-void Executor::find_invariant_steps(const std::vector<int>& step_of) {
-  // A step that reads only constants and other such steps (the default BlockMask flex_attention builds
-  // from constants: arange, index_put, sort, ... every call) computes the same values each call: the
-  // first run keeps the values later steps read, and later runs skip those steps. Not: random or mutating
-  // ops, results written into a caller's tensor, and none at all when a mutating op writes into such a
-  // value. One the plan placed in the arena gets its own memory instead (the arena is reused within a
-  // call): the memory dump still shows it placed.
-  const Graph& g = *program_.graph;
-  std::vector<bool> inv(g.nodes.size(), false);
+void Executor::apply_invariants() {
+  // The nodes call-invariance found (passes/CallInvariance.h) run in the first complete run only; it keeps
+  // the values later runs read. One the plan placed in the arena gets its own memory instead (the arena is
+  // reused within a call): the memory dump still shows it placed.
+  const CallInvariants* inv = program_.invariants.get();
+  if (!program_.keep_across_calls || !inv) return;
   for (Step& s : steps_) {
-    const Node& n = g.nodes[s.node];
-    // ATen's own ops only: a custom op may read state no argument shows.
-    const bool aten_op = s.kind == KernelKind::Aten && n.target.rfind("aten::", 0) == 0;
-    bool ok = (aten_op || s.kind == KernelKind::Constant || s.kind == KernelKind::GetItem) &&
-              !n.effects.mutates && !n.effects.nondeterministic_seeded && !s.write;
-    n.for_each_input([&](const Arg& a) { ok = ok && inv[a.ref]; });
-    inv[s.node] = ok;
-  }
-  for (const Node& n : g.nodes) {
-    bool writes_invariant = false;
-    if (n.effects.mutates) n.for_each_input([&](const Arg& a) { writes_invariant = writes_invariant || inv[a.ref]; });
-    if (writes_invariant) return;
-  }
-  // Kept: the invariant values a step that runs every call reads (the output included).
-  for (Step& s : steps_) {
-    s.invariant = inv[s.node] && s.kind != KernelKind::Constant;
+    s.invariant = inv->runs_once.at(s.node);
+    s.keep = inv->kept.at(s.node);
     if (s.invariant) s.place.reset();
-    if (inv[s.node]) continue;
-    g.nodes[s.node].for_each_input([&](const Arg& a) {
-      if (inv[a.ref] && step_of[a.ref] >= 0) steps_[step_of[a.ref]].keep = true;
-    });
   }
-  // A returned invariant value is copied each call: the caller may write into what it gets.
-  const int out = g.output_node();
-  if (out >= 0 && !g.nodes[out].args.empty()) {
-    const Arg& r = g.nodes[out].args[0];
-    if (r.kind == Arg::Kind::Ref) {
-      copy_all_outputs_ = inv[r.ref];  // one value, flattened if it is a tuple: every element
-    } else {
-      for (size_t k = 0; k < r.items.size(); ++k)
-        if (r.items[k].kind == Arg::Kind::Ref && inv[r.items[k].ref]) {
-          copied_outputs_.resize(r.items.size(), false);
-          copied_outputs_[k] = true;
-        }
-    }
-  }
+  copied_outputs_ = inv->copied_outputs;
+  copy_all_outputs_ = inv->copy_all_outputs;
 }
 
 std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
@@ -284,7 +251,7 @@ std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs, at::Tens
     if (!d.defined() || !d.is_contiguous() || d.numel() != s.write->numel) return at::Tensor();
     return d.view(s.write->sizes);
   };
-  // Invariant values the first run kept (find_invariant_steps): their steps are skipped.
+  // Invariant values the first run kept (apply_invariants): their steps are skipped.
   const std::shared_ptr<const std::vector<std::pair<int, c10::IValue>>> kept = std::atomic_load(&kept_);
   std::vector<std::pair<int, c10::IValue>> keeping;
   if (kept)

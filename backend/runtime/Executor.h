@@ -83,7 +83,7 @@ class Executor {
   ArenaStats arena_stats() const;
   // Whether calls use the arena (the plan's decision). Slice-loop bodies use it regardless.
   bool arena_for_calls() const { return plan_->arena_for_calls && plan_->arena_bytes > 0; }
-  // How many invariant values the first run kept for later runs (find_invariant_steps); 0 before it.
+  // How many invariant values the first run kept for later runs (apply_invariants); 0 before it.
   size_t kept_values() const {
     const auto k = std::atomic_load(&kept_);
     return k ? k->size() : 0;
@@ -100,9 +100,9 @@ class Executor {
 
   // The memory plan's placements and output writes, onto the steps.
   void place_results(const std::vector<int>& step_of);
-  // Steps that compute the same values every call (inputs: constants only), and which of their values
-  // to keep; see Executor.cpp.
-  void find_invariant_steps(const std::vector<int>& step_of);
+  // The program's call-invariant nodes (Program::invariants) onto the steps: which run once, which
+  // values the first run keeps, which outputs are copied.
+  void apply_invariants();
   mutable std::shared_ptr<const std::vector<std::pair<int, c10::IValue>>> kept_;  // atomic_load/store
   std::vector<bool> copied_outputs_;  // per output position: an invariant value, copied each call
   bool copy_all_outputs_ = false;    // the graph returns one invariant value (its elements, if a tuple)

@@ -7,6 +7,7 @@
 #include "backend/runtime/Args.h"
 #include "codegen/KernelSelect.h"
 #include "codegen/TargetModel.h"
+#include "passes/CallInvariance.h"
 #include "passes/MemoryPlan.h"
 
 namespace hb::rt {
@@ -161,6 +162,7 @@ Program program_of(std::shared_ptr<Graph> g, MemoryPlanOptions opt) {
   Program p;
   p.kernels = std::make_shared<const KernelPlan>(select_kernels(*g, opt.target));
   p.memory = std::make_shared<const MemoryPlan>(memory_plan(*g, opt));
+  p.invariants = find_call_invariants(*g, p.memory.get());
   p.graph = std::move(g);
   return p;
 }

@@ -23,9 +23,9 @@ namespace hb::rt {
 // kernels are built (`host`: none by default).
 Target runtime_target(const HostCompileSettings& host = {}, const CudaCompileSettings& cuda = {});
 
-// A Program for a hand-built graph as it is (no passes): kernel choices and the memory plan under the
-// runtime's target and `opt`'s settings (opt.target is replaced). For the runtime tests; the bindings
-// compile through the pipeline (passes/Pipeline.h, compile_program).
+// A Program for a hand-built graph as it is (no passes): kernel choices, the memory plan (under the
+// runtime's target and `opt`'s settings; opt.target is replaced) and the call invariants. For the
+// runtime tests; the bindings compile through the pipeline (passes/Pipeline.h, compile_program).
 Program program_of(std::shared_ptr<Graph> g, MemoryPlanOptions opt = {});
 
 // The out= overload of a functional op: by the usual names first ("<overload>_out", "out"), then any
