@@ -9,11 +9,11 @@
 #        FUSED_BENCH set, benchmarks/flex.py --fused $FUSED_BENCH; FUSED_PYTEST_ARGS adds pytest flags, e.g.
 #        -n 8); dfs: the slicing tests and the demo with --dfs on CUDA, then benchmarks/slicing.py
 #        --region flex-learned (DFS of a learned relative bias, DFS_ARGS adds flags); lab: no package build, only
-#        benchmarks/flex_kernel_lab.cu for head dims $LAB_DIMS (default 128 64) with $LAB_ARGS (LAB_SM80=1: also
-#        the mma.sync kernels on a Hopper GPU), then each
-#        template copy in $LAB_TEMPLATES (paths from the repository root) at D $LAB_TEMPLATE_DIMS (128), each score_mod/joint
-#        file in $LAB_MODS (with $LAB_DEFS; see the lab's HB_LAB_MODS), and with LAB_NCU set the
-#        backward under Nsight Compute)
+#        benchmarks/flex_kernel_lab.cu for head dims $LAB_DIMS (default 128 64) with $LAB_ARGS (LAB_SM80=1:
+#        also the mma.sync kernels on a Hopper GPU), then each template copy in $LAB_TEMPLATES (paths from the
+#        repository root) at head dims $LAB_TEMPLATE_DIMS (default 128), each score_mod/joint file in
+#        $LAB_MODS (with $LAB_DEFS; see the lab's HB_LAB_MODS), and with LAB_NCU set the backward under
+#        Nsight Compute)
 set -uo pipefail
 MODE="${1:-all}"
 OUT="${OUT:-/tmp/hb-out}"; mkdir -p "$OUT"

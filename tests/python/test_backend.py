@@ -261,3 +261,28 @@ def test_compiled_graphs_lists_what_a_step_compiled():
     torch._dynamo.reset()
     torch.compile(lambda x: x.sin(), backend="hintbackend")(torch.randn(2))
     assert len(graphs) == 2
+
+
+def test_nodes_that_read_only_constants_run_once():
+    """flex_attention without a block_mask builds its default BlockMask from constants in the traced graph
+    (arange, sort, ...): the call-invariance analysis names those nodes, which run on the first call only;
+    every call still matches eager, and with the analysis disabled nothing runs once."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from hintbackend.backend import compiled_graphs
+
+    def attend(q, k, v):
+        return flex_attention(q, k, v)
+
+    for disable in ([], ["call-invariance"]):
+        torch._dynamo.reset()
+        fn = torch.compile(attend, backend="hintbackend", options={"disable_passes": disable})
+        with compiled_graphs() as graphs:
+            for _ in range(3):
+                q, k, v = (torch.randn(1, 2, 128, 16) for _ in range(3))
+                torch.testing.assert_close(fn(q, k, v), attend(q, k, v), atol=1e-5, rtol=1e-4)
+        notes = "\n".join(n for _, g in graphs for n in g.notes)
+        if disable:
+            assert "run once" not in notes and "call-invariance: disabled" in notes, notes
+        else:
+            assert re.search(r"call-invariance graph \S+: \d+ nodes run once \(%", notes), notes
