@@ -414,6 +414,11 @@ TEST(flex_kernel_gen, nvcc_builds_the_cuda_source) {
   ASSERT_TRUE(build.module) << build.error;
   EXPECT_NE(build.module->symbol("hb_flex_cuda_forward"), nullptr);
   EXPECT_NE(build.module->symbol("hb_flex_cuda_backward"), nullptr);
+  // "90" builds sm_90a with the warpgroup-MMA kernels; "80" the mma.sync ones alone (which once failed to
+  // compile there: the float2 atomics are sm_90's).
+  const HostBuild ampere = build_cuda_module(s->source, {"nvcc", "80", cutlass, temp_dir()});
+  ASSERT_TRUE(ampere.module) << ampere.error;
+  EXPECT_NE(ampere.module->symbol("hb_flex_cuda_backward"), nullptr);
   EXPECT_EQ(build_cuda_module(s->source, {"nvcc", "90", "", "/tmp"}).error,
             "no CUTLASS headers (pip install nvidia-cutlass, or set HINTBACKEND_CUTLASS_INCLUDE)");
 }
