@@ -1,5 +1,6 @@
 #include "passes/CallInvariance.h"
 
+#include <algorithm>
 #include <sstream>
 #include <unordered_set>
 
@@ -100,7 +101,7 @@ std::shared_ptr<const CallInvariants> analyze(const Graph& g, const MemoryPlan* 
     }
   }
   if (!holds_one(*c)) return nullptr;
-  if (notes) note(g, where, *c, notes);
+  if (notes && std::find(c->runs_once.begin(), c->runs_once.end(), true) != c->runs_once.end()) note(g, where, *c, notes);
   return c;
 }
 
