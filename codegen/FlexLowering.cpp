@@ -107,6 +107,10 @@ bool constant_int(const Arg& a, int64_t* v) {
 
 namespace {
 
+// Why a kv padding is not a band (its mask_why): the generated kernels and the reference take it as a
+// mask_mod; cuDNN's path takes it as its padding mask.
+constexpr const char* kPaddingIsNoBand = "reads a captured buffer (kv_idx < buf[b]: a padding, which only cuDNN's path takes)";
+
 // mask_band's evaluation; *pad (when given) takes a kv padding, else a padding is not a band.
 bool mask_eval(const Graph& m, FlexBand* band, int* pad, std::string* why) {
   std::vector<Val> val(m.nodes.size());
@@ -137,7 +141,7 @@ bool mask_eval(const Graph& m, FlexBand* band, int* pad, std::string* why) {
         return false;
       }
       if (r.buf >= 0 && !pad) {
-        *why = "reads a captured buffer (kv_idx < buf[b]: a padding, which only cuDNN's path takes)";
+        *why = kPaddingIsNoBand;
         return false;
       }
       *band = r.band;
@@ -582,16 +586,8 @@ FlexAnalysis analyze_flex(const Graph& g, int node) {
   const Arg& block_mask = n.args[backward ? 9 : 4];
   const Graph* mask = block_mask.items.empty() ? nullptr : sub(block_mask.items.back());
   if (!mask) r.mask_why = "no mask_mod graph";
-  else r.band_ok = mask_band(*mask, &r.band, &r.mask_why);
-  if (mask && !r.band_ok) {
-    FlexBand b;
-    int pad = -1;
-    std::string why;
-    if (mask_band_with_padding(*mask, &b, &pad, &why) && pad >= 0) {
-      r.band = b;
-      r.pad_kv = pad;
-    }
-  }
+  else if (mask_band_with_padding(*mask, &r.band, &r.pad_kv, &r.mask_why)) r.band_ok = r.pad_kv < 0;
+  if (r.pad_kv >= 0) r.mask_why = kPaddingIsNoBand;
   // score_mod: the forward's own graph (the backward's fw_graph is the same function).
   const Graph* score = sub(n.args[backward ? 7 : 3]);
   if (!score) {

@@ -446,19 +446,27 @@ const std::string kCausalMaskAndScoreHead =
     "  %score: bf16[] = placeholder\n  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n"
     "  %q_idx: i32[] = placeholder\n  %kv_idx: i32[] = placeholder\n";
 
+// A forward graph of one flex_attention node on CUDA, bf16 [B, H, 128, 64] q/k/v, one 128 x 128 block,
+// reading the placeholders `inputs` (their declarations) as its score_mod's and mask_mod's buffers.
+std::string flex_forward(int B, int H, const std::string& inputs, const std::string& score_bufs,
+                         const std::string& mask_bufs) {
+  const std::string t = "bf16[" + std::to_string(B) + ", " + std::to_string(H) + ", 128, 64]@cuda:0";
+  const std::string stats = "f32[" + std::to_string(B) + ", " + std::to_string(H) + ", 128]@cuda:0";
+  return "graph forward {\n"
+         "  %q: " + t + " = placeholder\n  %k: " + t + " = placeholder\n  %v: " + t + " = placeholder\n"
+         "  %kv_num_blocks: i32[1, 1, 1]@cuda:0 = placeholder\n  %kv_indices: i32[1, 1, 1, 1]@cuda:0 = placeholder\n" +
+         inputs + "  %flex_attention: (" + t + ", " + stats + ", " + stats + ") = higher_order::flex_attention("
+         "%q, %k, %v, @score0, (128, 128, %kv_num_blocks, %kv_indices, none, none, none, none, none, none, 128, 128, "
+         "@mask0), 0.125, {}, (" + score_bufs + "), (" + mask_bufs + "))\n"
+         "  %out: " + t + " = operator::getitem(%flex_attention, 0)\n"
+         "  return (%out,)\n"
+         "}\n";
+}
+
 std::shared_ptr<Graph> mapped_relbias(const std::string& map_type, const std::string& map_index) {
-  const std::string t = "bf16[1, 2, 128, 64]@cuda:0";
   return parse_graph(
-      "graph forward {\n"
-      "  %q: " + t + " = placeholder\n  %k: " + t + " = placeholder\n  %v: " + t + " = placeholder\n"
-      "  %kv_num_blocks: i32[1, 1, 1]@cuda:0 = placeholder\n  %kv_indices: i32[1, 1, 1, 1]@cuda:0 = placeholder\n"
-      "  %lb: f32[255, 4]@cuda:0 = placeholder\n  %map: " + map_type + "@cuda:0 = placeholder\n"
-      "  %flex_attention: (" + t + ", f32[1, 2, 128]@cuda:0, f32[1, 2, 128]@cuda:0) = higher_order::flex_attention("
-      "%q, %k, %v, @score0, (128, 128, %kv_num_blocks, %kv_indices, none, none, none, none, none, none, 128, 128, "
-      "@mask0), 0.125, {}, (%lb, %map), ())\n"
-      "  %out: " + t + " = operator::getitem(%flex_attention, 0)\n"
-      "  return (%out,)\n"
-      "}\n" +
+      flex_forward(1, 2, "  %lb: f32[255, 4]@cuda:0 = placeholder\n  %map: " + map_type + "@cuda:0 = placeholder\n",
+                   "%lb, %map", "") +
       kCausalMaskAndScoreHead +
       "  %lb: f32[255, 4] = placeholder\n"
       "  %map: " + map_type + " = placeholder\n"
@@ -555,18 +563,8 @@ TEST(flex_lowering, auto_budget_counts_the_bias_cudnn_materializes) {
 // padding mask with those lengths. The other kernels' band analysis does not take it (it reads a buffer).
 std::shared_ptr<Graph> padded(const std::string& mask_body, const std::string& len_type = "i32[2]",
                               const std::string& score_body = "") {
-  const std::string t = "bf16[2, 4, 128, 64]@cuda:0";
   return parse_graph(
-      "graph forward {\n"
-      "  %q: " + t + " = placeholder\n  %k: " + t + " = placeholder\n  %v: " + t + " = placeholder\n"
-      "  %kv_num_blocks: i32[1, 1, 1]@cuda:0 = placeholder\n  %kv_indices: i32[1, 1, 1, 1]@cuda:0 = placeholder\n"
-      "  %len: " + len_type + "@cuda:0 = placeholder\n"
-      "  %flex_attention: (" + t + ", f32[2, 4, 128]@cuda:0, f32[2, 4, 128]@cuda:0) = higher_order::flex_attention("
-      "%q, %k, %v, @score0, (128, 128, %kv_num_blocks, %kv_indices, none, none, none, none, none, none, 128, 128, "
-      "@mask0), 0.125, {}, (), (%len,))\n"
-      "  %out: " + t + " = operator::getitem(%flex_attention, 0)\n"
-      "  return (%out,)\n"
-      "}\n"
+      flex_forward(2, 4, "  %len: " + len_type + "@cuda:0 = placeholder\n", "", "%len,") +
       "graph mask0 {\n"
       "  %b: i32[] = placeholder\n  %h: i32[] = placeholder\n  %q_idx: i32[] = placeholder\n"
       "  %kv_idx: i32[] = placeholder\n  %len: " + len_type + " = placeholder\n" + mask_body +
