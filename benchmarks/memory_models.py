@@ -39,7 +39,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # ---- models --------------------------------------------------------------------------------------
 
-def hf_models(small: bool) -> List[Tuple[str, Callable[[], nn.Module], Callable[[nn.Module, torch.Tensor], torch.Tensor]]]:
+def hf_models(small: bool, full_vocab: bool = False
+              ) -> List[Tuple[str, Callable[[], nn.Module], Callable[[nn.Module, torch.Tensor], torch.Tensor]]]:
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -48,7 +49,7 @@ def hf_models(small: bool) -> List[Tuple[str, Callable[[], nn.Module], Callable[
     from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
                               LlamaForCausalLM)
     hidden, layers, heads = (128, 2, 4) if small else (512, 4, 8)
-    vocab = 1024 if small else None
+    vocab = 1024 if small and not full_vocab else None
 
     def llama():
         cfg = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 8 // 3, num_hidden_layers=layers,
@@ -166,8 +167,10 @@ def run_peer(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor,
         fn = torch.compile(model)
     elif peer == "aot_eager":  # the AOT graphs run by torch: what the partition alone costs
         fn = torch.compile(model, backend="aot_eager")
-    elif peer == "hb min-cut":
-        fn = torch.compile(model, backend="hintbackend", options={"partition": "min-cut"})
+    elif peer == "hb default partition":
+        fn = torch.compile(model, backend="hintbackend", options={"partition": "default"})
+    elif peer == "hb no save-logsumexp":  # the forward saves cross-entropy's [N, C] log-probabilities
+        fn = torch.compile(model, backend="hintbackend", options={"disable_passes": ["save-logsumexp"]})
     elif peer == "hb no arena":
         fn = torch.compile(model, backend="hintbackend", options={"arena": False})
     else:
@@ -239,21 +242,27 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--small", action="store_true", help="small shapes (CPU)")
+    p.add_argument("--full-vocab", action="store_true",
+                   help="with --small: the HF models keep their real vocabularies (32000, 50257, 30522), so the loss's "
+                        "[N, vocab] tensors weigh as they do at full size")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                   help="parameters' dtype (default: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--models", default="", help="comma-separated substrings of model names to run")
     p.add_argument("--no-inductor", action="store_true")
     p.add_argument("--diagnose", action="store_true",
-                   help="also aot_eager (the AOT graphs run by torch), hintbackend with the min-cut partition and "
-                        "without the arena, and what eager and the AOT forward save for the backward")
+                   help="also aot_eager (the AOT graphs run by torch), hintbackend with torch's default partition, "
+                        "without save-logsumexp and without the arena, and what eager and the AOT forward save "
+                        "for the backward")
     args = p.parse_args()
     dev = args.device
-    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if dev == "cuda" else torch.float32
     B, S = (2, 128) if args.small else (4, 1024)
     peers = ["eager"] + ([] if args.no_inductor else ["inductor"]) + ["hintbackend"]
     if args.diagnose:
-        peers += ["hb min-cut", "hb no arena", "aot_eager"]
+        peers += ["hb default partition", "hb no save-logsumexp", "hb no arena", "aot_eager"]
     rows = []
-    models = [(n, mk, lf, None) for n, mk, lf in hf_models(args.small)] + list(corpus_models(args.small, dev))
+    models = [(n, mk, lf, None) for n, mk, lf in hf_models(args.small, args.full_vocab)] + list(corpus_models(args.small, dev))
     for name, make, loss_fn, shape in models:
         if args.models and not any(m.strip().lower() in name.lower() for m in args.models.split(",")):
             continue

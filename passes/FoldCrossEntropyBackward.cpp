@@ -28,7 +28,39 @@ bool rows_contiguous(const TensorType& t) {
 struct Fold {
   int grad = -1;  // the log-softmax gradient: becomes the folded op
   int nll = -1;   // nll_loss_backward: removed
+  int add = -1;   // the logits form: lsm = add(sub(logits, m), a), removed with its sub (the op reads the operands)
 };
+
+bool is_float(DType d) {
+  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
+}
+
+// [N, 1] in `dtype` on `device`, one element per row (stride 1 between rows).
+bool row_column(const TensorType* t, const TensorType& out) {
+  const Dim one{1, ""};
+  return t && t->dtype == out.dtype && t->device == out.device && t->shape.size() == 2 && t->shape[0] == out.shape[0] &&
+         t->shape[1] == one && t->stride.size() == 2 && (t->stride[0] == one || t->shape[0] == one);
+}
+
+// The logits form: `lsm` is aten::add.Tensor(aten::sub.Tensor(logits, m), a), read by nothing but the
+// gradient pair (2 uses; the sub by nothing but the add), with logits [N, C] row-major of any float dtype
+// (the partition's rewrite subtracts the float32 row maximum from the bf16 logits themselves) and m, a
+// [N, 1] of the gradient's dtype. Returns the add's index or -1.
+int logits_form(const Graph& g, int lsm, const TensorType& out, const std::vector<int>& uses) {
+  auto binary = [&](int i, const char* target) {
+    const Node& n = g.nodes[i];
+    return n.target == target && n.op == OpKind::CallFunction && n.args.size() == 2 && n.kwargs.empty() &&
+           is_ref(n.args[0]) && is_ref(n.args[1]);
+  };
+  if (!binary(lsm, "aten::add.Tensor") || uses[lsm] != 2) return -1;
+  const int sub = g.nodes[lsm].args[0].ref;
+  if (!binary(sub, "aten::sub.Tensor") || uses[sub] != 1) return -1;
+  const TensorType* x = g.tensor_type(g.nodes[sub].args[0]);
+  if (!x || x->shape != out.shape || !rows_contiguous(*x) || !is_float(x->dtype) || x->device != out.device ||
+      !row_column(g.tensor_type(g.nodes[sub].args[1]), out) || !row_column(g.tensor_type(g.nodes[lsm].args[1]), out))
+    return -1;
+  return lsm;
+}
 
 // `i` is a log-softmax gradient over dim 1 whose grad_output is an nll_loss_backward we can fold.
 std::optional<Fold> match(const Graph& g, int i, const std::vector<int>& uses) {
@@ -66,7 +98,9 @@ std::optional<Fold> match(const Graph& g, int i, const std::vector<int>& uses) {
   // The tangent: a scalar for mean and sum, one per row for none.
   if (reduction.i == 0 ? (tt->shape.size() != 1 || tt->shape[0] != out.shape[0]) : !tt->shape.empty())
     return std::nullopt;
-  return Fold{i, nll};
+  Fold f{i, nll};
+  if (l.args[1].kind == Arg::Kind::Ref && l.args[1].ref == n.args[1].ref) f.add = logits_form(g, n.args[1].ref, out, uses);
+  return f;
 }
 
 bool fold_graph(Graph& g, PassContext& ctx) {
@@ -81,13 +115,27 @@ bool fold_graph(Graph& g, PassContext& ctx) {
     Node& n = g.nodes[f->grad];
     const Arg lsm = n.args[1];
     auto name = [&](const Arg& a) { return "%" + g.nodes[a.ref].name; };
-    ctx.notes.push_back("fold-cross-entropy-backward graph " + g.name + ": %" + n.name + " = cross_entropy_backward(" +
-                        name(l.args[0]) + ", " + name(lsm) + ", " + name(l.args[2]) + "), " +
-                        reduction_name(l.args[4].i) + ", %" + l.name + " removed");
+    const int sub = f->add >= 0 ? g.nodes[f->add].args[0].ref : -1;
+    const std::string removed =
+        "%" + l.name + (sub >= 0 ? ", %" + g.nodes[sub].name + " and %" + g.nodes[f->add].name : "") + " removed";
     // In place of the gradient node (every input comes before nll, which comes before it): its name,
     // type and hints stay.
-    n.target = kCrossEntropyBackwardTarget;
-    n.args = {l.args[0], lsm, l.args[2], l.args[4], l.args[5], l.args[6]};
+    if (sub >= 0) {
+      const Arg logits = g.nodes[sub].args[0], row_max = g.nodes[sub].args[1], lsm_max = g.nodes[f->add].args[1];
+      ctx.notes.push_back("fold-cross-entropy-backward graph " + g.name + ": %" + n.name +
+                          " = cross_entropy_backward.logits(" + name(l.args[0]) + ", " + name(logits) + ", " +
+                          name(row_max) + ", " + name(lsm_max) + ", " + name(l.args[2]) + "), " +
+                          reduction_name(l.args[4].i) + ", " + removed);
+      n.target = kCrossEntropyBackwardLogitsTarget;
+      n.args = {l.args[0], logits, row_max, lsm_max, l.args[2], l.args[4], l.args[5], l.args[6]};
+      keep[f->add] = keep[sub] = false;
+    } else {
+      ctx.notes.push_back("fold-cross-entropy-backward graph " + g.name + ": %" + n.name + " = cross_entropy_backward(" +
+                          name(l.args[0]) + ", " + name(lsm) + ", " + name(l.args[2]) + "), " +
+                          reduction_name(l.args[4].i) + ", " + removed);
+      n.target = kCrossEntropyBackwardTarget;
+      n.args = {l.args[0], lsm, l.args[2], l.args[4], l.args[5], l.args[6]};
+    }
     keep[f->nll] = false;
     changed = true;
   }

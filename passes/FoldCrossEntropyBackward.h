@@ -22,17 +22,29 @@
 // nll_loss2d, half-precision gradients on CPU) is left as traced. lsm (nll's input) is only its
 // shape: nll_loss_backward reads no value of it.
 //
+// The logits form. Where the partition had the forward save each row's maximum logit m and
+// log-probability maximum a (= -log sum_j exp(x_ij - m): the logsumexp is m - a) instead of the
+// log-probabilities (python/hintbackend/partition.py, save_logsumexp_for_cross_entropy), the backward
+// recomputes them as %lsm2 = aten::add.Tensor(aten::sub.Tensor(%logits, %m), %a), ATen's own two roundings,
+// and reads them only in the pair above; then
+//   %g: f32[N, C] = hintbackend::cross_entropy_backward.logits(%t, %logits, %m, %a, %target, reduction, ignore_index, %total_weight)
+// computes g[i, j] = s_i (exp((logits[i, j] - m_i) + a_i) - [j == target_i]) from the logits (any float
+// dtype: HF's bf16 logits before their float32 upcast) and m, a [N, 1] in g's dtype, and the add and sub
+// go too: no [N, C] log-probabilities exist in the backward at all.
+//
 // Runs after slice-schedule (slice-legality's rules read the plain ops; loop bodies are folded too) and
 // before pointwise-fusion and the memory passes, which then plan one buffer where there were two.
 //
 // The note lists each fold:
 //   fold-cross-entropy-backward graph backward_1: %_log_softmax_backward_data = cross_entropy_backward(%tangents_5, %detach_8, %view_26), mean, %nll_loss_backward removed
+//   fold-cross-entropy-backward graph backward_1: %_log_softmax_backward_data = cross_entropy_backward.logits(%tangents_1, %view_5, %amax, %amax_1, %view_1), mean, %nll_loss_backward, %sub and %add removed
 #pragma once
 #include "passes/Pipeline.h"
 
 namespace hb {
 
 constexpr const char* kCrossEntropyBackwardTarget = "hintbackend::cross_entropy_backward.default";
+constexpr const char* kCrossEntropyBackwardLogitsTarget = "hintbackend::cross_entropy_backward.logits";
 
 bool fold_cross_entropy_backward(Graph& g, PassContext& ctx);
 

@@ -11,7 +11,8 @@ namespace hb {
 // RowSoftmax.h) qualify too: their CUDA kernels read a whole row before a block reduction that every
 // thread of the row passes before any writes, and their ATen fallback copies into `out` at the end.
 // So does cross_entropy_backward (backend/runtime/CrossEntropyBackward.h): element (i, j) of its result
-// reads only element (i, j) of log_probs, which its first op (exp) reads before anything writes.
+// reads only element (i, j) of log_probs (of logits, in its .logits form), which its first op (exp, or
+// the subtraction of the row's logsumexp) reads before anything writes.
 bool may_write_over_input(const Node& n) {
   static const std::set<std::string> k = {
       "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::add.Scalar",
@@ -24,7 +25,7 @@ bool may_write_over_input(const Node& n) {
       "aten::sigmoid_backward.default", "aten::tanh_backward.default", "aten::silu_backward.default",
       "aten::erf.default", "aten::square.default", "hintbackend::row_softmax.default",
       "hintbackend::row_softmax_backward.default", "hintbackend::row_softmax_recompute_backward.default",
-      "hintbackend::cross_entropy_backward.default"};
+      "hintbackend::cross_entropy_backward.default", "hintbackend::cross_entropy_backward.logits"};
   return k.count(n.target) > 0;
 }
 

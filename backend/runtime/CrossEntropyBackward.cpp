@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/exp.h>
+#include <ATen/ops/sub.h>
 #include <ATen/ops/where.h>
 #include <torch/library.h>
 
@@ -15,16 +16,22 @@ namespace {
 
 using at::Tensor;
 
-Tensor& cross_entropy_backward_out(const Tensor& grad, const Tensor& log_probs, const Tensor& target, int64_t reduction,
-                                   int64_t ignore_index, const Tensor& total_weight, Tensor& out) {
-  TORCH_CHECK(log_probs.dim() == 2 && target.dim() == 1 && target.size(0) == log_probs.size(0) &&
-                  target.scalar_type() == at::kLong,
-              "hintbackend::cross_entropy_backward: log_probs must be [N, C] and target [N] int64, got ",
-              log_probs.sizes(), " and ", target.sizes(), " ", target.scalar_type());
+// What both forms check: target [N] int64 for x's N rows, a known reduction, and grad's shape for it.
+void check_common(const Tensor& grad, const Tensor& x, const Tensor& target, int64_t reduction) {
+  TORCH_CHECK(target.dim() == 1 && target.size(0) == x.size(0) && target.scalar_type() == at::kLong,
+              "hintbackend::cross_entropy_backward: target must be [", x.size(0), "] int64, got ", target.sizes(), " ",
+              target.scalar_type());
   TORCH_CHECK(reduction >= 0 && reduction <= 2, "hintbackend::cross_entropy_backward: reduction ", reduction,
               " is not 0 (none), 1 (mean) or 2 (sum)");
-  TORCH_CHECK(reduction == 0 ? grad.dim() == 1 && grad.size(0) == log_probs.size(0) : grad.dim() == 0,
+  TORCH_CHECK(reduction == 0 ? grad.dim() == 1 && grad.size(0) == x.size(0) : grad.dim() == 0,
               "hintbackend::cross_entropy_backward: grad has shape ", grad.sizes(), " for reduction ", reduction);
+}
+
+Tensor& cross_entropy_backward_out(const Tensor& grad, const Tensor& log_probs, const Tensor& target, int64_t reduction,
+                                   int64_t ignore_index, const Tensor& total_weight, Tensor& out) {
+  TORCH_CHECK(log_probs.dim() == 2, "hintbackend::cross_entropy_backward: log_probs must be [N, C], got ",
+              log_probs.sizes());
+  check_common(grad, log_probs, target, reduction);
   TORCH_CHECK(out.sizes().equals(log_probs.sizes()) && out.scalar_type() == log_probs.scalar_type(),
               "hintbackend::cross_entropy_backward.out: out must be ", log_probs.scalar_type(), " of shape ",
               log_probs.sizes(), ", got ", out.scalar_type(), " ", out.sizes());
@@ -36,7 +43,7 @@ Tensor& cross_entropy_backward_out(const Tensor& grad, const Tensor& log_probs, 
   if (log_probs.is_cuda() && log_probs.scalar_type() != at::kDouble && log_probs.is_contiguous() && out.is_contiguous()) {
     // One pass in float32, rounded once (half-precision losses fold too): the scale per row as float32 [N].
     const Tensor row = at::where(valid, s.to(at::kFloat), 0).expand({log_probs.size(0)}).contiguous();
-    cuda::cross_entropy_backward(log_probs, target.contiguous(), row, out);
+    cuda::cross_entropy_backward(log_probs, at::Tensor(), at::Tensor(), target.contiguous(), row, out);
     return out;
   }
 #endif
@@ -47,6 +54,54 @@ Tensor& cross_entropy_backward_out(const Tensor& grad, const Tensor& log_probs, 
   out.mul_(row);
   out.scatter_(1, col, out.gather(1, col).sub_(row));
   return out;
+}
+
+Tensor& cross_entropy_backward_logits_out(const Tensor& grad, const Tensor& logits, const Tensor& row_max,
+                                          const Tensor& log_probs_max, const Tensor& target, int64_t reduction,
+                                          int64_t ignore_index, const Tensor& total_weight, Tensor& out) {
+  const int64_t n = logits.dim() == 2 ? logits.size(0) : -1;
+  auto row_column = [&](const Tensor& t) {
+    return t.dim() == 2 && t.size(0) == n && t.size(1) == 1 && t.scalar_type() == row_max.scalar_type();
+  };
+  TORCH_CHECK(n >= 0 && at::isFloatingType(logits.scalar_type()) && at::isFloatingType(row_max.scalar_type()) &&
+                  row_column(row_max) && row_column(log_probs_max),
+              "hintbackend::cross_entropy_backward.logits: logits must be [N, C] and row_max, log_probs_max [N, 1] of "
+              "one floating dtype, got ",
+              logits.sizes(), " ", logits.scalar_type(), ", ", row_max.sizes(), " ", row_max.scalar_type(), " and ",
+              log_probs_max.sizes(), " ", log_probs_max.scalar_type());
+  TORCH_CHECK(out.sizes().equals(logits.sizes()) && out.scalar_type() == row_max.scalar_type(),
+              "hintbackend::cross_entropy_backward.logits_out: out must be ", row_max.scalar_type(), " of shape ",
+              logits.sizes(), ", got ", out.scalar_type(), " ", out.sizes());
+  check_common(grad, logits, target, reduction);
+  const Tensor valid = target.ne(ignore_index);
+  const Tensor s = reduction == 1 ? grad.div(total_weight) : grad;
+#ifdef HB_WITH_CUDA
+  if (logits.is_cuda() && out.scalar_type() == at::kFloat && logits.scalar_type() != at::kDouble &&
+      logits.is_contiguous() && out.is_contiguous()) {
+    const Tensor row = at::where(valid, s.to(at::kFloat), 0).expand({n}).contiguous();
+    cuda::cross_entropy_backward(logits, row_max.reshape({n}).contiguous(), log_probs_max.reshape({n}).contiguous(),
+                                 target.contiguous(), row, out);
+    return out;
+  }
+#endif
+  const Tensor row = at::where(valid, s.to(out.scalar_type()), 0).unsqueeze(1);
+  const Tensor col = at::where(valid, target, 0).unsqueeze(1);
+  // The log-probabilities as ATen's log-softmax rounds them, (logits - max) + log_probs_max, in out's
+  // dtype (out may be logits itself), then as above.
+  at::sub_out(out, logits, row_max);
+  out.add_(log_probs_max);
+  out.exp_();
+  out.mul_(row);
+  out.scatter_(1, col, out.gather(1, col).sub_(row));
+  return out;
+}
+
+Tensor cross_entropy_backward_logits(const Tensor& grad, const Tensor& logits, const Tensor& row_max,
+                                     const Tensor& log_probs_max, const Tensor& target, int64_t reduction,
+                                     int64_t ignore_index, const Tensor& total_weight) {
+  Tensor out = at::empty(logits.sizes(), logits.options().dtype(row_max.scalar_type()));
+  return cross_entropy_backward_logits_out(grad, logits, row_max, log_probs_max, target, reduction, ignore_index,
+                                           total_weight, out);
 }
 
 Tensor cross_entropy_backward(const Tensor& grad, const Tensor& log_probs, const Tensor& target, int64_t reduction,
@@ -70,6 +125,12 @@ TORCH_LIBRARY_FRAGMENT(hintbackend, m) {
   m.def(
       "cross_entropy_backward.out(Tensor grad, Tensor log_probs, Tensor target, int reduction, int ignore_index, "
       "Tensor total_weight, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def(
+      "cross_entropy_backward.logits(Tensor grad, Tensor logits, Tensor row_max, Tensor log_probs_max, Tensor target, "
+      "int reduction, int ignore_index, Tensor total_weight) -> Tensor");
+  m.def(
+      "cross_entropy_backward.logits_out(Tensor grad, Tensor logits, Tensor row_max, Tensor log_probs_max, "
+      "Tensor target, int reduction, int ignore_index, Tensor total_weight, *, Tensor(a!) out) -> Tensor(a!)");
 }
 
 namespace {
@@ -77,6 +138,8 @@ template <typename Lib>
 void impl_all(Lib& m) {
   m.impl("cross_entropy_backward", &hb::rt::cross_entropy_backward);
   m.impl("cross_entropy_backward.out", &hb::rt::cross_entropy_backward_out);
+  m.impl("cross_entropy_backward.logits", &hb::rt::cross_entropy_backward_logits);
+  m.impl("cross_entropy_backward.logits_out", &hb::rt::cross_entropy_backward_logits_out);
 }
 }  // namespace
 

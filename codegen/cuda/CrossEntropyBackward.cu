@@ -15,27 +15,39 @@ namespace hb::cuda {
 namespace {
 
 // One thread per element, grid-strided: a memory-bound pass (read log_probs, write out).
-template <typename T>
-__global__ void cross_entropy_backward_kernel(const T* log_probs,  // out may be log_probs
+// With row_max (the logits form), log_probs are logits, made log-probabilities as ATen rounds them:
+// (x - row_max[i]) + log_probs_max[i].
+template <typename TIn, typename TOut>
+__global__ void cross_entropy_backward_kernel(const TIn* log_probs,  // out may be log_probs
+                                              const float* __restrict__ row_max,        // [rows] or null
+                                              const float* __restrict__ log_probs_max,  // [rows] or null
                                               const int64_t* __restrict__ target,
-                                              const float* __restrict__ row_scale, T* out, int64_t rows,
+                                              const float* __restrict__ row_scale, TOut* out, int64_t rows,
                                               int64_t cols) {
   const int64_t n = rows * cols;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = e / cols, j = e - i * cols;
     const float s = row_scale[i];
-    const float p = expf(static_cast<float>(log_probs[e]));
-    out[e] = static_cast<T>(s * (j == target[i] ? p - 1.f : p));
+    const float x = static_cast<float>(log_probs[e]);
+    const float p = expf(row_max ? (x - row_max[i]) + log_probs_max[i] : x);
+    out[e] = static_cast<TOut>(s * (j == target[i] ? p - 1.f : p));
   }
 }
 
 }  // namespace
 
-void cross_entropy_backward(const at::Tensor& log_probs, const at::Tensor& target, const at::Tensor& row_scale,
-                            const at::Tensor& out) {
+void cross_entropy_backward(const at::Tensor& log_probs, const at::Tensor& row_max, const at::Tensor& log_probs_max,
+                            const at::Tensor& target, const at::Tensor& row_scale, const at::Tensor& out) {
+  const bool shifted = row_max.defined();
+  auto row_floats = [&](const at::Tensor& t) {
+    return t.defined() && t.scalar_type() == at::kFloat && t.dim() == 1 && t.size(0) == log_probs.size(0) &&
+           t.is_contiguous();
+  };
   HB_INTERNAL_CHECK(log_probs.is_cuda() && log_probs.dim() == 2 && log_probs.is_contiguous() && out.is_contiguous() &&
-                    out.sizes().equals(log_probs.sizes()) && out.scalar_type() == log_probs.scalar_type() &&
+                    out.sizes().equals(log_probs.sizes()) &&
+                    (shifted ? out.scalar_type() == at::kFloat && row_floats(row_max) && row_floats(log_probs_max)
+                             : out.scalar_type() == log_probs.scalar_type()) &&
                     target.scalar_type() == at::kLong && target.is_contiguous() &&
                     row_scale.scalar_type() == at::kFloat && row_scale.is_contiguous())
       << "cross_entropy_backward: operands break the kernel's preconditions";
@@ -46,10 +58,19 @@ void cross_entropy_backward(const at::Tensor& log_probs, const at::Tensor& targe
   const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads,
                                            int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} * 32);
   auto stream = at::cuda::getCurrentCUDAStream();
+  const float* max_ptr = shifted ? row_max.data_ptr<float>() : nullptr;
+  const float* lsm_max_ptr = shifted ? log_probs_max.data_ptr<float>() : nullptr;
   auto launch = [&](auto* x) {
     using T = std::remove_pointer_t<decltype(x)>;
-    cross_entropy_backward_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        x, target.data_ptr<int64_t>(), row_scale.data_ptr<float>(), static_cast<T*>(out.data_ptr()), rows, cols);
+    auto go = [&](auto* y) {
+      using TOut = std::remove_pointer_t<decltype(y)>;
+      cross_entropy_backward_kernel<T, TOut><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+          x, max_ptr, lsm_max_ptr, target.data_ptr<int64_t>(), row_scale.data_ptr<float>(), y, rows, cols);
+    };
+    if (shifted)
+      go(out.data_ptr<float>());
+    else
+      go(static_cast<T*>(out.data_ptr()));
   };
   switch (log_probs.scalar_type()) {
     case at::kFloat: launch(log_probs.data_ptr<float>()); break;

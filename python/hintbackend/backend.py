@@ -223,7 +223,8 @@ def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Op
     cuda_graphs = CudaGraphs(len(example_inputs)) if opts.cuda_graphs else None
     # partition: default_partition, except that saved values of dfs/auto regions are recomputed in the
     # backward (partition.py), so training keeps the regions' intermediates per slice too.
-    partition_fn = functools.partial(partition, settings=opts.core_settings(), base=opts.partition)
+    partition_fn = functools.partial(partition, settings=opts.core_settings(), base=opts.partition,
+                                     save_logsumexp="save-logsumexp" not in opts.disable_passes)
     not_cached = compile_cache.unavailable(opts)
     if not_cached:
         log.debug("compile cache off: %s", not_cached)

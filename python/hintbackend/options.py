@@ -12,6 +12,10 @@ import os
 from typing import Any, Mapping, Optional
 
 
+#: Rewrites the training partition makes on AOTAutograd's joint graph before it splits it (partition.py),
+#: turned off by name like the C++ passes (disable_passes, HINTBACKEND_DISABLE_PASSES).
+PARTITION_PASSES = ("save-logsumexp",)
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     #: Raise instead of falling back to eager when a graph has an op hintbackend cannot run.
@@ -68,7 +72,7 @@ class Options:
         from . import _core
 
         s = _core().CompileSettings()
-        s.disable_passes = list(self.disable_passes)
+        s.disable_passes = [p for p in self.disable_passes if p not in PARTITION_PASSES]
         s.verify_each_pass = self.verify_each_pass
         s.arena = self.arena
         s.memory_plan_in_place = self.memory_plan_in_place
@@ -137,7 +141,7 @@ def parse_options(options: Optional[Mapping[str, Any]]) -> Options:
     disabled += [p for p in os.environ.get("HINTBACKEND_DISABLE_PASSES", "").split(",") if p]
     from . import _core
 
-    known = [name for name, _ in _core().pipeline()]
+    known = [name for name, _ in _core().pipeline()] + list(PARTITION_PASSES)
     for p in disabled:
         if not isinstance(p, str) or p not in known:
             raise ValueError(f"hintbackend: cannot disable unknown pass {p!r}; the passes are {', '.join(known)}")

@@ -33,7 +33,9 @@ Not recomputed (their values are saved, as the default does):
 
 A graph with no dfs/auto region gets torch's ``min_cut_rematerialization_partition`` (Inductor's: it saves
 less and recomputes cheap pointwise ops in the backward), or ``default_partition`` with
-``options={"partition": "default"}``.
+``options={"partition": "default"}``. Before min-cut, a float32/float64 log-softmax feeding a cross-entropy
+loss is rewritten so that the forward saves its logsumexp (as two values per row) instead of the [N, C]
+log-probabilities (``save_logsumexp_for_cross_entropy``).
 
 The whole graph keeps the default partition, with a log line saying why, when: the graph uses
 activation checkpointing tags or activation offloading, a region node mutates, a value to recompute from is mutated (or aliases a mutated value),
@@ -45,7 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import operator
-from typing import AbstractSet, Any, Dict, List, Optional, Set
+from typing import AbstractSet, Any, Dict, List, Optional, Set, Tuple
 
 import torch
 import torch.fx as fx
@@ -360,12 +362,138 @@ def _default_saved(joint: fx.GraphModule, fw: fx.GraphModule, num_fwd_outputs: i
     return saved, sym
 
 
+_aten = torch.ops.aten
+#: Readers of a log-softmax's output in the backward that the rewrite below hands the recomputed form.
+_LSM_BACKWARD_READERS = (_aten.nll_loss_backward.default, _aten._log_softmax_backward_data.default)
+_VIEWS = (_aten.view.default, _aten._unsafe_view.default)
+
+
+def _static_tensor(node: Any) -> Optional[torch.Tensor]:
+    """node's value when it is a tensor with static sizes, else None."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or not all(isinstance(s, int) for s in val.shape):
+        return None
+    return val
+
+
+def _backward_readers(lsm: fx.Node) -> Optional[List[fx.Node]]:
+    """The nodes through which the backward reads lsm (its gradient ops, directly or through detach), or None
+    when anything else but the loss's nll_loss_forward reads it (then the rewrite would not pay)."""
+    readers: List[fx.Node] = []
+    stack = [u for u in lsm.users if u.target is not _aten.nll_loss_forward.default]
+    while stack:
+        u = stack.pop()
+        if u.target is _aten.detach.default:
+            stack.extend(u.users)
+        elif u.target in _LSM_BACKWARD_READERS:
+            readers.append(u)
+        else:
+            return None
+    return readers
+
+
+def _before_upcast(x: fx.Node) -> Optional[Tuple[fx.Node, List[fx.Node]]]:
+    """When x is a float upcast of lower-precision logits seen through views (``logits.float().view(-1, C)``,
+    as HF's losses write it): the logits and the views to repeat on them (outermost last). Subtracting a
+    float32 row maximum from them promotes to float32 and gives exactly what subtracting it from x gives."""
+    views: List[fx.Node] = []
+    n = x
+    while isinstance(n, fx.Node) and n.target in _VIEWS:
+        views.append(n)
+        n = n.args[0]
+    if not isinstance(n, fx.Node):
+        return None
+    if n.target is _aten._to_copy.default:
+        if len(n.args) != 1 or set(n.kwargs) - {"dtype", "layout", "device", "memory_format"}:
+            return None
+    elif n.target is not torch.ops.prims.convert_element_type.default or n.kwargs:
+        return None
+    src, out = _static_tensor(n.args[0]), _static_tensor(n)
+    if src is None or out is None:
+        return None
+    upcast = src.dtype in (torch.bfloat16, torch.float16) or (src.dtype == torch.float32 and out.dtype == torch.float64)
+    if (not upcast or src.device != out.device or src.layout != torch.strided or not src.is_contiguous()
+            or n.kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format)):
+        return None
+    return n.args[0], list(reversed(views))
+
+
+def save_logsumexp_for_cross_entropy(joint: fx.GraphModule) -> int:
+    """Rewrites the joint graph so that a cross-entropy loss saves two values per row for its backward
+    instead of its [N, C] log-probabilities; returns how many log-softmaxes it rewrote.
+
+    ``F.cross_entropy`` traces as ``lsm = _log_softmax(x, 1)`` and ``nll_loss_forward(lsm, target)``; its
+    gradient reads lsm again (``nll_loss_backward``, ``_log_softmax_backward_data``), so min-cut saves lsm:
+    float32 [N, C], 785 MiB for GPT-2's vocabulary at B4 S1024, held from the loss into the backward.
+    The backward's readers get ``(x - m) + a`` instead, with ``m = amax(x)`` and ``a = amax(lsm)`` per row
+    (m taken over the logits before their upcast, the same value):
+    ATen computes lsm as ``(x - m) - log(sum(exp(x - m)))``, a function increasing in x, so ``a`` is exactly
+    minus that log-sum (the row's logsumexp is m - a), and ``(x - m) + a`` repeats ATen's own two roundings:
+    the same log-probabilities, bit for bit where ATen's kernel computes it in that order (CUDA's does).
+    x is an upcast of lower-precision logits (``logits.float()``, as HF's losses write it), and the sub
+    reads those logits themselves (promoting to x's dtype gives the same values), so that min-cut, which
+    weighs what it saves by bytes, finds a ([N, 1]) and the logits (half of lsm's bytes; the model returns
+    them, so the caller holds them anyway) cheaper than lsm: m, sub and add read only those, and the
+    backward recomputes them. fold-cross-entropy-backward (C++) then computes the gradient from those in
+    one op. Without an upcast, saving x would cost min-cut what saving lsm does (it weighs a forward output
+    like any saved value), and it computes both in the forward: x's loss is left as traced.
+
+    Only float32/float64 log-softmaxes over dim 1 of a 2-D upcast tensor with static sizes, read by nothing
+    but the loss and its gradient ops."""
+    rewritten = 0
+    for lsm in list(joint.graph.find_nodes(op="call_function", target=_aten._log_softmax.default)):
+        val = _static_tensor(lsm)
+        if (val is None or val.dim() != 2 or val.dtype not in (torch.float32, torch.float64) or len(lsm.args) != 3
+                or lsm.args[1] not in (1, -1) or lsm.args[2] or lsm.kwargs):
+            continue
+        x = lsm.args[0]
+        readers = _backward_readers(lsm)
+        upcast = _before_upcast(x)
+        if upcast is None or not readers or not any(u.target is _aten.nll_loss_forward.default for u in lsm.users):
+            continue
+        graph = joint.graph
+        last = lsm
+
+        def emit(target: Any, args: tuple) -> fx.Node:
+            nonlocal last
+            with graph.inserting_after(last):
+                last = graph.call_function(target, args)
+            last.meta["val"] = target(*[a.meta["val"] if isinstance(a, fx.Node) else a for a in args])
+            return last
+
+        dim = [lsm.args[1]]
+        lsm_max = emit(_aten.amax.default, (lsm, dim, True))
+        operand, views = upcast
+        for v in views:
+            operand = emit(v.target, (operand, *v.args[1:]))
+        # The row maximum of the logits themselves, upcast (exactly): min-cut may recompute it in the
+        # backward, where it reads them (not x, which would be materialized again in float32 for it).
+        row_max = emit(torch.ops.prims.convert_element_type.default,
+                       (emit(_aten.amax.default, (operand, dim, True)), val.dtype))
+        recomputed = emit(_aten.add.Tensor, (emit(_aten.sub.Tensor, (operand, row_max)), lsm_max))
+        if recomputed.meta["val"].dtype != val.dtype or tuple(recomputed.meta["val"].shape) != tuple(val.shape):
+            raise AssertionError(f"save_logsumexp_for_cross_entropy: %{recomputed.name} is not %{lsm.name}'s type")
+        for r in readers:  # args[1]: nll_loss_backward's self, _log_softmax_backward_data's output
+            old = r.args[1]
+            r.replace_input_with(old, recomputed)
+            while old is not lsm and not old.users:  # the detaches in between, now unread
+                parent = old.args[0]
+                graph.erase_node(old)
+                old = parent
+        rewritten += 1
+    if rewritten:
+        joint.graph.lint()
+        joint.recompile()
+    return rewritten
+
+
 def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
               static_lifetime_input_indices: Optional[List[int]] = None, settings: Any = None,
-              base: str = "min-cut", **kwargs: Any):
+              base: str = "min-cut", save_logsumexp: bool = True, **kwargs: Any):
     """hintbackend's partition_fn for aot_autograd (see the module docstring). `settings`: the compile's
     CompileSettings (Options.core_settings()), so the slice decision is the compile's own. `base`: the
-    partition of graphs with no dfs/auto region ("default" or "min-cut", options.py's partition)."""
+    partition of graphs with no dfs/auto region ("default" or "min-cut", options.py's partition).
+    `save_logsumexp`: rewrite cross-entropy losses before min-cut (off: disable_passes=["save-logsumexp"])."""
     if settings is None:
         settings = _core().CompileSettings()
 
@@ -375,6 +503,9 @@ def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_output
 
     if not any(recomputes(n) for n in joint_module.graph.nodes):
         if base == "min-cut":
+            if save_logsumexp and (n := save_logsumexp_for_cross_entropy(joint_module)):
+                log.info("partition: %d cross-entropy loss(es) save their logsumexp (max and log-probability max per "
+                         "row) for the backward instead of the [N, C] log-probabilities", n)
             return min_cut_rematerialization_partition(joint_module, joint_inputs, compiler="inductor",
                                                        num_fwd_outputs=num_fwd_outputs,
                                                        static_lifetime_input_indices=static_lifetime_input_indices)

@@ -65,6 +65,99 @@ TEST(fold_cross_entropy_backward, the_planned_peak_holds_one_float32_gradient_no
 )");
 }
 
+// The logits form: the forward saved each row's max logit and max log-probability (python/hintbackend/
+// partition.py), so the backward recomputes the log-probabilities from the bf16 logits (sub promotes to
+// float32) for the pair.
+const char* kLogitsBackward = R"(
+graph backward_1 (inputs owned) {
+  %logits: bf16[2, 32, 256] = placeholder
+  %m: f32[64, 1] = placeholder
+  %a: f32[64, 1] = placeholder
+  %target: i64[64] = placeholder
+  %tw: f32[] = placeholder
+  %t: f32[] = placeholder
+  %tangent: bf16[2, 32, 256] = placeholder
+  %w: bf16[256, 16] = placeholder
+  %x: bf16[64, 256] = aten::view.default(%logits, [64, 256]) !view
+  %shifted: f32[64, 256] = aten::sub.Tensor(%x, %m)
+  %lsm: f32[64, 256] = aten::add.Tensor(%shifted, %a)
+  %nll: f32[64, 256] = aten::nll_loss_backward.default(%t, %lsm, %target, none, 1, -100, %tw)
+  %g: f32[64, 256] = aten::_log_softmax_backward_data.default(%nll, %lsm, 1, dtype.float32)
+  %v: f32[2, 32, 256] = aten::view.default(%g, [2, 32, 256]) !view
+  %c: bf16[2, 32, 256] = prims::convert_element_type.default(%v, dtype.bfloat16)
+  %sum: bf16[2, 32, 256] = aten::add.Tensor(%tangent, %c)
+  %v2: bf16[64, 256] = aten::view.default(%sum, [64, 256]) !view
+  %mm: bf16[64, 16] = aten::mm.default(%v2, %w)
+  return (%mm,)
+}
+)";
+
+TEST(fold_cross_entropy_backward, the_logits_form_reads_the_logits_and_drops_the_log_probabilities) {
+  // The op reads the bf16 logits and the two row values; the sub and add that recomputed the
+  // log-probabilities go.
+  file_check(std::string("// RUN: fold-cross-entropy-backward\n") + kLogitsBackward + R"(
+// CHECK: %x: bf16[64, 256] = aten::view.default(%logits, [64, 256]) !view
+// CHECK-NOT: aten::sub.Tensor
+// CHECK-NOT: nll_loss_backward
+// CHECK: %g: f32[64, 256] = hintbackend::cross_entropy_backward.logits(%t, %x, %m, %a, %target, 1, -100, %tw)
+// CHECK-NOT: _log_softmax_backward_data
+// CHECK: %sum: bf16[2, 32, 256] = aten::add.Tensor(%tangent, %c)
+// CHECK: // note: fold-cross-entropy-backward graph backward_1: %g = cross_entropy_backward.logits(%t, %x, %m, %a, %target), mean, %nll, %shifted and %lsm removed
+)");
+}
+
+TEST(fold_cross_entropy_backward, the_logits_form_plans_no_log_probabilities) {
+  // Unfolded, the recomputed log-probabilities (the add over the sub in place), nll and the gradient
+  // (64 KiB each, float32) overlap: 192 KiB. Folded, the float32 gradient and its bf16 copy (32 KiB) are
+  // the peak, as in the plain form.
+  file_check(std::string("// RUN: memory-plan\n") + kLogitsBackward + R"(
+// CHECK: live peak 196608,
+)");
+  file_check(std::string("// RUN: fold-cross-entropy-backward,memory-plan\n") + kLogitsBackward + R"(
+// CHECK: live peak 98304,
+// CHECK-NOT: %lsm:
+// CHECK-NOT: %shifted:
+// CHECK: %g: offset
+)");
+}
+
+TEST(fold_cross_entropy_backward, a_log_probability_read_elsewhere_keeps_the_plain_form) {
+  // %lsm is also returned, so it is computed anyway: the op reads it (the plain form), and the add and
+  // sub stay. %lsm2's sub is read twice, %lsm3's row values are [8, 32] (not one per row): plain forms too.
+  file_check(R"(
+// RUN: fold-cross-entropy-backward
+graph g {
+  %x: f32[8, 32] = placeholder
+  %m: f32[8, 1] = placeholder
+  %a: f32[8, 1] = placeholder
+  %full: f32[8, 32] = placeholder
+  %target: i64[8] = placeholder
+  %tw: f32[] = placeholder
+  %t: f32[] = placeholder
+  %s: f32[8, 32] = aten::sub.Tensor(%x, %m)
+  %lsm: f32[8, 32] = aten::add.Tensor(%s, %a)
+  %nll: f32[8, 32] = aten::nll_loss_backward.default(%t, %lsm, %target, none, 1, -100, %tw)
+  %g: f32[8, 32] = aten::_log_softmax_backward_data.default(%nll, %lsm, 1, dtype.float32)
+  %s2: f32[8, 32] = aten::sub.Tensor(%x, %m)
+  %lsm2: f32[8, 32] = aten::add.Tensor(%s2, %a)
+  %nll2: f32[8, 32] = aten::nll_loss_backward.default(%t, %lsm2, %target, none, 1, -100, %tw)
+  %g2: f32[8, 32] = aten::_log_softmax_backward_data.default(%nll2, %lsm2, 1, dtype.float32)
+  %s3: f32[8, 32] = aten::sub.Tensor(%x, %full)
+  %lsm3: f32[8, 32] = aten::add.Tensor(%s3, %a)
+  %nll3: f32[8, 32] = aten::nll_loss_backward.default(%t, %lsm3, %target, none, 1, -100, %tw)
+  %g3: f32[8, 32] = aten::_log_softmax_backward_data.default(%nll3, %lsm3, 1, dtype.float32)
+  return (%g, %lsm, %g2, %s2, %g3)
+}
+// CHECK: %lsm: f32[8, 32] = aten::add.Tensor(%s, %a)
+// CHECK-NEXT: %g: f32[8, 32] = hintbackend::cross_entropy_backward.default(%t, %lsm, %target, 1, -100, %tw)
+// CHECK: %lsm2: f32[8, 32] = aten::add.Tensor(%s2, %a)
+// CHECK-NEXT: %g2: f32[8, 32] = hintbackend::cross_entropy_backward.default(%t, %lsm2, %target, 1, -100, %tw)
+// CHECK: %lsm3: f32[8, 32] = aten::add.Tensor(%s3, %a)
+// CHECK-NEXT: %g3: f32[8, 32] = hintbackend::cross_entropy_backward.default(%t, %lsm3, %target, 1, -100, %tw)
+// CHECK-NOT: .logits
+)");
+}
+
 TEST(fold_cross_entropy_backward, sum_and_none_fold_too) {
   // sum: a scalar tangent, no division; none: one tangent per row (dim -1 is dim 1). Both keep their
   // reduction and ignore_index arguments.
