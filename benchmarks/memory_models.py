@@ -93,6 +93,14 @@ class LiveBytes(TorchDispatchMode):
 
     supports_higher_order_operators = True  # flex_attention: run it, count what it returns
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # True: torch.compile compiles and runs its artifacts under this mode (it sees the ops a compiled
+        # graph runs: hintbackend's executor calls them through the dispatcher). With torch's default
+        # (False), Dynamo runs every frame eagerly while a dispatch mode is active, so a compiled peer would
+        # measure eager's ops.
+        return True
+
     def __init__(self) -> None:
         super().__init__()
         self.live = 0

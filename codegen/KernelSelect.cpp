@@ -46,6 +46,10 @@ KernelChoice choose(const Node& n) {
   if (t == "hintbackend::cross_entropy_backward.default")  // fold-cross-entropy-backward's op
     return {KernelKind::Aten, "nll_loss_backward + log-softmax gradient folded: exp, row scale, target column "
                               "into one buffer (backend/runtime/CrossEntropyBackward.cpp)"};
+  if (t == "hintbackend::cross_entropy_forward.default")  // fold-cross-entropy-forward's op
+    return {KernelKind::Aten, "log-softmax + nll_loss_forward folded: the rows a chunk at a time (upcast, "
+                              "log-softmax, row maxima, target column), then the loss "
+                              "(backend/runtime/CrossEntropyForward.cpp)"};
   if (t == "hintbackend::cross_entropy_backward.logits")
     return {KernelKind::Aten, "nll_loss_backward + log-softmax gradient folded, from the logits and each row's "
                               "saved max and log-probability max: no [N, C] log-probabilities "

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "backend/ir/Aliasing.h"
+#include "backend/ir/CrossEntropy.h"
 #include "codegen/FlexKernelGen.h"
 #include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
@@ -105,6 +106,13 @@ std::string placement_table(const Graph& g, const Target& t) {
 }
 
 int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attention, bool fused_cpu, bool fused_cuda) {
+  if (n.target == kCrossEntropyForwardTarget && n.args.size() == 6 && n.args[4].kind == Arg::Kind::DType &&
+      n.args[5].kind == Arg::Kind::Int && n.type.kind == ValueType::Kind::Tuple && n.type.elems.size() == 3) {
+    // Its chunk's upcast rows and their log-probabilities: 2 x rows x C of the result's dtype.
+    const TensorType* x = g.tensor_type(n.args[0]);
+    if (!x || x->shape.empty() || !x->shape.back().is_static()) return 0;
+    return 2 * n.args[5].i * x->shape.back().value * dtype_bytes(n.args[4].dtype);
+  }
   const bool fw = n.target == "higher_order::flex_attention";
   if ((!fw && n.target != "higher_order::flex_attention_backward") || n.args.size() < 2) return 0;
   const int node = static_cast<int>(&n - g.nodes.data());

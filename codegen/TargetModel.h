@@ -45,6 +45,8 @@ std::string placement_table(const Graph& g, const Target& t);
 // kFlexFused{Forward,Backward}Copies [B, Hq, S, D] tensors of 4 bytes (8 for float64), no S^2. One the
 // generated CUDA kernels run (`fused_cuda`) takes nothing forward and, backward, the float dQ accumulator
 // and the delta rows: [B, Hq, Sq] x (D + 1) floats.
+// hintbackend::cross_entropy_forward (passes/FoldCrossEntropyForward.h): its chunk's two temporaries,
+// 2 x rows x C in the result's dtype, rows as the node says.
 // Library workspaces are not modelled.
 constexpr int64_t kFlexForwardWorkspace = 13;
 constexpr int64_t kFlexBackwardWorkspace = 28;

@@ -9,11 +9,11 @@ namespace hb {
 namespace {
 
 bool is_ref(const Arg& a) { return a.kind == Arg::Kind::Ref; }
-// float32 and float64 anywhere; float16 and bfloat16 on CUDA, where the op is one kernel that computes in
-// float32 and rounds once (ATen's CPU path would round twice).
+// float32 and float64; float16 and bfloat16 too: the op computes those in float32 and rounds once (one
+// kernel on CUDA, chunks of rows elsewhere), as ATen's log-softmax gradient does.
 bool foldable(const TensorType& t) {
-  if (t.dtype == DType::Float32 || t.dtype == DType::Float64) return true;
-  return (t.dtype == DType::Float16 || t.dtype == DType::BFloat16) && t.device.rfind("cuda", 0) == 0;
+  return t.dtype == DType::Float32 || t.dtype == DType::Float64 || t.dtype == DType::Float16 ||
+         t.dtype == DType::BFloat16;
 }
 
 const char* reduction_name(int64_t r) { return r == 0 ? "none" : r == 1 ? "mean" : "sum"; }
@@ -103,10 +103,50 @@ std::optional<Fold> match(const Graph& g, int i, const std::vector<int>& uses) {
   return f;
 }
 
+// The logits form's gradient, read only through views and then one conversion to another float dtype (a
+// bf16 model's gradient going back to its logits' dtype): that conversion's index, with the views
+// between in `chain`; else -1. Its type must be contiguous (the op writes it whole).
+int gradient_conversion(const Graph& g, int grad, const std::vector<std::vector<int>>& readers, std::vector<int>& chain) {
+  for (int n = grad; readers[n].size() == 1;) {
+    const int r = readers[n][0];
+    const Node& v = g.nodes[r];
+    if (v.op != OpKind::CallFunction || v.args.empty() || !is_ref(v.args[0]) || v.args[0].ref != n ||
+        v.type.kind != ValueType::Kind::Tensor)
+      return -1;
+    if (v.target == "aten::view.default" || v.target == "aten::_unsafe_view.default") {
+      chain.push_back(r);
+      n = r;
+      continue;
+    }
+    bool convert = v.target == "prims::convert_element_type.default" && v.args.size() == 2 && v.kwargs.empty();
+    if (v.target == "aten::_to_copy.default" && v.args.size() == 1) {
+      convert = true;  // a dtype change, nothing else
+      for (const auto& kv : v.kwargs)
+        convert = convert && (kv.first == "dtype" || kv.first == "layout" || kv.first == "device" ||
+                              kv.first == "memory_format");
+    }
+    const TensorType& t = v.type.tensor;
+    bool dense = t.stride.size() == t.shape.size();
+    int64_t expect = 1;
+    for (size_t d = t.shape.size(); dense && d-- > 0;) {
+      dense = t.shape[d].is_static() && t.stride[d].is_static() && (t.shape[d].value == 1 || t.stride[d].value == expect);
+      expect *= t.shape[d].value;
+    }
+    if (!convert || !dense || !is_float(t.dtype) || t.device != g.nodes[grad].type.tensor.device) return -1;
+    return r;
+  }
+  return -1;
+}
+
 bool fold_graph(Graph& g, PassContext& ctx) {
   bool changed = for_each_slice_body(g, [&](Graph& body) { return fold_graph(body, ctx); });
   std::vector<int> uses(g.nodes.size(), 0);
-  for (const Node& n : g.nodes) n.for_each_input([&](const Arg& a) { ++uses[a.ref]; });
+  std::vector<std::vector<int>> readers(g.nodes.size());
+  for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i)
+    g.nodes[i].for_each_input([&](const Arg& a) {
+      ++uses[a.ref];
+      readers[a.ref].push_back(i);
+    });
   std::vector<bool> keep(g.nodes.size(), true);
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
     const std::optional<Fold> f = match(g, i, uses);
@@ -129,6 +169,35 @@ bool fold_graph(Graph& g, PassContext& ctx) {
       n.target = kCrossEntropyBackwardLogitsTarget;
       n.args = {l.args[0], logits, row_max, lsm_max, l.args[2], l.args[4], l.args[5], l.args[6]};
       keep[f->add] = keep[sub] = false;
+      // The gradient's conversion back to the logits' dtype: the op writes that result (its dtype and
+      // shape) and the views and conversion go; their readers read the op.
+      std::vector<int> chain;
+      const int conv = gradient_conversion(g, f->grad, readers, chain);
+      if (conv >= 0) {
+        const ValueType type = g.nodes[conv].type;
+        Arg shape;
+        shape.kind = Arg::Kind::List;
+        for (const Dim& d : type.tensor.shape) shape.items.push_back(Arg::of_int(d.value));
+        n.args.push_back(Arg::of_dtype(type.tensor.dtype));
+        n.args.push_back(shape);
+        n.type = type;
+        chain.push_back(conv);
+        for (int k : chain) keep[k] = false;
+        for (int r : readers[conv]) {
+          auto rewire = [&](Arg& a) {
+            if (a.ref == conv) {
+              a.ref = f->grad;
+              a.s = n.name;
+            }
+          };
+          for (Arg& a : g.nodes[r].args) a.for_each_ref_mut(rewire);
+          for (auto& kv : g.nodes[r].kwargs) kv.second.for_each_ref_mut(rewire);
+        }
+        std::string note = "; it writes %" + g.nodes[conv].name + "'s " + dtype_name(type.tensor.dtype) + " value: ";
+        for (size_t k = 0; k < chain.size(); ++k)
+          note += (k == 0 ? "%" : k + 1 == chain.size() ? " and %" : ", %") + g.nodes[chain[k]].name;
+        ctx.notes.back() += note + " removed";
+      }
     } else {
       ctx.notes.push_back("fold-cross-entropy-backward graph " + g.name + ": %" + n.name + " = cross_entropy_backward(" +
                           name(l.args[0]) + ", " + name(lsm) + ", " + name(l.args[2]) + "), " +

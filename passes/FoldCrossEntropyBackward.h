@@ -14,13 +14,13 @@
 // nll - exp(lsm2) * sum_j nll[i, j]. So g[i, j] = s_i (exp(lsm2[i, j]) - [j == target_i]) on kept rows,
 // 0 on ignored ones: computed straight into g's buffer.
 //
-// Folds only: a 2-D input with the classes on dim 1, no class weight, reduction none/mean/sum, float32
-// or float64 throughout (float16 or bfloat16 too on CUDA, where the op is one kernel computing in float32
-// and rounding once, as ATen's log-softmax gradient does: a bf16 model's loss taken on bf16 logits, such
-// as HF BERT's masked LM), a contiguous gradient, and nll read by nothing but the log-softmax gradient's
-// grad_output. Anything else (a class weight, label smoothing, which adds other terms to the gradient,
-// nll_loss2d, half-precision gradients on CPU) is left as traced. lsm (nll's input) is only its
-// shape: nll_loss_backward reads no value of it.
+// Folds only: a 2-D input with the classes on dim 1, no class weight, reduction none/mean/sum, one float
+// dtype throughout (float16 and bfloat16 are computed in float32 and rounded once, as ATen's log-softmax
+// gradient does: a bf16 model's loss taken on bf16 logits, such as HF BERT's masked LM; one kernel on
+// CUDA, chunks of rows elsewhere), a contiguous gradient, and nll read by nothing but the log-softmax
+// gradient's grad_output. Anything else (a class weight, label smoothing, which adds other terms to the
+// gradient, nll_loss2d) is left as traced. lsm (nll's input) is only its shape: nll_loss_backward reads
+// no value of it.
 //
 // The logits form. Where the partition had the forward save each row's maximum logit m and
 // log-probability maximum a (= -log sum_j exp(x_ij - m): the logsumexp is m - a) instead of the
@@ -39,12 +39,11 @@
 //   fold-cross-entropy-backward graph backward_1: %_log_softmax_backward_data = cross_entropy_backward(%tangents_5, %detach_8, %view_26), mean, %nll_loss_backward removed
 //   fold-cross-entropy-backward graph backward_1: %_log_softmax_backward_data = cross_entropy_backward.logits(%tangents_1, %view_5, %amax, %amax_1, %view_1), mean, %nll_loss_backward, %sub and %add removed
 #pragma once
+#include "backend/ir/CrossEntropy.h"
 #include "passes/Pipeline.h"
 
 namespace hb {
 
-constexpr const char* kCrossEntropyBackwardTarget = "hintbackend::cross_entropy_backward.default";
-constexpr const char* kCrossEntropyBackwardLogitsTarget = "hintbackend::cross_entropy_backward.logits";
 
 bool fold_cross_entropy_backward(Graph& g, PassContext& ctx);
 

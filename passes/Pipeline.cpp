@@ -6,6 +6,7 @@
 #include "passes/CallInvariance.h"
 #include "passes/DeadCodeElimination.h"
 #include "passes/FoldCrossEntropyBackward.h"
+#include "passes/FoldCrossEntropyForward.h"
 #include "passes/HintPropagation.h"
 #include "passes/MemoryPlan.h"
 #include "passes/MemorySchedule.h"
@@ -37,6 +38,9 @@ const std::vector<PassInfo>& pipeline() {
        "nll_loss_backward and the log-softmax gradient into one op writing one [N, C] buffer (not two); after "
        "slice-schedule (whose legality rules read the plain ops, and whose loop bodies it folds too), before "
        "pointwise-fusion and the memory passes, which then plan the one buffer"},
+      {"fold-cross-entropy-forward", fold_cross_entropy_forward,
+       "log-softmax and nll_loss_forward into one op taking the rows a chunk at a time (no [N, C] log-"
+       "probabilities); beside fold-cross-entropy-backward and for the same reasons"},
       {"row-softmax-fusion", row_softmax_fusion,
        "softmax chains and their gradients into row kernels; after slice-schedule (whose legality rules read "
        "the plain ops, and whose loop bodies it fuses too: a DFS backward recomputes the softmax in its "

@@ -7,6 +7,11 @@
 #include <ATen/ops/where.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <optional>
+
+#include "backend/ir/CrossEntropy.h"
+
 #ifdef HB_WITH_CUDA
 #include "codegen/cuda/CrossEntropyBackward.h"
 #endif
@@ -47,61 +52,107 @@ Tensor& cross_entropy_backward_out(const Tensor& grad, const Tensor& log_probs, 
     return out;
   }
 #endif
-  const Tensor row = at::where(valid, s.to(log_probs.scalar_type()), 0).unsqueeze(1);
+  // float16/bfloat16 compute in float32 and round once, as ATen's log-softmax gradient does.
+  const at::ScalarType dt = log_probs.scalar_type();
+  const at::ScalarType wide = dt == at::kHalf || dt == at::kBFloat16 ? at::kFloat : dt;
+  const Tensor row = at::where(valid, s.to(wide), 0).unsqueeze(1);
   const Tensor col = at::where(valid, target, 0).unsqueeze(1);
-  // exp first (out may be log_probs itself), then each row's scale, then the target column's -s_i.
-  at::exp_out(out, log_probs);
-  out.mul_(row);
-  out.scatter_(1, col, out.gather(1, col).sub_(row));
+  // Rows [r, r + rows) into dst: exp first (dst may be log_probs itself), then each row's scale, then the
+  // target column's -s_i.
+  auto rows_into = [&](Tensor dst, int64_t r, int64_t rows) {
+    if (wide == dt) {
+      at::exp_out(dst, log_probs.narrow(0, r, rows));
+    } else {  // upcast first: exp_out from a bf16 input would round exp to bf16 before widening it
+      dst.copy_(log_probs.narrow(0, r, rows));
+      dst.exp_();
+    }
+    dst.mul_(row.narrow(0, r, rows));
+    const Tensor cr = col.narrow(0, r, rows);
+    dst.scatter_(1, cr, dst.gather(1, cr).sub_(row.narrow(0, r, rows)));
+  };
+  const int64_t n = log_probs.size(0), c = log_probs.size(1);
+  if (wide == dt) {
+    rows_into(out, 0, n);
+    return out;
+  }
+  const int64_t chunk = cross_entropy_chunk_rows(n, c, at::elementSize(wide));
+  for (int64_t r = 0; r < n; r += chunk) {
+    const int64_t rows = std::min(chunk, n - r);
+    Tensor tmp = at::empty({rows, c}, out.options().dtype(wide));
+    rows_into(tmp, r, rows);
+    out.narrow(0, r, rows).copy_(tmp);
+  }
   return out;
 }
 
 Tensor& cross_entropy_backward_logits_out(const Tensor& grad, const Tensor& logits, const Tensor& row_max,
                                           const Tensor& log_probs_max, const Tensor& target, int64_t reduction,
-                                          int64_t ignore_index, const Tensor& total_weight, Tensor& out) {
-  const int64_t n = logits.dim() == 2 ? logits.size(0) : -1;
+                                          int64_t ignore_index, const Tensor& total_weight,
+                                          std::optional<at::ScalarType> dtype, at::OptionalIntArrayRef shape,
+                                          Tensor& out) {
+  const int64_t n = logits.dim() == 2 ? logits.size(0) : -1, c = logits.dim() == 2 ? logits.size(1) : -1;
+  const at::ScalarType wide = row_max.scalar_type(), want = dtype.value_or(wide);
   auto row_column = [&](const Tensor& t) {
-    return t.dim() == 2 && t.size(0) == n && t.size(1) == 1 && t.scalar_type() == row_max.scalar_type();
+    return t.dim() == 2 && t.size(0) == n && t.size(1) == 1 && t.scalar_type() == wide;
   };
-  TORCH_CHECK(n >= 0 && at::isFloatingType(logits.scalar_type()) && at::isFloatingType(row_max.scalar_type()) &&
-                  row_column(row_max) && row_column(log_probs_max),
+  TORCH_CHECK(n >= 0 && at::isFloatingType(logits.scalar_type()) && at::isFloatingType(wide) && row_column(row_max) &&
+                  row_column(log_probs_max) && at::isFloatingType(want),
               "hintbackend::cross_entropy_backward.logits: logits must be [N, C] and row_max, log_probs_max [N, 1] of "
               "one floating dtype, got ",
-              logits.sizes(), " ", logits.scalar_type(), ", ", row_max.sizes(), " ", row_max.scalar_type(), " and ",
+              logits.sizes(), " ", logits.scalar_type(), ", ", row_max.sizes(), " ", wide, " and ",
               log_probs_max.sizes(), " ", log_probs_max.scalar_type());
-  TORCH_CHECK(out.sizes().equals(logits.sizes()) && out.scalar_type() == row_max.scalar_type(),
-              "hintbackend::cross_entropy_backward.logits_out: out must be ", row_max.scalar_type(), " of shape ",
-              logits.sizes(), ", got ", out.scalar_type(), " ", out.sizes());
+  TORCH_CHECK(out.scalar_type() == want && out.numel() == n * c && out.is_contiguous() &&
+                  (!shape || out.sizes().equals(*shape)),
+              "hintbackend::cross_entropy_backward.logits_out: out must be contiguous ", want, " of ", n * c,
+              " elements", shape ? " and the given shape" : "", ", got ", out.scalar_type(), " ", out.sizes());
   check_common(grad, logits, target, reduction);
   const Tensor valid = target.ne(ignore_index);
   const Tensor s = reduction == 1 ? grad.div(total_weight) : grad;
+  Tensor out2d = out.view({n, c});
 #ifdef HB_WITH_CUDA
-  if (logits.is_cuda() && out.scalar_type() == at::kFloat && logits.scalar_type() != at::kDouble &&
-      logits.is_contiguous() && out.is_contiguous()) {
+  if (logits.is_cuda() && wide == at::kFloat && logits.scalar_type() != at::kDouble && want != at::kDouble &&
+      logits.is_contiguous()) {
     const Tensor row = at::where(valid, s.to(at::kFloat), 0).expand({n}).contiguous();
     cuda::cross_entropy_backward(logits, row_max.reshape({n}).contiguous(), log_probs_max.reshape({n}).contiguous(),
-                                 target.contiguous(), row, out);
+                                 target.contiguous(), row, out2d);
     return out;
   }
 #endif
-  const Tensor row = at::where(valid, s.to(out.scalar_type()), 0).unsqueeze(1);
+  const Tensor row = at::where(valid, s.to(wide), 0).unsqueeze(1);
   const Tensor col = at::where(valid, target, 0).unsqueeze(1);
-  // The log-probabilities as ATen's log-softmax rounds them, (logits - max) + log_probs_max, in out's
-  // dtype (out may be logits itself), then as above.
-  at::sub_out(out, logits, row_max);
-  out.add_(log_probs_max);
-  out.exp_();
-  out.mul_(row);
-  out.scatter_(1, col, out.gather(1, col).sub_(row));
+  // Rows [r, r + rows) of the gradient in `wide` into dst: the log-probabilities as ATen's log-softmax
+  // rounds them, (logits - max) + log_probs_max (dst may be those logits themselves), then as above.
+  auto rows_into = [&](Tensor dst, int64_t r, int64_t rows) {
+    at::sub_out(dst, logits.narrow(0, r, rows), row_max.narrow(0, r, rows));
+    dst.add_(log_probs_max.narrow(0, r, rows));
+    dst.exp_();
+    dst.mul_(row.narrow(0, r, rows));
+    const Tensor cr = col.narrow(0, r, rows);
+    dst.scatter_(1, cr, dst.gather(1, cr).sub_(row.narrow(0, r, rows)));
+  };
+  if (want == wide) {
+    rows_into(out2d, 0, n);
+    return out;
+  }
+  // Another result dtype (the gradient's own convert folded in): computed in `wide` a chunk of rows at a
+  // time, each rounded once into out.
+  const int64_t chunk = cross_entropy_chunk_rows(n, c, at::elementSize(wide));
+  for (int64_t r = 0; r < n; r += chunk) {
+    const int64_t rows = std::min(chunk, n - r);
+    Tensor tmp = at::empty({rows, c}, out.options().dtype(wide));
+    rows_into(tmp, r, rows);
+    out2d.narrow(0, r, rows).copy_(tmp);
+  }
   return out;
 }
 
 Tensor cross_entropy_backward_logits(const Tensor& grad, const Tensor& logits, const Tensor& row_max,
                                      const Tensor& log_probs_max, const Tensor& target, int64_t reduction,
-                                     int64_t ignore_index, const Tensor& total_weight) {
-  Tensor out = at::empty(logits.sizes(), logits.options().dtype(row_max.scalar_type()));
+                                     int64_t ignore_index, const Tensor& total_weight,
+                                     std::optional<at::ScalarType> dtype, at::OptionalIntArrayRef shape) {
+  Tensor out = at::empty(shape ? *shape : logits.sizes(), logits.options().dtype(dtype.value_or(row_max.scalar_type())));
   return cross_entropy_backward_logits_out(grad, logits, row_max, log_probs_max, target, reduction, ignore_index,
-                                           total_weight, out);
+                                           total_weight, dtype, shape, out);
 }
 
 Tensor cross_entropy_backward(const Tensor& grad, const Tensor& log_probs, const Tensor& target, int64_t reduction,
@@ -127,10 +178,11 @@ TORCH_LIBRARY_FRAGMENT(hintbackend, m) {
       "Tensor total_weight, *, Tensor(a!) out) -> Tensor(a!)");
   m.def(
       "cross_entropy_backward.logits(Tensor grad, Tensor logits, Tensor row_max, Tensor log_probs_max, Tensor target, "
-      "int reduction, int ignore_index, Tensor total_weight) -> Tensor");
+      "int reduction, int ignore_index, Tensor total_weight, ScalarType? dtype=None, int[]? shape=None) -> Tensor");
   m.def(
       "cross_entropy_backward.logits_out(Tensor grad, Tensor logits, Tensor row_max, Tensor log_probs_max, "
-      "Tensor target, int reduction, int ignore_index, Tensor total_weight, *, Tensor(a!) out) -> Tensor(a!)");
+      "Tensor target, int reduction, int ignore_index, Tensor total_weight, ScalarType? dtype=None, "
+      "int[]? shape=None, *, Tensor(a!) out) -> Tensor(a!)");
 }
 
 namespace {

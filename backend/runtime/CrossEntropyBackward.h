@@ -21,14 +21,17 @@
 // planner's in-place rule, backend/ir/Aliasing.cpp).
 //
 //   cross_entropy_backward.logits(grad, logits, row_max, log_probs_max, target, reduction, ignore_index,
-//                                 total_weight)
+//                                 total_weight, dtype=None, shape=None)
 //     the same gradient from the logits themselves: log_probs[i, j] = (logits[i, j] - row_max[i]) +
 //     log_probs_max[i], ATen's log-softmax with its roundings (row_max the row's largest logit,
 //     log_probs_max its largest log-probability, minus the log-sum), with logits [N, C] of any float dtype
 //     (bf16 logits before their float32 upcast) and row_max, log_probs_max [N, 1] of the result's dtype.
 //     What the fold writes where the forward saved those two instead of the log-probabilities
-//     (passes/FoldCrossEntropyBackward.h). Same kernel on CUDA (a float32 result); elsewhere logits -
-//     row_max is written into the result first (so out may be logits itself), then as above.
+//     (passes/FoldCrossEntropyBackward.h). `dtype`, `shape`: the result's, when the fold took in the
+//     gradient's view and conversion (a bf16 model's gradient back to its logits' dtype): computed in
+//     row_max's dtype and rounded once. Same kernel on CUDA (computing in float32); elsewhere, in the
+//     result's own dtype, logits - row_max is written into the result first (so out may be logits itself),
+//     then as above; in another dtype a chunk of rows at a time (backend/ir/CrossEntropy.h's chunk).
 #pragma once
 
 namespace hb::rt {

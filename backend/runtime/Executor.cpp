@@ -17,6 +17,7 @@
 #include "backend/runtime/Args.h"
 #include "backend/runtime/Call.h"
 #include "backend/runtime/CrossEntropyBackward.h"
+#include "backend/runtime/CrossEntropyForward.h"
 #include "backend/runtime/Placement.h"
 #include "backend/runtime/RowSoftmax.h"
 #include "backend/runtime/SymOps.h"
@@ -135,7 +136,8 @@ Executor::Executor(Program program, std::shared_ptr<const std::vector<at::Tensor
   HB_INTERNAL_CHECK(kernels.nodes.size() == g.nodes.size()) << "kernel plan does not match the graph";
   HB_INTERNAL_CHECK(kernels.unsupported.empty()) << "executor built for a graph with unsupported nodes";
   link_row_softmax_ops();  // the ops row-softmax-fusion writes must be registered with the dispatcher
-  link_cross_entropy_backward_ops();  // and the one fold-cross-entropy-backward writes
+  link_cross_entropy_backward_ops();  // and the ones fold-cross-entropy-backward and -forward write
+  link_cross_entropy_forward_ops();
   placeholders_ = g.placeholders();
   const Liveness live = liveness(g);
   std::vector<int> step_of(g.nodes.size(), -1);

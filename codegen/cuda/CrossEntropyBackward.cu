@@ -46,7 +46,9 @@ void cross_entropy_backward(const at::Tensor& log_probs, const at::Tensor& row_m
   };
   HB_INTERNAL_CHECK(log_probs.is_cuda() && log_probs.dim() == 2 && log_probs.is_contiguous() && out.is_contiguous() &&
                     out.sizes().equals(log_probs.sizes()) &&
-                    (shifted ? out.scalar_type() == at::kFloat && row_floats(row_max) && row_floats(log_probs_max)
+                    (shifted ? (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16 ||
+                                out.scalar_type() == at::kHalf) &&
+                                   row_floats(row_max) && row_floats(log_probs_max)
                              : out.scalar_type() == log_probs.scalar_type()) &&
                     target.scalar_type() == at::kLong && target.is_contiguous() &&
                     row_scale.scalar_type() == at::kFloat && row_scale.is_contiguous())
@@ -67,10 +69,14 @@ void cross_entropy_backward(const at::Tensor& log_probs, const at::Tensor& row_m
       cross_entropy_backward_kernel<T, TOut><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
           x, max_ptr, lsm_max_ptr, target.data_ptr<int64_t>(), row_scale.data_ptr<float>(), y, rows, cols);
     };
-    if (shifted)
-      go(out.data_ptr<float>());
-    else
+    if (!shifted)
       go(static_cast<T*>(out.data_ptr()));
+    else if (out.scalar_type() == at::kFloat)
+      go(out.data_ptr<float>());
+    else if (out.scalar_type() == at::kBFloat16)
+      go(out.data_ptr<c10::BFloat16>());
+    else
+      go(out.data_ptr<c10::Half>());
   };
   switch (log_probs.scalar_type()) {
     case at::kFloat: launch(log_probs.data_ptr<float>()); break;

@@ -15,8 +15,8 @@ namespace hb::cuda {
 // target [N] int64, a column in [0, C) on rows whose scale is not 0 (any value on the others). `out` may be
 // `log_probs` (each element is read before it is written, by the same thread).
 // With `row_max` defined (the .logits form): log_probs are logits (float16, bfloat16 or float32), row_max and
-// log_probs_max [N] float32, out float32, and out[i, j] = s_i (exp((logits[i, j] - row_max[i]) +
-// log_probs_max[i]) - [j == target_i]).
+// log_probs_max [N] float32, out float32, bfloat16 or float16 (computed in float32, rounded once), and
+// out[i, j] = s_i (exp((logits[i, j] - row_max[i]) + log_probs_max[i]) - [j == target_i]).
 void cross_entropy_backward(const at::Tensor& log_probs, const at::Tensor& row_max, const at::Tensor& log_probs_max,
                             const at::Tensor& target, const at::Tensor& row_scale, const at::Tensor& out);
 

@@ -1,13 +1,15 @@
 """fold-cross-entropy-backward (passes/FoldCrossEntropyBackward.h): F.cross_entropy's gradient as one op
 (hintbackend::cross_entropy_backward, backend/runtime/CrossEntropyBackward.h) writing one [N, C] buffer
 where AOTAutograd's graph has nll_loss_backward and _log_softmax_backward_data write two; and the
-partition's save-logsumexp (python/hintbackend/partition.py), after which the forward saves one logsumexp
-per row instead of the [N, C] log-probabilities and the op reads the logits (its .logits form).
+partition's save-logsumexp (python/hintbackend/partition.py), after which the forward saves the
+log-probabilities' row maxima instead of the [N, C] log-probabilities and the op reads the logits (its
+.logits form); and fold-cross-entropy-forward (passes/FoldCrossEntropyForward.h), the forward's loss a chunk
+of rows at a time (hintbackend::cross_entropy_forward).
 
 The op against a float64 reference of ATen's two ops, then small language-model heads trained through
 the backend against eager (some targets ignore_index, float32, a bf16 model whose logits go through
-.float(), and one whose loss takes its bf16 logits, which folds on CUDA only), with the dumps showing the fold happened and that the plan holds one [N, C] float32 buffer
-at a time; a class weight and label smoothing stay as traced and still match."""
+.float(), and one whose loss takes its bf16 logits), with the dumps showing the fold happened and
+that the plan holds one [N, C] float32 buffer at a time; a class weight and label smoothing stay as traced and still match."""
 
 import re
 
@@ -70,12 +72,10 @@ def test_op_matches_atens_two_ops(reduction, ignored):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("reduction", list(REDUCTIONS))
-def test_half_precision_op_on_cuda_rounds_once(reduction, dtype):
-    """On CUDA the op is one kernel computing in float32 (what lets bf16 losses fold): against the float64
-    chain it is at least as close as ATen's own chain in that dtype (which rounds nll's scale, then the
-    gradient), in place too."""
-    if device() != "cuda":
-        pytest.skip("the half-precision kernel is CUDA's (HINTBACKEND_TEST_DEVICE=cuda)")
+def test_half_precision_op_rounds_once(reduction, dtype):
+    """The op computes half precision in float32 (one kernel on CUDA, chunks of rows on the CPU: what lets
+    bf16 losses fold): against the float64 chain it is at least as close as ATen's own chain in that dtype
+    (which rounds nll's scale, then the gradient), in place too."""
     torch.manual_seed(len(reduction) + (7 if dtype == torch.float16 else 0))
     n, c = 96, 1000
     lsm = torch.log_softmax(randn(n, c) * 3, 1).to(dtype)
@@ -126,6 +126,51 @@ def test_logits_form_matches_atens_two_ops(reduction, dtype):
         ops.cross_entropy_backward.logits_out(grad, inplace, row_max, lsm_max, target, r, IGNORE, total_weight,
                                               out=inplace)
         assert torch.equal(inplace, got)
+    if dtype != torch.float64:
+        # The gradient's conversion folded in (a bf16 model's): computed in float32, rounded once into
+        # the requested dtype and shape; no farther from float64 than eager's float32 gradient converted.
+        half = ops.cross_entropy_backward.logits(grad, logits, row_max, lsm_max, target, r, IGNORE, total_weight,
+                                                 torch.bfloat16, [2, n // 2, c])
+        assert half.dtype == torch.bfloat16 and half.shape == (2, n // 2, c)
+        half_err = (half.double().view(n, c) - ref).abs().max().item()
+        eager_half_err = (want.to(torch.bfloat16).double() - ref).abs().max().item()
+        assert half_err <= eager_half_err * 1.01 + 1e-9, (half_err, eager_half_err)
+        assert torch.all(half.view(n, c)[target == IGNORE] == 0)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 48])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reduction", list(REDUCTIONS))
+def test_forward_op_matches_atens_loss(reduction, dtype, chunk_rows):
+    """hintbackend::cross_entropy_forward (what fold-cross-entropy-forward writes), a chunk of rows at a
+    time, from [2, 24, C] logits (bf16 ones upcast inside): the loss and total weight of ATen's
+    log_softmax + nll_loss_forward on the upcast logits, as close to float64 as eager's, and the
+    log-softmax's row maxima exactly."""
+    torch.manual_seed(len(reduction) * 7 + chunk_rows)
+    n, c = 48, 300
+    r = REDUCTIONS[reduction]
+    logits = (randn(2, n // 2, c) * 3).to(dtype)
+    target = targets(n, c, IGNORE, 0.3)
+    lsm = torch.log_softmax(logits.float().view(n, c), 1)
+    want = torch.ops.aten.nll_loss_forward(lsm, target, None, r, IGNORE)
+    ref = torch.ops.aten.nll_loss_forward(torch.log_softmax(logits.double().view(n, c), 1), target, None, r, IGNORE)
+    loss, total_weight, lsm_max = ops.cross_entropy_forward(logits, target, r, IGNORE, torch.float32, chunk_rows)
+    assert loss.dtype == torch.float32 and loss.shape == want[0].shape and total_weight.shape == want[1].shape
+    assert torch.equal(total_weight, want[1])
+    assert torch.equal(lsm_max, lsm.amax(1, keepdim=True))
+    err = (loss.double() - ref[0]).abs().max().item()
+    eager_err = (want[0].double() - ref[0]).abs().max().item()
+    assert err <= 2 * eager_err + 1e-6, (err, eager_err)
+
+
+def test_forward_op_names_a_target_out_of_range():
+    """A target that is neither a class nor ignore_index is an error, as in eager, not a wrong loss."""
+    logits = randn(4, 10)
+    target = torch.tensor([1, 2, 10, IGNORE], device=device())
+    if device() == "cuda":
+        pytest.skip("CUDA reports it as a device-side assert, as eager does")
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        ops.cross_entropy_forward(logits, target, 1, IGNORE, torch.float32, 2)
 
 
 class LMHead(nn.Module):
@@ -238,10 +283,15 @@ def test_the_forward_saves_a_logsumexp_not_log_probabilities(dtype, tmp_path):
     (bw,) = [d for d in graph_dirs(tmp_path / "on") if d.startswith("backward")]
     backward_ir = (tmp_path / "on" / bw / "ir-final.txt").read_text()
     assert f"f32[2, {n // 2}, {vocab}]" not in backward_ir.split("hintbackend::cross_entropy_backward")[0], backward_ir
+    # The forward's loss folds too: no float32 [N, V] anywhere in it (fold-cross-entropy-forward).
+    (fw,) = [d for d in graph_dirs(tmp_path / "on") if d.startswith("forward")]
+    forward_ir = (tmp_path / "on" / fw / "ir-final.txt").read_text()
+    assert "hintbackend::cross_entropy_forward" in forward_ir and f"f32[{n}, {vocab}]" not in forward_ir, forward_ir
     torch._dynamo.reset()
     train(lmhead(), n, vocab, tmp_path / "off", {"disable_passes": ["save-logsumexp"]})
     assert f"f32[{n}, {vocab}]" in forward_returns(tmp_path / "off")
-    assert "hintbackend::cross_entropy_backward.default" in kernels(tmp_path / "off")
+    k = kernels(tmp_path / "off")
+    assert "hintbackend::cross_entropy_backward.default" in k and "cross_entropy_forward" not in k, k
 
 
 def test_float32_logits_keep_their_log_probabilities(tmp_path):
@@ -255,3 +305,31 @@ def test_float32_logits_keep_their_log_probabilities(tmp_path):
     ir = (tmp_path / fw / "ir-import.txt").read_text()
     assert "aten::amax" not in ir and ir.count(f"f32[{n}, {vocab}]") >= 1, ir
     assert "hintbackend::cross_entropy_backward.default" in kernels(tmp_path)
+
+
+def test_bf16_logits_fold(tmp_path):
+    """A bf16 model's loss on its bf16 logits (HF BERT's masked LM): folded (one kernel on CUDA, float32
+    chunks on the CPU), with no two [N, V] bf16 buffers at once; loss and gradients match eager."""
+    torch.manual_seed(14)
+    n, vocab = 64, 320
+    train(LMHead(vocab, dtype=torch.bfloat16, ignore_index=IGNORE), n, vocab, tmp_path)
+    k = kernels(tmp_path)
+    assert "hintbackend::cross_entropy_backward.default" in k and "aten::nll_loss_backward" not in k, k
+    assert big_overlaps(tmp_path, n * vocab * 2) == []
+
+
+@pytest.mark.parametrize("ce", [{"weight": "class"}, {"label_smoothing": 0.1}], ids=["weight", "label_smoothing"])
+@pytest.mark.parametrize("upcast", [False, True], ids=["float32", "bf16-upcast"])
+def test_class_weight_and_label_smoothing_stay_and_match(ce, upcast, tmp_path):
+    """What the folds do not take runs as traced (the backward's pair, the forward's log-softmax), still
+    against eager; save-logsumexp leaves such a loss alone too."""
+    torch.manual_seed(13)
+    n, vocab = 64, 320
+    if "weight" in ce:
+        ce = {"weight": torch.rand(vocab, device=device()) + 0.5}
+    dtype = torch.bfloat16 if upcast else torch.float32
+    train(LMHead(vocab, dtype=dtype, upcast=upcast, return_logits=upcast, ignore_index=IGNORE, **ce), n, vocab,
+          tmp_path)
+    k = kernels(tmp_path)
+    assert "cross_entropy_backward" not in k and "aten::nll_loss_backward" in k, k
+    assert "cross_entropy_forward" not in k and "aten::_log_softmax" in k, k

@@ -94,30 +94,32 @@ graph backward_1 (inputs owned) {
 
 TEST(fold_cross_entropy_backward, the_logits_form_reads_the_logits_and_drops_the_log_probabilities) {
   // The op reads the bf16 logits and the two row values; the sub and add that recomputed the
-  // log-probabilities go.
+  // log-probabilities go. It writes the gradient's bf16 conversion (computed in float32, rounded once)
+  // in its [2, 32, 256] shape, so the view and the conversion go too, and the tangent add reads it.
   file_check(std::string("// RUN: fold-cross-entropy-backward\n") + kLogitsBackward + R"(
 // CHECK: %x: bf16[64, 256] = aten::view.default(%logits, [64, 256]) !view
 // CHECK-NOT: aten::sub.Tensor
 // CHECK-NOT: nll_loss_backward
-// CHECK: %g: f32[64, 256] = hintbackend::cross_entropy_backward.logits(%t, %x, %m, %a, %target, 1, -100, %tw)
+// CHECK: %g: bf16[2, 32, 256] = hintbackend::cross_entropy_backward.logits(%t, %x, %m, %a, %target, 1, -100, %tw, dtype.bfloat16, [2, 32, 256])
 // CHECK-NOT: _log_softmax_backward_data
-// CHECK: %sum: bf16[2, 32, 256] = aten::add.Tensor(%tangent, %c)
-// CHECK: // note: fold-cross-entropy-backward graph backward_1: %g = cross_entropy_backward.logits(%t, %x, %m, %a, %target), mean, %nll, %shifted and %lsm removed
+// CHECK-NOT: convert_element_type
+// CHECK-NEXT: %sum: bf16[2, 32, 256] = aten::add.Tensor(%tangent, %g)
+// CHECK: // note: fold-cross-entropy-backward graph backward_1: %g = cross_entropy_backward.logits(%t, %x, %m, %a, %target), mean, %nll, %shifted and %lsm removed; it writes %c's bfloat16 value: %v and %c removed
 )");
 }
 
 TEST(fold_cross_entropy_backward, the_logits_form_plans_no_log_probabilities) {
   // Unfolded, the recomputed log-probabilities (the add over the sub in place), nll and the gradient
-  // (64 KiB each, float32) overlap: 192 KiB. Folded, the float32 gradient and its bf16 copy (32 KiB) are
-  // the peak, as in the plain form.
+  // (64 KiB each, float32) overlap: 192 KiB. Folded, one bf16 gradient (32 KiB), which the tangent add
+  // then writes over in place.
   file_check(std::string("// RUN: memory-plan\n") + kLogitsBackward + R"(
 // CHECK: live peak 196608,
 )");
   file_check(std::string("// RUN: fold-cross-entropy-backward,memory-plan\n") + kLogitsBackward + R"(
-// CHECK: live peak 98304,
+// CHECK: live peak 32768,
 // CHECK-NOT: %lsm:
 // CHECK-NOT: %shifted:
-// CHECK: %g: offset
+// CHECK: %g: offset 0 size 32768 live [9, 12] then %sum in place
 )");
 }
 
@@ -183,9 +185,9 @@ graph g {
 )");
 }
 
-TEST(fold_cross_entropy_backward, half_precision_folds_on_cuda_only) {
-  // bf16 logits' loss (HF BERT's masked LM): on CUDA the op is one kernel rounding once, so it folds; the
-  // same graph on CPU (ATen's fallback would round twice) stays as traced.
+TEST(fold_cross_entropy_backward, half_precision_folds_on_every_device) {
+  // bf16 logits' loss (HF BERT's masked LM): the op computes in float32 and rounds once (one kernel on
+  // CUDA, chunks of rows on the CPU), so it folds on both.
   const std::string body = R"(
   %lsm: bf16[8, 32]DEV = placeholder
   %target: i64[8]DEV = placeholder
@@ -205,19 +207,18 @@ TEST(fold_cross_entropy_backward, half_precision_folds_on_cuda_only) {
              "// CHECK-NOT: nll_loss_backward\n"
              "// CHECK: %g: bf16[8, 32]@cuda:0 = hintbackend::cross_entropy_backward.default(%t, %lsm, %target, 1, -100, %tw)\n");
   file_check("// RUN: fold-cross-entropy-backward\ngraph g {" + on("") +
-             "// CHECK: %nll: bf16[8, 32] = aten::nll_loss_backward.default\n"
-             "// CHECK-NOT: cross_entropy_backward\n");
+             "// CHECK-NOT: nll_loss_backward\n"
+             "// CHECK: %g: bf16[8, 32] = hintbackend::cross_entropy_backward.default(%t, %lsm, %target, 1, -100, %tw)\n");
 }
 
 TEST(fold_cross_entropy_backward, leaves_what_it_cannot_fold_as_traced) {
-  // %nll_u has a second reader (returned); %nll_w has a class weight; %nll_h is a bf16 gradient (ATen
-  // computes it in float32 and rounds once); %nll_d's gradient is over dim 0; %nll_l (label smoothing's
+  // %nll_u has a second reader (returned); %nll_w has a class weight; %nll_h is a bf16 gradient of
+  // float32 log-probabilities (dtypes differ); %nll_d's gradient is over dim 0; %nll_l (label smoothing's
   // shape) reaches the log-softmax gradient through an add. None folds, and no note is left.
   file_check(R"(
 // RUN: fold-cross-entropy-backward
 graph g {
   %lsm: f32[8, 32] = placeholder
-  %lsm_h: bf16[8, 32] = placeholder
   %target: i64[8] = placeholder
   %tw: f32[] = placeholder
   %tw_h: bf16[] = placeholder
@@ -229,8 +230,8 @@ graph g {
   %g_u: f32[8, 32] = aten::_log_softmax_backward_data.default(%nll_u, %lsm, 1, dtype.float32)
   %nll_w: f32[8, 32] = aten::nll_loss_backward.default(%t, %lsm, %target, %weight, 1, -100, %tw)
   %g_w: f32[8, 32] = aten::_log_softmax_backward_data.default(%nll_w, %lsm, 1, dtype.float32)
-  %nll_h: bf16[8, 32] = aten::nll_loss_backward.default(%t_h, %lsm_h, %target, none, 1, -100, %tw_h)
-  %g_h: bf16[8, 32] = aten::_log_softmax_backward_data.default(%nll_h, %lsm_h, 1, dtype.bfloat16)
+  %nll_h: bf16[8, 32] = aten::nll_loss_backward.default(%t_h, %lsm, %target, none, 1, -100, %tw_h)
+  %g_h: bf16[8, 32] = aten::_log_softmax_backward_data.default(%nll_h, %lsm, 1, dtype.bfloat16)
   %nll_d: f32[8, 32] = aten::nll_loss_backward.default(%t, %lsm, %target, none, 1, -100, %tw)
   %g_d: f32[8, 32] = aten::_log_softmax_backward_data.default(%nll_d, %lsm, 0, dtype.float32)
   %nll_l: f32[8, 32] = aten::nll_loss_backward.default(%t, %lsm, %target, none, 1, -100, %tw)
