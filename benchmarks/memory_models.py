@@ -3,6 +3,8 @@ process (issue 12: compiled peak at or below eager, close to Inductor, step time
 
     python benchmarks/memory_models.py                      # CUDA: HF Llama, GPT-2, BERT + the corpus
     python benchmarks/memory_models.py --device cpu --small # CPU: small shapes, live-bytes tracking
+    python benchmarks/memory_models.py --device cpu --small --full-vocab --dtype bfloat16 --no-inductor
+                                                            # CPU: the losses' [N, vocab] tensors at full weight
 
 Models: HF Llama, GPT-2 and BERT (masked LM), 4 layers, hidden 512, 8 heads, SDPA attention, random init,
 train mode (their default dropout), bf16 on CUDA, B4 S1024 (the issue's setting); then the test corpus's
@@ -14,7 +16,9 @@ it (parameters, their gradients, the inputs), i.e. what the step itself adds: ac
 temporaries, workspaces. On CUDA it is torch.cuda.max_memory_allocated (the caching allocator's own
 count). On CPU (no allocator peak) it is the most bytes of tensor storage alive at once, counted by a
 TorchDispatchMode that sees every op's results, eager's and hintbackend's runtime's alike (its executor
-calls ATen through the dispatcher; its arenas are ATen tensors too): the same accounting for both.
+calls ATen through the dispatcher; its arenas are ATen tensors too): the same accounting for both. The mode
+lets torch.compile run its compiled graphs under it (ignore_compile_internals); Inductor's CPU code
+allocates outside the dispatcher, so run --no-inductor on CPU.
 Time: the median of --steps steps (CUDA events on CUDA, the wall clock on CPU).
 A peer that fails (Inductor does on some models) prints its error in place of the numbers.
 """
@@ -179,6 +183,9 @@ def run_peer(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor,
         fn = torch.compile(model, backend="hintbackend", options={"partition": "default"})
     elif peer == "hb no save-logsumexp":  # the forward saves cross-entropy's [N, C] log-probabilities
         fn = torch.compile(model, backend="hintbackend", options={"disable_passes": ["save-logsumexp"]})
+    elif peer == "hb no loss folds":  # the loss as traced: [N, C] log-probabilities and two [N, C] gradients
+        fn = torch.compile(model, backend="hintbackend", options={"disable_passes": [
+            "save-logsumexp", "fold-cross-entropy-forward", "fold-cross-entropy-backward"]})
     elif peer == "hb no arena":
         fn = torch.compile(model, backend="hintbackend", options={"arena": False})
     else:
@@ -260,15 +267,15 @@ def main() -> None:
     p.add_argument("--no-inductor", action="store_true")
     p.add_argument("--diagnose", action="store_true",
                    help="also aot_eager (the AOT graphs run by torch), hintbackend with torch's default partition, "
-                        "without save-logsumexp and without the arena, and what eager and the AOT forward save "
-                        "for the backward")
+                        "without save-logsumexp, without the loss's folds and without the arena, and what eager and "
+                        "the AOT forward save for the backward")
     args = p.parse_args()
     dev = args.device
     dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if dev == "cuda" else torch.float32
     B, S = (2, 128) if args.small else (4, 1024)
     peers = ["eager"] + ([] if args.no_inductor else ["inductor"]) + ["hintbackend"]
     if args.diagnose:
-        peers += ["hb default partition", "hb no save-logsumexp", "hb no arena", "aot_eager"]
+        peers += ["hb default partition", "hb no save-logsumexp", "hb no loss folds", "hb no arena", "aot_eager"]
     rows = []
     models = [(n, mk, lf, None) for n, mk, lf in hf_models(args.small, args.full_vocab)] + list(corpus_models(args.small, dev))
     for name, make, loss_fn, shape in models:
