@@ -17,18 +17,6 @@ namespace hb {
 
 namespace {
 
-// Static shape and the plain contiguous layout (a size-1 dim's stride does not matter).
-bool contiguous_static(const TensorType& t) {
-  if (t.stride.size() != t.shape.size()) return false;
-  int64_t expect = 1;
-  for (size_t k = t.shape.size(); k-- > 0;) {
-    if (!t.shape[k].is_static() || !t.stride[k].is_static()) return false;
-    if (t.shape[k].value != 1 && t.stride[k].value != expect) return false;
-    expect *= t.shape[k].value;
-  }
-  return true;
-}
-
 bool on_cpu_or_cuda(const std::string& d) {
   return d == "cpu" || d.rfind("cpu:", 0) == 0 || d == "cuda" || d.rfind("cuda:", 0) == 0;
 }
@@ -41,14 +29,14 @@ std::string structural_unplaceable(const Graph& g, int node, bool* ask_op) {
   *ask_op = false;
   const Node& n = g.nodes[node];
   if (n.target == kFusedPointwiseTarget)  // its kernels write into any preallocated result
-    return n.type.kind == ValueType::Kind::Tensor && contiguous_static(n.type.tensor) ? "" : "not static contiguous";
+    return n.type.kind == ValueType::Kind::Tensor && n.type.tensor.contiguous_static() ? "" : "not static contiguous";
   const KernelKind kind = op_kernel_kind(n);
   if (kind != KernelKind::Aten) return kernel_kind_name(kind);
   if (n.effects.is_view || n.effects.mutates || aliases_without_annotation(n)) return "alias";
   if (n.effects.nondeterministic_seeded) return "random";  // its out= overload may draw differently
   if (n.type.kind == ValueType::Kind::Tuple) return "multi-output op";
   if (n.type.kind != ValueType::Kind::Tensor) return "not a tensor";
-  if (!contiguous_static(n.type.tensor)) return "not static contiguous";
+  if (!n.type.tensor.contiguous_static()) return "not static contiguous";
   if (!on_cpu_or_cuda(n.type.tensor.device)) return "on " + n.type.tensor.device;
   *ask_op = true;
   return "";

@@ -126,13 +126,8 @@ int gradient_conversion(const Graph& g, int grad, const std::vector<std::vector<
                               kv.first == "memory_format");
     }
     const TensorType& t = v.type.tensor;
-    bool dense = t.stride.size() == t.shape.size();
-    int64_t expect = 1;
-    for (size_t d = t.shape.size(); dense && d-- > 0;) {
-      dense = t.shape[d].is_static() && t.stride[d].is_static() && (t.shape[d].value == 1 || t.stride[d].value == expect);
-      expect *= t.shape[d].value;
-    }
-    if (!convert || !dense || !is_float(t.dtype) || t.device != g.nodes[grad].type.tensor.device) return -1;
+    if (!convert || !t.contiguous_static() || !is_float(t.dtype) || t.device != g.nodes[grad].type.tensor.device)
+      return -1;
     return r;
   }
   return -1;

@@ -15,18 +15,6 @@ bool is_float(DType d) {
 }
 const char* reduction_name(int64_t r) { return r == 0 ? "none" : r == 1 ? "mean" : "sum"; }
 
-// Static sizes with row-major contiguous strides (dims of size 1 may have any stride).
-bool contiguous(const TensorType& t) {
-  if (t.stride.size() != t.shape.size()) return false;
-  int64_t expect = 1;
-  for (size_t d = t.shape.size(); d-- > 0;) {
-    if (!t.shape[d].is_static() || !t.stride[d].is_static()) return false;
-    if (t.shape[d].value != 1 && t.stride[d].value != expect) return false;
-    expect *= t.shape[d].value;
-  }
-  return true;
-}
-
 // amax(%lsm, [1] or [-1], true): the row maxima save-logsumexp adds.
 bool is_row_max_of(const Node& n, int lsm) {
   if (n.target != "aten::amax.default" || n.op != OpKind::CallFunction || n.args.size() != 3 || !n.kwargs.empty() ||
@@ -65,7 +53,7 @@ std::optional<Fold> match(const Graph& g, int i, const std::vector<std::vector<i
     return std::nullopt;
   const TensorType& lt = lsm.type.tensor;
   const TensorType* target = g.tensor_type(nll.args[1]);
-  if (lt.shape.size() != 2 || !contiguous(lt) || !is_float(lt.dtype) || !target || target->dtype != DType::Int64 ||
+  if (lt.shape.size() != 2 || !lt.contiguous_static() || !is_float(lt.dtype) || !target || target->dtype != DType::Int64 ||
       target->shape.size() != 1 || target->shape[0] != lt.shape[0])
     return std::nullopt;
   // lsm: read by the loss once and by row maxima whose readers all come after the loss.
@@ -98,7 +86,7 @@ std::optional<Fold> match(const Graph& g, int i, const std::vector<std::vector<i
                          (v.target == "aten::_to_copy.default" && v.args.size() == 1);
     const TensorType* src = g.tensor_type(v.args[0]);
     if (convert && v.type.kind == ValueType::Kind::Tensor && v.type.tensor.dtype == lt.dtype && src &&
-        is_float(src->dtype) && src->device == lt.device && contiguous(*src) && src->shape.back() == lt.shape[1]) {
+        is_float(src->dtype) && src->device == lt.device && src->contiguous_static() && src->shape.back() == lt.shape[1]) {
       bool plain = true;  // _to_copy: a dtype change, nothing else (src is contiguous, so is its copy)
       for (const auto& kv : v.kwargs)
         plain = plain && (kv.first == "dtype" || kv.first == "layout" || kv.first == "device" ||
@@ -111,7 +99,7 @@ std::optional<Fold> match(const Graph& g, int i, const std::vector<std::vector<i
     break;
   }
   const TensorType* xt = g.tensor_type(Arg::of_ref(f.operand, ""));
-  if (!xt || !contiguous(*xt) || !is_float(xt->dtype)) return std::nullopt;
+  if (!xt || !xt->contiguous_static() || !is_float(xt->dtype)) return std::nullopt;
   f.rows = cross_entropy_chunk_rows(lt.shape[0].value, lt.shape[1].value, dtype_bytes(lt.dtype));
   return f;
 }

@@ -42,6 +42,17 @@ std::optional<int64_t> TensorType::numel() const {
   return n;
 }
 
+bool TensorType::contiguous_static() const {
+  if (stride.size() != shape.size()) return false;
+  int64_t expect = 1;
+  for (size_t k = shape.size(); k-- > 0;) {
+    if (!shape[k].is_static() || !stride[k].is_static()) return false;
+    if (shape[k].value != 1 && stride[k].value != expect) return false;
+    expect *= shape[k].value;
+  }
+  return true;
+}
+
 const char* op_kind_name(OpKind k) {
   switch (k) {
     case OpKind::Placeholder: return "placeholder";

@@ -45,6 +45,8 @@ struct TensorType {
   bool requires_grad = false;
   // Elements, or nullopt when a dimension is symbolic.
   std::optional<int64_t> numel() const;
+  // Static sizes and strides in the plain row-major layout (a size-1 dim's stride does not matter).
+  bool contiguous_static() const;
 };
 
 // The value a node produces, from FX's node.meta["val"].

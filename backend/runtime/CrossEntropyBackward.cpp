@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 
 #include "backend/ir/CrossEntropy.h"
@@ -30,6 +31,25 @@ void check_common(const Tensor& grad, const Tensor& x, const Tensor& target, int
               " is not 0 (none), 1 (mean) or 2 (sum)");
   TORCH_CHECK(reduction == 0 ? grad.dim() == 1 && grad.size(0) == x.size(0) : grad.dim() == 0,
               "hintbackend::cross_entropy_backward: grad has shape ", grad.sizes(), " for reduction ", reduction);
+}
+
+// Fills out ([N, C]) with rows_into(dst, r, rows), which writes rows [r, r + rows) of the result in `wide`:
+// straight into out when it has that dtype (rows_into may then read its input from out itself), else a
+// chunk of rows at a time into a `wide` temporary, each rounded once into out (backend/ir/CrossEntropy.h's
+// chunk, so the temporary stays small).
+void write_rows(const Tensor& out, at::ScalarType wide, const std::function<void(Tensor, int64_t, int64_t)>& rows_into) {
+  const int64_t n = out.size(0), c = out.size(1);
+  if (out.scalar_type() == wide) {
+    rows_into(out, 0, n);
+    return;
+  }
+  const int64_t chunk = cross_entropy_chunk_rows(n, c, at::elementSize(wide));
+  for (int64_t r = 0; r < n; r += chunk) {
+    const int64_t rows = std::min(chunk, n - r);
+    Tensor tmp = at::empty({rows, c}, out.options().dtype(wide));
+    rows_into(tmp, r, rows);
+    out.narrow(0, r, rows).copy_(tmp);
+  }
 }
 
 Tensor& cross_entropy_backward_out(const Tensor& grad, const Tensor& log_probs, const Tensor& target, int64_t reduction,
@@ -70,18 +90,7 @@ Tensor& cross_entropy_backward_out(const Tensor& grad, const Tensor& log_probs, 
     const Tensor cr = col.narrow(0, r, rows);
     dst.scatter_(1, cr, dst.gather(1, cr).sub_(row.narrow(0, r, rows)));
   };
-  const int64_t n = log_probs.size(0), c = log_probs.size(1);
-  if (wide == dt) {
-    rows_into(out, 0, n);
-    return out;
-  }
-  const int64_t chunk = cross_entropy_chunk_rows(n, c, at::elementSize(wide));
-  for (int64_t r = 0; r < n; r += chunk) {
-    const int64_t rows = std::min(chunk, n - r);
-    Tensor tmp = at::empty({rows, c}, out.options().dtype(wide));
-    rows_into(tmp, r, rows);
-    out.narrow(0, r, rows).copy_(tmp);
-  }
+  write_rows(out, wide, rows_into);
   return out;
 }
 
@@ -130,19 +139,7 @@ Tensor& cross_entropy_backward_logits_out(const Tensor& grad, const Tensor& logi
     const Tensor cr = col.narrow(0, r, rows);
     dst.scatter_(1, cr, dst.gather(1, cr).sub_(row.narrow(0, r, rows)));
   };
-  if (want == wide) {
-    rows_into(out2d, 0, n);
-    return out;
-  }
-  // Another result dtype (the gradient's own convert folded in): computed in `wide` a chunk of rows at a
-  // time, each rounded once into out.
-  const int64_t chunk = cross_entropy_chunk_rows(n, c, at::elementSize(wide));
-  for (int64_t r = 0; r < n; r += chunk) {
-    const int64_t rows = std::min(chunk, n - r);
-    Tensor tmp = at::empty({rows, c}, out.options().dtype(wide));
-    rows_into(tmp, r, rows);
-    out2d.narrow(0, r, rows).copy_(tmp);
-  }
+  write_rows(out2d, wide, rows_into);
   return out;
 }
 
