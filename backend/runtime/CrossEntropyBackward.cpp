@@ -33,11 +33,19 @@ void check_common(const Tensor& grad, const Tensor& x, const Tensor& target, int
               "hintbackend::cross_entropy_backward: grad has shape ", grad.sizes(), " for reduction ", reduction);
 }
 
-// Fills out ([N, C]) with rows_into(dst, r, rows), which writes rows [r, r + rows) of the result in `wide`:
-// straight into out when it has that dtype (rows_into may then read its input from out itself), else a
-// chunk of rows at a time into a `wide` temporary, each rounded once into out (backend/ir/CrossEntropy.h's
-// chunk, so the temporary stays small).
-void write_rows(const Tensor& out, at::ScalarType wide, const std::function<void(Tensor, int64_t, int64_t)>& rows_into) {
+// Fills out ([N, C]) with the gradient s_i (p[i, j] - [j == target_i]): probs_into(dst, r, rows) writes the
+// probabilities p of rows [r, r + rows) into dst in `wide`; then each row's scale (`row`, [N, 1] in wide,
+// 0 on ignored rows) and the target column (`col`, [N, 1]) are applied. Straight into out when it has that
+// dtype (probs_into may then read its input from out itself), else a chunk of rows at a time into a `wide`
+// temporary, each rounded once into out (backend/ir/CrossEntropy.h's chunk, so the temporary stays small).
+void write_rows(const Tensor& out, at::ScalarType wide, const Tensor& row, const Tensor& col,
+                const std::function<void(Tensor, int64_t, int64_t)>& probs_into) {
+  auto rows_into = [&](Tensor dst, int64_t r, int64_t rows) {
+    probs_into(dst, r, rows);
+    const Tensor rr = row.narrow(0, r, rows), cr = col.narrow(0, r, rows);
+    dst.mul_(rr);
+    dst.scatter_(1, cr, dst.gather(1, cr).sub_(rr));
+  };
   const int64_t n = out.size(0), c = out.size(1);
   if (out.scalar_type() == wide) {
     rows_into(out, 0, n);
@@ -77,20 +85,15 @@ Tensor& cross_entropy_backward_out(const Tensor& grad, const Tensor& log_probs, 
   const at::ScalarType wide = dt == at::kHalf || dt == at::kBFloat16 ? at::kFloat : dt;
   const Tensor row = at::where(valid, s.to(wide), 0).unsqueeze(1);
   const Tensor col = at::where(valid, target, 0).unsqueeze(1);
-  // Rows [r, r + rows) into dst: exp first (dst may be log_probs itself), then each row's scale, then the
-  // target column's -s_i.
-  auto rows_into = [&](Tensor dst, int64_t r, int64_t rows) {
+  // The probabilities exp(log_probs) (dst may be log_probs itself).
+  write_rows(out, wide, row, col, [&](Tensor dst, int64_t r, int64_t rows) {
     if (wide == dt) {
       at::exp_out(dst, log_probs.narrow(0, r, rows));
     } else {  // upcast first: exp_out from a bf16 input would round exp to bf16 before widening it
       dst.copy_(log_probs.narrow(0, r, rows));
       dst.exp_();
     }
-    dst.mul_(row.narrow(0, r, rows));
-    const Tensor cr = col.narrow(0, r, rows);
-    dst.scatter_(1, cr, dst.gather(1, cr).sub_(row.narrow(0, r, rows)));
-  };
-  write_rows(out, wide, rows_into);
+  });
   return out;
 }
 
@@ -129,17 +132,13 @@ Tensor& cross_entropy_backward_logits_out(const Tensor& grad, const Tensor& logi
 #endif
   const Tensor row = at::where(valid, s.to(wide), 0).unsqueeze(1);
   const Tensor col = at::where(valid, target, 0).unsqueeze(1);
-  // Rows [r, r + rows) of the gradient in `wide` into dst: the log-probabilities as ATen's log-softmax
-  // rounds them, (logits - max) + log_probs_max (dst may be those logits themselves), then as above.
-  auto rows_into = [&](Tensor dst, int64_t r, int64_t rows) {
+  // The probabilities from the log-probabilities as ATen's log-softmax rounds them, (logits - max) +
+  // log_probs_max (dst may be those logits themselves).
+  write_rows(out2d, wide, row, col, [&](Tensor dst, int64_t r, int64_t rows) {
     at::sub_out(dst, logits.narrow(0, r, rows), row_max.narrow(0, r, rows));
     dst.add_(log_probs_max.narrow(0, r, rows));
     dst.exp_();
-    dst.mul_(row.narrow(0, r, rows));
-    const Tensor cr = col.narrow(0, r, rows);
-    dst.scatter_(1, cr, dst.gather(1, cr).sub_(row.narrow(0, r, rows)));
-  };
-  write_rows(out2d, wide, rows_into);
+  });
   return out;
 }
 
