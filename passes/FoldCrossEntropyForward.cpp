@@ -48,9 +48,11 @@ std::optional<Fold> match(const Graph& g, int i, const std::vector<std::vector<i
   const Node& lsm = g.nodes[f.lsm];
   if (lsm.target != "aten::_log_softmax.default" || lsm.op != OpKind::CallFunction || lsm.args.size() != 3 ||
       !lsm.kwargs.empty() || !is_ref(lsm.args[0]) || lsm.args[1].kind != Arg::Kind::Int ||
-      (lsm.args[1].i != 1 && lsm.args[1].i != -1) || lsm.args[2].kind != Arg::Kind::Bool || lsm.args[2].b ||
+      (lsm.args[1].i != 1 && lsm.args[1].i != -1) || lsm.args[2].kind != Arg::Kind::Bool ||
       lsm.type.kind != ValueType::Kind::Tensor)
     return std::nullopt;
+  // half_to_float (fold-softmax-upcast's, on CUDA): the op upcasts its fp16 input the same way.
+  const bool half_to_float = lsm.args[2].b;
   const TensorType& lt = lsm.type.tensor;
   const TensorType* target = g.tensor_type(nll.args[1]);
   if (lt.shape.size() != 2 || !lt.contiguous_static() || !is_float(lt.dtype) || !target || target->dtype != DType::Int64 ||
@@ -74,7 +76,7 @@ std::optional<Fold> match(const Graph& g, int i, const std::vector<std::vector<i
   int x = lsm.args[0].ref;
   f.operand = x;
   std::vector<int> chain;
-  for (int n = x; readers[n].size() == 1;) {
+  for (int n = x; !half_to_float && readers[n].size() == 1;) {
     const Node& v = g.nodes[n];
     if (v.op != OpKind::CallFunction || v.args.empty() || !is_ref(v.args[0])) break;
     chain.push_back(n);
@@ -86,7 +88,8 @@ std::optional<Fold> match(const Graph& g, int i, const std::vector<std::vector<i
                          (v.target == "aten::_to_copy.default" && v.args.size() == 1);
     const TensorType* src = g.tensor_type(v.args[0]);
     if (convert && v.type.kind == ValueType::Kind::Tensor && v.type.tensor.dtype == lt.dtype && src &&
-        is_float(src->dtype) && src->device == lt.device && src->contiguous_static() && src->shape.back() == lt.shape[1]) {
+        is_float(src->dtype) && src->device == lt.device && src->contiguous_static() && !src->shape.empty() &&
+        src->shape.back() == lt.shape[1]) {
       bool plain = true;  // _to_copy: a dtype change, nothing else (src is contiguous, so is its copy)
       for (const auto& kv : v.kwargs)
         plain = plain && (kv.first == "dtype" || kv.first == "layout" || kv.first == "device" ||

@@ -86,6 +86,25 @@ graph g {
 )");
 }
 
+TEST(fold_cross_entropy_forward, a_half_to_float_log_softmax_folds_reading_its_half_input) {
+  // fold-softmax-upcast turns log_softmax(x.float()) of an fp16 x on CUDA into half_to_float: the op
+  // reads x and upcasts a chunk at a time the same way.
+  file_check(R"(
+// RUN: fold-softmax-upcast,fold-cross-entropy-forward
+graph g {
+  %h: f16[8, 32]@cuda:0 = placeholder
+  %t: i64[8]@cuda:0 = placeholder
+  %x: f32[8, 32]@cuda:0 = prims::convert_element_type.default(%h, dtype.float32)
+  %lsm: f32[8, 32]@cuda:0 = aten::_log_softmax.default(%x, 1, false)
+  %nll: (f32[]@cuda:0, f32[]@cuda:0) = aten::nll_loss_forward.default(%lsm, %t, none, 1, -100)
+  %loss: f32[]@cuda:0 = operator::getitem(%nll, 0)
+  return (%loss,)
+}
+// CHECK-NOT: _log_softmax
+// CHECK: %nll: (f32[]@cuda:0, f32[]@cuda:0, f32[8, 1]@cuda:0) = hintbackend::cross_entropy_forward.default(%h, %t, 1, -100, dtype.float32, 8)
+)");
+}
+
 TEST(fold_cross_entropy_forward, leaves_log_probabilities_that_something_else_reads) {
   // %lsm_r is returned (the default partition saves it); %lsm_w's loss has a class weight; %lsm_d's
   // log-softmax is over dim 0; %lsm_m's row maximum is read before its loss. None folds.
