@@ -503,7 +503,9 @@ def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_output
 
     if not any(recomputes(n) for n in joint_module.graph.nodes):
         if base == "min-cut":
-            if save_logsumexp and (n := save_logsumexp_for_cross_entropy(joint_module)):
+            # Not under activation checkpointing tags: min-cut's SAC handling would see untagged new nodes.
+            if (save_logsumexp and not has_recomputable_ops(joint_module)
+                    and (n := save_logsumexp_for_cross_entropy(joint_module))):
                 log.info("partition: %d cross-entropy loss(es) save their logsumexp (max and log-probability max per "
                          "row) for the backward instead of the [N, C] log-probabilities", n)
             return min_cut_rematerialization_partition(joint_module, joint_inputs, compiler="inductor",
