@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Calls on the GPU machine: build hintbackend there (its Python is 3.12, so nothing built here can be
 # carried), run the test corpus on CUDA, the demo, and the benchmarks. Logs go to $OUT.
-#   run: bash benchmarks/gpu_session.sh [all|tests|bench|dist|fused|none]  (default all; each mode builds first,
+#   run: bash benchmarks/gpu_session.sh [all|tests|bench|dist|fused|loss|dfs|lab|none]  (default all; each mode builds first,
 #        reusing the build folder a warm machine kept; none only builds; dist needs 2 GPUs: the
 #        DDP/FSDP2 check against eager and the step-time/peak table, DIST_ARGS adds to the table's flags;
 #        tests: TESTS_PYTEST_ARGS adds pytest flags (e.g. -n 4);
 #        fused: the generated CUDA FlexAttention kernels' tests (FUSED_K: a pytest -k filter) and, with
 #        FUSED_BENCH set, benchmarks/flex.py --fused $FUSED_BENCH; FUSED_PYTEST_ARGS adds pytest flags, e.g.
-#        -n 8); dfs: the slicing tests and the demo with --dfs on CUDA, then benchmarks/slicing.py
+#        -n 8); loss: the cross-entropy tests on CUDA, then benchmarks/memory_models.py --diagnose (HF
+#        Llama, GPT-2, BERT: peaks and step times, LOSS_ARGS adds flags); dfs: the slicing tests and the demo with --dfs on CUDA, then benchmarks/slicing.py
 #        --region flex-learned (DFS of a learned relative bias, DFS_ARGS adds flags); lab: no package build, only
 #        benchmarks/flex_kernel_lab.cu for head dims $LAB_DIMS (default 128 64) with $LAB_ARGS (LAB_SM80=1:
 #        also the mma.sync kernels on a Hopper GPU), then each template copy in $LAB_TEMPLATES (paths from the
@@ -94,6 +95,14 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
   done
   echo "== slicing benchmark, flex_attention region"
   timeout 240 $PY "$SRC/benchmarks/slicing.py" --region flex > "$OUT/slicing_flex.log" 2>&1; tail -16 "$OUT/slicing_flex.log"
+fi
+if [ "$MODE" = loss ]; then
+  echo "== the cross-entropy ops and folds on CUDA (test_cross_entropy.py), then the HF models' peaks"
+  HINTBACKEND_TEST_DEVICE=cuda timeout 300 $PY -m pytest -q -rfE --tb=short -p no:cacheprovider \
+    "$SRC/tests/python/test_cross_entropy.py" > "$OUT/pytest_loss.log" 2>&1
+  grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/pytest_loss.log" | head -30
+  timeout 420 $PY "$SRC/benchmarks/memory_models.py" --diagnose --steps 10 ${LOSS_ARGS:-} > "$OUT/memory_models.log" 2>&1
+  tail -12 "$OUT/memory_models.log"
 fi
 if [ "$MODE" = dfs ]; then
   echo "== slicing tests and the demo with a dfs region, on CUDA"

@@ -33,9 +33,9 @@ Not recomputed (their values are saved, as the default does):
 
 A graph with no dfs/auto region gets torch's ``min_cut_rematerialization_partition`` (Inductor's: it saves
 less and recomputes cheap pointwise ops in the backward), or ``default_partition`` with
-``options={"partition": "default"}``. Before min-cut, a float32/float64 log-softmax feeding a cross-entropy
-loss is rewritten so that the forward saves its logsumexp (as two values per row) instead of the [N, C]
-log-probabilities (``save_logsumexp_for_cross_entropy``).
+``options={"partition": "default"}``. Before min-cut, the cross-entropy loss of upcast half-precision logits
+(``logits.float()``, as HF's models write it) is rewritten so that the forward saves one value per row for
+the backward instead of the [N, C] float32 log-probabilities (``save_logsumexp_for_cross_entropy``).
 
 The whole graph keeps the default partition, with a log line saying why, when: the graph uses
 activation checkpointing tags or activation offloading, a region node mutates, a value to recompute from is mutated (or aliases a mutated value),
