@@ -35,6 +35,11 @@ std::tuple<Tensor, Tensor, Tensor> cross_entropy_forward(const Tensor& logits, c
   Tensor log_probs_max = at::empty({n, 1}, opts);
   Tensor picked = at::empty({n, 1}, opts);  // each row's target log-probability (column 0's when ignored)
   const Tensor valid = target.ne(ignore_index);
+  if (!x.is_cuda()) {  // eager's error (IndexError, its message); on CUDA both assert on the device
+    const Tensor bad = valid.logical_and(target.lt(0).logical_or(target.ge(c)));
+    if (bad.any().item<bool>())
+      TORCH_CHECK_INDEX(false, "Target ", target.masked_select(bad)[0].item<int64_t>(), " is out of bounds.");
+  }
   const Tensor col = at::where(valid, target, 0).unsqueeze(1);
   for (int64_t r = 0; r < n; r += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, n - r);

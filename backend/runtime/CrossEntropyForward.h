@@ -13,7 +13,8 @@
 //   its row maxima, and the target column's log-probability (gather); then nll_loss_forward over those
 //   [N, 1] values (targets of ignored rows ignored, the others column 0): ATen's loss of the same values.
 //   Temporaries: two [chunk_rows, C] tensors of dtype; results: three small tensors.
-//   A target outside [0, C) that is not ignore_index is an error (gather's).
+//   A target outside [0, C) that is not ignore_index is eager's error: IndexError "Target t is out of
+//   bounds." on the CPU, a device-side assert on CUDA (gather's, where eager's is nll_loss's).
 #pragma once
 
 namespace hb::rt {

@@ -163,16 +163,6 @@ def test_forward_op_matches_atens_loss(reduction, dtype, chunk_rows):
     assert err <= 2 * eager_err + 1e-6, (err, eager_err)
 
 
-def test_forward_op_names_a_target_out_of_range():
-    """A target that is neither a class nor ignore_index is an error, as in eager, not a wrong loss."""
-    logits = randn(4, 10)
-    target = torch.tensor([1, 2, 10, IGNORE], device=device())
-    if device() == "cuda":
-        pytest.skip("CUDA reports it as a device-side assert, as eager does")
-    with pytest.raises(RuntimeError, match="out of bounds"):
-        ops.cross_entropy_forward(logits, target, 1, IGNORE, torch.float32, 2)
-
-
 class LMHead(nn.Module):
     """Embedding, one hidden layer and a vocabulary projection, then F.cross_entropy over all positions.
     `upcast`: the logits are computed in the parameters' dtype and go through .float() first (HF's
@@ -333,3 +323,27 @@ def test_class_weight_and_label_smoothing_stay_and_match(ce, upcast, tmp_path):
     k = kernels(tmp_path)
     assert "cross_entropy_backward" not in k and "aten::nll_loss_backward" in k, k
     assert "cross_entropy_forward" not in k and "aten::_log_softmax" in k, k
+
+
+def test_a_target_out_of_range_is_eagers_error(tmp_path):
+    """A target that is neither a class nor ignore_index is eager's error (IndexError, its message), from
+    the op and from a compiled model whose loss folded, not a wrong loss."""
+    if device() == "cuda":
+        pytest.skip("CUDA reports it as a device-side assert, as eager does")
+    logits = randn(4, 10)
+    for bad in (10, -3):
+        target = torch.tensor([1, 2, bad, IGNORE], device=device())
+        with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):
+            ops.cross_entropy_forward(logits, target, 1, IGNORE, torch.float32, 2)
+    n, vocab = 16, 20
+    model = LMHead(vocab, dtype=torch.bfloat16, upcast=True, return_logits=True, ignore_index=IGNORE).to(device())
+    compiled = torch.compile(model, backend="hintbackend", options={"dump_dir": str(tmp_path)})
+    ids = torch.randint(0, vocab, (2, n // 2), device=device())
+    labels = torch.randint(0, vocab, (2, n // 2), device=device())
+    compiled(ids, labels)[0].backward()  # compiles; the fold happened
+    assert "hintbackend::cross_entropy_forward" in kernels(tmp_path)
+    labels[1, 3] = vocab
+    with pytest.raises(IndexError, match=f"Target {vocab} is out of bounds"):
+        model(ids, labels)
+    with pytest.raises(IndexError, match=f"Target {vocab} is out of bounds"):
+        compiled(ids, labels)
