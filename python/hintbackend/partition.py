@@ -239,6 +239,8 @@ class _Plan:
         """None when the backward may recompute node; else why its value is saved."""
         if node.op != "call_function":
             return "not an op"
+        if node.meta.get(LOSS_RECOMPUTE):  # save-logsumexp's: elementwise and row maxima of the logits
+            return None
         if not recomputes(node, self.kept):
             return "outside a dfs/auto region (or in an auto region that fits its budget)"
         if node in self.fwd_outputs:
@@ -363,6 +365,9 @@ def _default_saved(joint: fx.GraphModule, fw: fx.GraphModule, num_fwd_outputs: i
 
 
 _aten = torch.ops.aten
+#: meta key of the nodes save-logsumexp adds that the backward recomputes (the dfs/auto partition's _Plan
+#: recomputes them as it does a region's nodes; min-cut decides for itself).
+LOSS_RECOMPUTE = "hintbackend_loss_recompute"
 #: Readers of a log-softmax's output in the backward that the rewrite below hands the recomputed form.
 _LSM_BACKWARD_READERS = (_aten.nll_loss_backward.default, _aten._log_softmax_backward_data.default)
 _VIEWS = (_aten.view.default, _aten._unsafe_view.default)
@@ -463,6 +468,7 @@ def save_logsumexp_for_cross_entropy(joint: fx.GraphModule) -> int:
 
         dim = [lsm.args[1]]
         lsm_max = emit(_aten.amax.default, (lsm, dim, True))
+        first_recomputable = len(graph.nodes)
         operand, views = upcast
         for v in views:
             operand = emit(v.target, (operand, *v.args[1:]))
@@ -471,6 +477,11 @@ def save_logsumexp_for_cross_entropy(joint: fx.GraphModule) -> int:
         row_max = emit(torch.ops.prims.convert_element_type.default,
                        (emit(_aten.amax.default, (operand, dim, True)), val.dtype))
         recomputed = emit(_aten.add.Tensor, (emit(_aten.sub.Tensor, (operand, row_max)), lsm_max))
+        # What the backward recomputes from the logits and lsm_max (the dfs/auto partition's _Plan asks).
+        node = recomputed
+        for _ in range(len(graph.nodes) - first_recomputable):
+            node.meta[LOSS_RECOMPUTE] = True
+            node = node.prev
         if recomputed.meta["val"].dtype != val.dtype or tuple(recomputed.meta["val"].shape) != tuple(val.shape):
             raise AssertionError(f"save_logsumexp_for_cross_entropy: %{recomputed.name} is not %{lsm.name}'s type")
         for r in readers:  # args[1]: nll_loss_backward's self, _log_softmax_backward_data's output
@@ -501,13 +512,16 @@ def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_output
         return default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                  static_lifetime_input_indices=static_lifetime_input_indices, **kwargs)
 
+    def rewrite_losses() -> None:
+        # Not under activation checkpointing tags: min-cut's SAC handling would see untagged new nodes.
+        if (save_logsumexp and not has_recomputable_ops(joint_module)
+                and (n := save_logsumexp_for_cross_entropy(joint_module))):
+            log.info("partition: %d cross-entropy loss(es) save their logsumexp (max and log-probability max per "
+                     "row) for the backward instead of the [N, C] log-probabilities", n)
+
     if not any(recomputes(n) for n in joint_module.graph.nodes):
         if base == "min-cut":
-            # Not under activation checkpointing tags: min-cut's SAC handling would see untagged new nodes.
-            if (save_logsumexp and not has_recomputable_ops(joint_module)
-                    and (n := save_logsumexp_for_cross_entropy(joint_module))):
-                log.info("partition: %d cross-entropy loss(es) save their logsumexp (max and log-probability max per "
-                         "row) for the backward instead of the [N, C] log-probabilities", n)
+            rewrite_losses()
             return min_cut_rematerialization_partition(joint_module, joint_inputs, compiler="inductor",
                                                        num_fwd_outputs=num_fwd_outputs,
                                                        static_lifetime_input_indices=static_lifetime_input_indices)
@@ -519,6 +533,7 @@ def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_output
     if getattr(functorch_config, "enable_activation_offloading", False):
         log.warning("partition: keeps the default partition for this graph: activation offloading is on")
         return default()
+    rewrite_losses()
     fw_default, bw_default = default()
     try:
         saved, sym = _default_saved(joint_module, fw_default, num_fwd_outputs)

@@ -347,3 +347,35 @@ def test_a_target_out_of_range_is_eagers_error(tmp_path):
         model(ids, labels)
     with pytest.raises(IndexError, match=f"Target {vocab} is out of bounds"):
         compiled(ids, labels)
+
+
+class DFSLMHead(LMHead):
+    """LMHead whose activation is a hinted_context(schedule="dfs") region (one batch row at a time): the
+    graph then takes hintbackend's dfs/auto partition, not min-cut. Float32 but for a bf16 vocabulary
+    projection, whose logits go through .float() for the loss (the dfs region's own float32 arithmetic
+    keeps the comparison with eager tight)."""
+
+    def __init__(self, vocab, hidden=24):
+        super().__init__(vocab, hidden, ignore_index=IGNORE)
+        self.out = self.out.to(torch.bfloat16)
+
+    def forward(self, ids, labels):
+        h = self.mlp(self.emb(ids))
+        with hintbackend.hinted_context(schedule="dfs", slice_dims=[0]):
+            h = torch.tanh(h) * torch.sigmoid(h)
+        out = self.out(h.to(torch.bfloat16))
+        loss = F.cross_entropy(out.float().view(-1, self.vocab), labels.view(-1), **self.ce)
+        return loss, out
+
+
+def test_save_logsumexp_beside_a_dfs_region(tmp_path):
+    """With a dfs region in the graph (hintbackend's own partition, which recomputes the region in the
+    backward), the loss still saves no [N, V] float32: the partition recomputes save-logsumexp's nodes
+    from the logits as it does the region's. Loss, logits and gradients match eager."""
+    torch.manual_seed(17)
+    n, vocab = 64, 320
+    train(DFSLMHead(vocab), n, vocab, tmp_path)
+    returned = forward_returns(tmp_path)
+    assert f"f32[{n}, {vocab}]" not in returned and returned.count(f"f32[{n}, 1]") == 1, returned
+    k = kernels(tmp_path)
+    assert "cross_entropy_backward.logits" in k and "cross_entropy_forward" in k and "slice_loop" in k, k
