@@ -135,7 +135,12 @@ Tensor& cross_entropy_backward_logits_out(const Tensor& grad, const Tensor& logi
   // The probabilities from the log-probabilities as ATen's log-softmax rounds them, (logits - max) +
   // log_probs_max (dst may be those logits themselves).
   write_rows(out2d, wide, row, col, [&](Tensor dst, int64_t r, int64_t rows) {
-    at::sub_out(dst, logits.narrow(0, r, rows), row_max.narrow(0, r, rows));
+    if (logits.scalar_type() == wide) {
+      at::sub_out(dst, logits.narrow(0, r, rows), row_max.narrow(0, r, rows));
+    } else {  // upcast first (exact): a mixed-dtype sub takes ATen's slow casting path on the CPU
+      dst.copy_(logits.narrow(0, r, rows));
+      dst.sub_(row_max.narrow(0, r, rows));
+    }
     dst.add_(log_probs_max.narrow(0, r, rows));
     dst.exp_();
   });
