@@ -51,8 +51,8 @@ KernelChoice choose(const Node& n) {
                               "log-softmax, row maxima, target column), then the loss "
                               "(backend/runtime/CrossEntropyForward.cpp)"};
   if (t == "hintbackend::cross_entropy_backward.logits")
-    return {KernelKind::Aten, "nll_loss_backward + log-softmax gradient folded, from the logits and each row's "
-                              "saved max and log-probability max: no [N, C] log-probabilities "
+    return {KernelKind::Aten, "nll_loss_backward + log-softmax gradient folded, from the logits, their row "
+                              "maxima and the saved log-probability maxima: no [N, C] log-probabilities "
                               "(backend/runtime/CrossEntropyBackward.cpp)"};
   const std::string ns = ns_of(t);
   if (ns == "higher_order")
