@@ -120,10 +120,6 @@ const Arg* param(const Node& n, size_t pos, const std::string& name) {
   return name.empty() ? nullptr : n.kwarg(name);
 }
 
-bool floating(DType d) {
-  return d == DType::Float16 || d == DType::BFloat16 || d == DType::Float32 || d == DType::Float64;
-}
-
 bool fail(std::string* why, const std::string& what) {
   if (why) *why = what;
   return false;
@@ -161,7 +157,7 @@ bool is_fusable_pointwise(const Graph& g, int i, std::string* why) {
   if (n.effects.mutates || n.effects.is_view) return fail(why, "in-place or view");
   if (n.type.kind != ValueType::Kind::Tensor) return fail(why, "result is not a tensor");
   const TensorType& t = n.type.tensor;
-  if (!floating(t.dtype)) return fail(why, std::string("dtype ") + dtype_name(t.dtype) + " is not floating");
+  if (!is_floating(t.dtype)) return fail(why, std::string("dtype ") + dtype_name(t.dtype) + " is not floating");
   if (!has_pointwise_kernel(t.device)) return fail(why, "no fused pointwise kernel for device " + t.device);
   const int k = arity(rule.form);
   if (static_cast<int>(n.args.size()) < k) return fail(why, "missing operands");

@@ -101,6 +101,14 @@ int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attenti
     if (!x || x->shape.empty() || !x->shape.back().is_static()) return 0;
     return 2 * n.args[5].i * x->shape.back().value * dtype_bytes(n.args[4].dtype);
   }
+  if ((n.target == kCrossEntropyBackwardTarget || n.target == kCrossEntropyBackwardLogitsTarget) && n.args.size() > 1 &&
+      n.type.kind == ValueType::Kind::Tensor && n.type.tensor.device.rfind("cuda", 0) != 0 &&
+      (n.type.tensor.dtype == DType::BFloat16 || n.type.tensor.dtype == DType::Float16)) {
+    // Off CUDA a half-precision gradient is computed in float32 a chunk of rows at a time: one chunk.
+    const TensorType* x = g.tensor_type(n.args[1]);
+    if (!x || x->shape.size() != 2 || !x->shape[0].is_static() || !x->shape[1].is_static()) return 0;
+    return cross_entropy_chunk_rows(x->shape[0].value, x->shape[1].value, 4) * x->shape[1].value * 4;
+  }
   const bool fw = n.target == "higher_order::flex_attention";
   if ((!fw && n.target != "higher_order::flex_attention_backward") || n.args.size() < 2) return 0;
   const int node = static_cast<int>(&n - g.nodes.data());

@@ -46,7 +46,8 @@ std::string placement_table(const Graph& g, const Target& t);
 // generated CUDA kernels run (`fused_cuda`) takes nothing forward and, backward, the float dQ accumulator
 // and the delta rows: [B, Hq, Sq] x (D + 1) floats.
 // hintbackend::cross_entropy_forward (passes/FoldCrossEntropyForward.h): its chunk's two temporaries,
-// 2 x rows x C in the result's dtype, rows as the node says.
+// 2 x rows x C in the result's dtype, rows as the node says. hintbackend::cross_entropy_backward (either
+// form) with a half-precision result off CUDA: one float32 chunk of rows (backend/ir/CrossEntropy.h).
 // Library workspaces are not modelled.
 constexpr int64_t kFlexForwardWorkspace = 13;
 constexpr int64_t kFlexBackwardWorkspace = 28;

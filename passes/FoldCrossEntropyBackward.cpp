@@ -4,6 +4,7 @@
 
 #include "backend/ir/GraphEdit.h"
 #include "passes/SliceSchedule.h"
+#include "passes/SoftmaxUpcast.h"
 
 namespace hb {
 namespace {
@@ -16,7 +17,6 @@ bool foldable(const TensorType& t) {
          t.dtype == DType::BFloat16;
 }
 
-const char* reduction_name(int64_t r) { return r == 0 ? "none" : r == 1 ? "mean" : "sum"; }
 
 // A row-major [N, C] tensor type (symbolic sizes compare by their expression).
 bool rows_contiguous(const TensorType& t) {
@@ -31,9 +31,6 @@ struct Fold {
   int add = -1;   // the logits form: lsm = add(sub(logits, m), a), removed with its sub (the op reads the operands)
 };
 
-bool is_float(DType d) {
-  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
-}
 
 // [N, 1] in `dtype` on `device`, one element per row (stride 1 between rows).
 bool row_column(const TensorType* t, const TensorType& out) {
@@ -56,7 +53,7 @@ int logits_form(const Graph& g, int lsm, const TensorType& out, const std::vecto
   const int sub = g.nodes[lsm].args[0].ref;
   if (!binary(sub, "aten::sub.Tensor") || uses[sub] != 1) return -1;
   const TensorType* x = g.tensor_type(g.nodes[sub].args[0]);
-  if (!x || x->shape != out.shape || !rows_contiguous(*x) || !is_float(x->dtype) || x->device != out.device ||
+  if (!x || x->shape != out.shape || !rows_contiguous(*x) || !is_floating(x->dtype) || x->device != out.device ||
       !row_column(g.tensor_type(g.nodes[sub].args[1]), out) || !row_column(g.tensor_type(g.nodes[lsm].args[1]), out))
     return -1;
   return lsm;
@@ -118,16 +115,8 @@ int gradient_conversion(const Graph& g, int grad, const std::vector<std::vector<
       n = r;
       continue;
     }
-    bool convert = v.target == "prims::convert_element_type.default" && v.args.size() == 2 && v.kwargs.empty();
-    if (v.target == "aten::_to_copy.default" && v.args.size() == 1) {
-      convert = true;  // a dtype change, nothing else
-      for (const auto& kv : v.kwargs)
-        convert = convert && (kv.first == "dtype" || kv.first == "layout" || kv.first == "device" ||
-                              kv.first == "memory_format");
-    }
     const TensorType& t = v.type.tensor;
-    if (!convert || !t.contiguous_static() || !is_float(t.dtype) || t.device != g.nodes[grad].type.tensor.device)
-      return -1;
+    if (plain_cast_source(g, v) != n || !t.contiguous_static() || !is_floating(t.dtype)) return -1;
     return r;
   }
   return -1;
@@ -160,7 +149,7 @@ bool fold_graph(Graph& g, PassContext& ctx) {
       ctx.notes.push_back("fold-cross-entropy-backward graph " + g.name + ": %" + n.name +
                           " = cross_entropy_backward.logits(" + name(l.args[0]) + ", " + name(logits) + ", " +
                           name(row_max) + ", " + name(lsm_max) + ", " + name(l.args[2]) + "), " +
-                          reduction_name(l.args[4].i) + ", " + removed);
+                          nll_reduction_name(l.args[4].i) + ", " + removed);
       n.target = kCrossEntropyBackwardLogitsTarget;
       n.args = {l.args[0], logits, row_max, lsm_max, l.args[2], l.args[4], l.args[5], l.args[6]};
       keep[f->add] = keep[sub] = false;
@@ -196,7 +185,7 @@ bool fold_graph(Graph& g, PassContext& ctx) {
     } else {
       ctx.notes.push_back("fold-cross-entropy-backward graph " + g.name + ": %" + n.name + " = cross_entropy_backward(" +
                           name(l.args[0]) + ", " + name(lsm) + ", " + name(l.args[2]) + "), " +
-                          reduction_name(l.args[4].i) + ", " + removed);
+                          nll_reduction_name(l.args[4].i) + ", " + removed);
       n.target = kCrossEntropyBackwardTarget;
       n.args = {l.args[0], lsm, l.args[2], l.args[4], l.args[5], l.args[6]};
     }

@@ -5,15 +5,12 @@
 
 #include "backend/ir/GraphEdit.h"
 #include "passes/SliceSchedule.h"
+#include "passes/SoftmaxUpcast.h"
 
 namespace hb {
 namespace {
 
 bool is_ref(const Arg& a) { return a.kind == Arg::Kind::Ref; }
-bool is_float(DType d) {
-  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
-}
-const char* reduction_name(int64_t r) { return r == 0 ? "none" : r == 1 ? "mean" : "sum"; }
 
 // amax(%lsm, [1] or [-1], true): the row maxima save-logsumexp adds.
 bool is_row_max_of(const Node& n, int lsm) {
@@ -55,7 +52,7 @@ std::optional<Fold> match(const Graph& g, int i, const std::vector<std::vector<i
   const bool half_to_float = lsm.args[2].b;
   const TensorType& lt = lsm.type.tensor;
   const TensorType* target = g.tensor_type(nll.args[1]);
-  if (lt.shape.size() != 2 || !lt.contiguous_static() || !is_float(lt.dtype) || !target || target->dtype != DType::Int64 ||
+  if (lt.shape.size() != 2 || !lt.contiguous_static() || !is_floating(lt.dtype) || !target || target->dtype != DType::Int64 ||
       target->shape.size() != 1 || target->shape[0] != lt.shape[0])
     return std::nullopt;
   // lsm: read by the loss once and by row maxima whose readers all come after the loss.
@@ -78,31 +75,27 @@ std::optional<Fold> match(const Graph& g, int i, const std::vector<std::vector<i
   std::vector<int> chain;
   for (int n = x; !half_to_float && readers[n].size() == 1;) {
     const Node& v = g.nodes[n];
-    if (v.op != OpKind::CallFunction || v.args.empty() || !is_ref(v.args[0])) break;
+    if (v.op != OpKind::CallFunction) break;
     chain.push_back(n);
-    if (v.target == "aten::view.default" || v.target == "aten::_unsafe_view.default") {
+    if ((v.target == "aten::view.default" || v.target == "aten::_unsafe_view.default") && !v.args.empty() &&
+        is_ref(v.args[0])) {
       n = v.args[0].ref;
       continue;
     }
-    const bool convert = (v.target == "prims::convert_element_type.default" && v.args.size() == 2 && v.kwargs.empty()) ||
-                         (v.target == "aten::_to_copy.default" && v.args.size() == 1);
-    const TensorType* src = g.tensor_type(v.args[0]);
-    if (convert && v.type.kind == ValueType::Kind::Tensor && v.type.tensor.dtype == lt.dtype && src &&
-        is_float(src->dtype) && src->device == lt.device && src->contiguous_static() && !src->shape.empty() &&
-        src->shape.back() == lt.shape[1]) {
-      bool plain = true;  // _to_copy: a dtype change, nothing else (src is contiguous, so is its copy)
-      for (const auto& kv : v.kwargs)
-        plain = plain && (kv.first == "dtype" || kv.first == "layout" || kv.first == "device" ||
-                          kv.first == "memory_format");
-      if (plain) {
-        f.operand = v.args[0].ref;
+    // The op reshapes its input to [N, C]: the logits must be contiguous with C last.
+    const int src = plain_cast_source(g, v);
+    if (src >= 0) {
+      const TensorType& st = g.nodes[src].type.tensor;
+      if (v.type.tensor.dtype == lt.dtype && is_floating(st.dtype) && st.contiguous_static() && !st.shape.empty() &&
+          st.shape.back() == lt.shape[1]) {
+        f.operand = src;
         f.chain = chain;
       }
     }
     break;
   }
   const TensorType* xt = g.tensor_type(Arg::of_ref(f.operand, ""));
-  if (!xt || !xt->contiguous_static() || !is_float(xt->dtype)) return std::nullopt;
+  if (!xt || !xt->contiguous_static() || !is_floating(xt->dtype)) return std::nullopt;
   f.rows = cross_entropy_chunk_rows(lt.shape[0].value, lt.shape[1].value, dtype_bytes(lt.dtype));
   return f;
 }
@@ -122,7 +115,7 @@ bool fold_graph(Graph& g, PassContext& ctx) {
     const TensorType& lt = g.nodes[f->lsm].type.tensor;
     auto name = [&](int n) { return "%" + g.nodes[n].name; };
     std::string note = "fold-cross-entropy-forward graph " + g.name + ": %" + nll.name + " = cross_entropy_forward(" +
-                       name(f->operand) + ", " + name(nll.args[1].ref) + "), " + reduction_name(nll.args[3].i) + ", " +
+                       name(f->operand) + ", " + name(nll.args[1].ref) + "), " + nll_reduction_name(nll.args[3].i) + ", " +
                        std::to_string(f->rows) + " rows a chunk";
     // The op in place of the loss: its name, hints and first two results stay; the row maxima are its third.
     TensorType row_max = lt;

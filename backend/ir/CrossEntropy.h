@@ -14,6 +14,9 @@ constexpr const char* kCrossEntropyBackwardLogitsTarget = "hintbackend::cross_en
 // passes/FoldCrossEntropyForward.h
 constexpr const char* kCrossEntropyForwardTarget = "hintbackend::cross_entropy_forward.default";
 
+// nll_loss's reduction argument, for notes: 0 none, 1 mean, 2 sum.
+inline const char* nll_reduction_name(int64_t r) { return r == 0 ? "none" : r == 1 ? "mean" : "sum"; }
+
 // The forward takes the log-softmax of at most this many bytes of [rows, C] at a time (twice: the rows
 // upcast, then their log-probabilities), instead of the whole [N, C] (twice: 1.5 GiB for GPT-2's
 // vocabulary at B4 S1024 in float32). 64 MiB keeps a language model's loss to a dozen chunks or fewer.

@@ -33,6 +33,10 @@ const char* dtype_name(DType d) { return info(d).name; }
 const char* dtype_short(DType d) { return info(d).short_name; }
 int64_t dtype_bytes(DType d) { return info(d).bytes; }
 
+bool is_floating(DType d) {
+  return d == DType::Float16 || d == DType::BFloat16 || d == DType::Float32 || d == DType::Float64;
+}
+
 std::optional<int64_t> TensorType::numel() const {
   int64_t n = 1;
   for (const Dim& d : shape) {

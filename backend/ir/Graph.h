@@ -27,6 +27,8 @@ const char* dtype_name(DType d);
 // Short form for the IR text: f32, bf16, i64, b8 ...
 const char* dtype_short(DType d);
 int64_t dtype_bytes(DType d);
+// float16, bfloat16, float32, float64 (not the float8 storage types).
+bool is_floating(DType d);
 
 // A tensor dimension: a static size, or a symbolic one (Dynamo's dynamic shapes: "s0", "2*s1").
 struct Dim {

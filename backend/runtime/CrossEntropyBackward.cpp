@@ -33,13 +33,24 @@ void check_common(const Tensor& grad, const Tensor& x, const Tensor& target, int
               "hintbackend::cross_entropy_backward: grad has shape ", grad.sizes(), " for reduction ", reduction);
 }
 
+// Each row's scale s_i as [N] contiguous in `dtype`: grad / total_weight (mean), grad (sum), grad[i] (none),
+// and 0 on rows whose target is ignore_index (chosen by where: with every row ignored, mean's s is inf or
+// nan, and multiplying by 0 would give nan).
+Tensor row_scales(const Tensor& grad, const Tensor& target, int64_t reduction, int64_t ignore_index,
+                  const Tensor& total_weight, at::ScalarType dtype) {
+  const Tensor s = reduction == 1 ? grad.div(total_weight) : grad;
+  return at::where(target.ne(ignore_index), s.to(dtype), 0).expand({target.size(0)}).contiguous();
+}
+
 // Fills out ([N, C]) with the gradient s_i (p[i, j] - [j == target_i]): probs_into(dst, r, rows) writes the
-// probabilities p of rows [r, r + rows) into dst in `wide`; then each row's scale (`row`, [N, 1] in wide,
-// 0 on ignored rows) and the target column (`col`, [N, 1]) are applied. Straight into out when it has that
-// dtype (probs_into may then read its input from out itself), else a chunk of rows at a time into a `wide`
-// temporary, each rounded once into out (backend/ir/CrossEntropy.h's chunk, so the temporary stays small).
-void write_rows(const Tensor& out, at::ScalarType wide, const Tensor& row, const Tensor& col,
+// probabilities p of rows [r, r + rows) into dst in `wide`; then each row's scale (`scales`, row_scales in
+// wide) and the target column are applied (an ignored row's scale is 0, so any valid column does). Straight
+// into out when it has that dtype (probs_into may then read its input from out itself), else a chunk of rows
+// at a time into a `wide` temporary, each rounded once into out (backend/ir/CrossEntropy.h's chunk, so the
+// temporary stays small).
+void write_rows(const Tensor& out, at::ScalarType wide, const Tensor& scales, const Tensor& target, int64_t ignore_index,
                 const std::function<void(Tensor, int64_t, int64_t)>& probs_into) {
+  const Tensor row = scales.unsqueeze(1), col = at::where(target.ne(ignore_index), target, 0).unsqueeze(1);
   auto rows_into = [&](Tensor dst, int64_t r, int64_t rows) {
     probs_into(dst, r, rows);
     const Tensor rr = row.narrow(0, r, rows), cr = col.narrow(0, r, rows);
@@ -68,25 +79,19 @@ Tensor& cross_entropy_backward_out(const Tensor& grad, const Tensor& log_probs, 
   TORCH_CHECK(out.sizes().equals(log_probs.sizes()) && out.scalar_type() == log_probs.scalar_type(),
               "hintbackend::cross_entropy_backward.out: out must be ", log_probs.scalar_type(), " of shape ",
               log_probs.sizes(), ", got ", out.scalar_type(), " ", out.sizes());
-  // Per row: the scale s_i (0 on ignored rows, chosen by where: with every row ignored, mean's s is
-  // inf or nan, and multiplying by 0 would give nan) and a column to write (any valid one when ignored).
-  const Tensor valid = target.ne(ignore_index);
-  const Tensor s = reduction == 1 ? grad.div(total_weight) : grad;
-#ifdef HB_WITH_CUDA
-  if (log_probs.is_cuda() && log_probs.scalar_type() != at::kDouble && log_probs.is_contiguous() && out.is_contiguous()) {
-    // One pass in float32, rounded once (half-precision losses fold too): the scale per row as float32 [N].
-    const Tensor row = at::where(valid, s.to(at::kFloat), 0).expand({log_probs.size(0)}).contiguous();
-    cuda::cross_entropy_backward(log_probs, at::Tensor(), at::Tensor(), target.contiguous(), row, out);
-    return out;
-  }
-#endif
   // float16/bfloat16 compute in float32 and round once, as ATen's log-softmax gradient does.
   const at::ScalarType dt = log_probs.scalar_type();
   const at::ScalarType wide = dt == at::kHalf || dt == at::kBFloat16 ? at::kFloat : dt;
-  const Tensor row = at::where(valid, s.to(wide), 0).unsqueeze(1);
-  const Tensor col = at::where(valid, target, 0).unsqueeze(1);
+  const Tensor scales = row_scales(grad, target, reduction, ignore_index, total_weight, wide);
+#ifdef HB_WITH_CUDA
+  if (log_probs.is_cuda() && dt != at::kDouble && log_probs.is_contiguous() && out.is_contiguous()) {
+    // One pass in float32, rounded once (half-precision losses fold too).
+    cuda::cross_entropy_backward(log_probs, at::Tensor(), at::Tensor(), target.contiguous(), scales, out);
+    return out;
+  }
+#endif
   // The probabilities exp(log_probs) (dst may be log_probs itself).
-  write_rows(out, wide, row, col, [&](Tensor dst, int64_t r, int64_t rows) {
+  write_rows(out, wide, scales, target, ignore_index, [&](Tensor dst, int64_t r, int64_t rows) {
     if (wide == dt) {
       at::exp_out(dst, log_probs.narrow(0, r, rows));
     } else {  // upcast first: exp_out from a bf16 input would round exp to bf16 before widening it
@@ -118,23 +123,19 @@ Tensor& cross_entropy_backward_logits_out(const Tensor& grad, const Tensor& logi
               "hintbackend::cross_entropy_backward.logits_out: out must be contiguous ", want, " of ", n * c,
               " elements", shape ? " and the given shape" : "", ", got ", out.scalar_type(), " ", out.sizes());
   check_common(grad, logits, target, reduction);
-  const Tensor valid = target.ne(ignore_index);
-  const Tensor s = reduction == 1 ? grad.div(total_weight) : grad;
+  const Tensor scales = row_scales(grad, target, reduction, ignore_index, total_weight, wide);
   Tensor out2d = out.view({n, c});
 #ifdef HB_WITH_CUDA
   if (logits.is_cuda() && wide == at::kFloat && logits.scalar_type() != at::kDouble && want != at::kDouble &&
       logits.is_contiguous()) {
-    const Tensor row = at::where(valid, s.to(at::kFloat), 0).expand({n}).contiguous();
     cuda::cross_entropy_backward(logits, row_max.reshape({n}).contiguous(), log_probs_max.reshape({n}).contiguous(),
-                                 target.contiguous(), row, out2d);
+                                 target.contiguous(), scales, out2d);
     return out;
   }
 #endif
-  const Tensor row = at::where(valid, s.to(wide), 0).unsqueeze(1);
-  const Tensor col = at::where(valid, target, 0).unsqueeze(1);
   // The probabilities from the log-probabilities as ATen's log-softmax rounds them, (logits - max) +
   // log_probs_max (dst may be those logits themselves).
-  write_rows(out2d, wide, row, col, [&](Tensor dst, int64_t r, int64_t rows) {
+  write_rows(out2d, wide, scales, target, ignore_index, [&](Tensor dst, int64_t r, int64_t rows) {
     if (logits.scalar_type() == wide) {
       at::sub_out(dst, logits.narrow(0, r, rows), row_max.narrow(0, r, rows));
     } else {  // upcast first (exact): a mixed-dtype sub takes ATen's slow casting path on the CPU

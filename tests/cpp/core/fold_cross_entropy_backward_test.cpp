@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "codegen/TargetModel.h"
+#include "passes/FoldCrossEntropyBackward.h"
 #include "tests/cpp/core/IrTestUtil.h"
 
 namespace hb {
@@ -121,6 +123,16 @@ TEST(fold_cross_entropy_backward, the_logits_form_plans_no_log_probabilities) {
 // CHECK-NOT: %shifted:
 // CHECK: %g: offset 0 size 32768 live [9, 12] then %sum in place
 )");
+  // On the CPU the op computes its bf16 result in float32 chunks: its workspace is one chunk, here all
+  // 64 rows of 256 floats.
+  std::shared_ptr<Graph> g = parse_graph(kLogitsBackward);
+  PassContext ctx;
+  run_passes(*g, {"fold-cross-entropy-backward"}, ctx);
+  const Node* op = nullptr;
+  for (const Node& n : g->nodes)
+    if (n.target == kCrossEntropyBackwardLogitsTarget) op = &n;
+  ASSERT_NE(op, nullptr);
+  EXPECT_EQ(kernel_workspace_bytes(*g, *op), 64 * 256 * 4);
 }
 
 TEST(fold_cross_entropy_backward, a_log_probability_read_elsewhere_keeps_the_plain_form) {
