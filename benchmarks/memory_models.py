@@ -168,11 +168,8 @@ def measure(step: Callable[[], None], device: str, steps: int) -> Tuple[float, f
     return peak, statistics.median(times)
 
 
-def run_peer(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor, device: str, dtype: torch.dtype,
-             steps: int) -> Tuple[Optional[float], Optional[float], str]:
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = make().to(device=device, dtype=dtype).train()
+def compiled(peer: str, model: nn.Module):
+    """The module as `peer` runs it."""
     if peer == "eager":
         fn = model
     elif peer == "inductor":
@@ -190,6 +187,15 @@ def run_peer(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor,
         fn = torch.compile(model, backend="hintbackend", options={"arena": False})
     else:
         fn = torch.compile(model, backend="hintbackend")
+    return fn
+
+
+def run_peer(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor, device: str, dtype: torch.dtype,
+             steps: int) -> Tuple[Optional[float], Optional[float], str]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = make().to(device=device, dtype=dtype).train()
+    fn = compiled(peer, model)
 
     def step():
         for p in model.parameters():
@@ -206,6 +212,39 @@ def run_peer(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor,
         del model, fn
         if device == "cuda":
             torch.cuda.empty_cache()
+
+
+def profile(name: str, peer: str, make, loss_fn, x: torch.Tensor, device: str, dtype: torch.dtype) -> None:
+    """torch.profiler over three warm training steps of one peer: the ops by self device time, and the
+    device's busy time against the wall time (a gap is host time the GPU waited for)."""
+    from torch.profiler import ProfilerActivity
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = make().to(device=device, dtype=dtype).train()
+    fn = compiled(peer, model)
+
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        loss_fn(fn, x).backward()
+
+    for _ in range(3):
+        step()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(3):
+            step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3 / 3
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    events = prof.key_averages()
+    busy = sum(getattr(e, key) for e in events if e.device_type.name == "CUDA") / 1e3 / 3 if device == "cuda" else 0.0
+    print(f"== profile: {name}, {peer}: {wall:.2f} ms a step (profiled), device busy {busy:.2f} ms")
+    print(events.table(sort_by=key, row_limit=18, max_name_column_width=60))
 
 
 def explain(name: str, make, loss_fn, x: torch.Tensor, device: str, dtype: torch.dtype) -> None:
@@ -269,6 +308,8 @@ def main() -> None:
                    help="also aot_eager (the AOT graphs run by torch), hintbackend with torch's default partition, "
                         "without save-logsumexp, without the loss's folds and without the arena, and what eager and "
                         "the AOT forward save for the backward")
+    p.add_argument("--profile", action="store_true",
+                   help="also torch.profiler tables of eager's and hintbackend's steps (where the time goes)")
     args = p.parse_args()
     dev = args.device
     dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if dev == "cuda" else torch.float32
@@ -291,6 +332,9 @@ def main() -> None:
                 explain(name, make, loss_fn, x, dev, dtype)
             except Exception as e:
                 print(f"{name}: explain failed: {type(e).__name__}: {e}")
+        if args.profile:
+            for peer in ("eager", "hintbackend"):
+                profile(name, peer, make, loss_fn, x, dev, dtype)
         res = {peer: run_peer(peer, make, loss_fn, x, dev, dtype, args.steps) for peer in peers}
         rows.append((name, res))
         print(f"{name}: " + ", ".join(f"{k} {v[0] if v[0] is None else round(v[0])} MiB / "

@@ -24,7 +24,7 @@
 #define HB_FLEX_KERNEL_ABI                                                                              \
   struct HbFlexBuffer {                                                                                 \
     const void* data;        /* the captured tensor, read through its strides */                        \
-    void* grad;              /* joint only: a dense double accumulator, or null */         \
+    void* grad;              /* joint only: dense, double (CPU) or float (CUDA), or null */             \
     long long sizes[8];                                                                                 \
     long long strides[8];    /* in elements */                                                          \
     int rank;                                                                                           \
@@ -39,6 +39,7 @@
     long long error_size;    /* the size of the dimension it indexed */                                 \
     const HbFlexBuffer* score_buffers;                                                                  \
     const HbFlexBuffer* mask_buffers;                                                                   \
+    void* scatter_cache;     /* CUDA backward: the CTA's shared-memory gradient cache, or null */       \
   };                                                                                                    \
   /* One of a BlockMask's block lists: num [bm, hm, rows] counts, idx [bm, hm, rows, cols] indices,  */ \
   /* int32, contiguous; bm, hm are 1 (broadcast) or B, H. num == 0: the mask has no such list.       */ \

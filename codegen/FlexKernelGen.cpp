@@ -91,12 +91,37 @@ HB_FN float hb_tanh(float x) {
 }
 template <typename T> HB_FN T hb_pymod(T a, T b) { const T r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 template <typename T> HB_FN T hb_sign(T x) { return (T)((x > T(0)) - (x < T(0))); }
-// The joint's gradient scatter: a double accumulator per CPU worker; a float accumulator on CUDA, added
-// to atomically.
+// The joint's gradient scatter into element `off` of score buffer `buffer`'s gradient: a double
+// accumulator per CPU worker. On CUDA a float accumulator, reached through the CTA's cache when the
+// backward kernel gives one (t->scatter_cache, in shared memory; codegen/cuda/FlexTiledKernel.cuh clears
+// it before each tile and adds each slot to the accumulator once after it): HB_SCATTER_SLOTS slots of
+// tags (0 empty, else 1 + buffer << 28 | off) then float sums, found by a multiplicative hash and up to
+// HB_SCATTER_PROBES linear probes. A tile's contributions to one element (a relative bias's diagonal, a
+// per-query bias's row) then cost shared-memory atomics and one global atomic; an element that finds
+// no slot, or lies beyond 2^28, is added to the accumulator directly.
 #ifdef __CUDACC__
-HB_FN void hb_scatter(void* grad, long long off, double v) { atomicAdd((float*)grad + off, (float)v); }
+#define HB_SCATTER_SLOTS 2048
+#define HB_SCATTER_PROBES 4
+HB_FN void hb_scatter(HbFlexTile* t, int buffer, void* grad, long long off, double v) {
+  const float x = (float)v;
+  if (x == 0.f) return;
+  unsigned* tags = (unsigned*)t->scatter_cache;
+  if (tags && (unsigned long long)off < (1ull << 28)) {
+    const unsigned key = (((unsigned)buffer << 28) | (unsigned)off) + 1u;
+    unsigned s = (key * 2654435761u) >> 21;  // 11 bits: HB_SCATTER_SLOTS
+    for (int p = 0; p < HB_SCATTER_PROBES; ++p, s = (s + 1) & (HB_SCATTER_SLOTS - 1)) {
+      unsigned cur = ((volatile unsigned*)tags)[s];
+      if (cur == 0u) cur = atomicCAS(tags + s, 0u, key);
+      if (cur == 0u || cur == key) {
+        atomicAdd((float*)(tags + HB_SCATTER_SLOTS) + s, x);
+        return;
+      }
+    }
+  }
+  atomicAdd((float*)grad + off, x);
+}
 #else
-HB_FN void hb_scatter(void* grad, long long off, double v) { ((double*)grad)[off] += v; }
+HB_FN void hb_scatter(HbFlexTile*, int, void* grad, long long off, double v) { ((double*)grad)[off] += v; }
 #endif
 )";
 
@@ -684,7 +709,7 @@ class Translator {
     const Val v = value(n.args[2]);
     if (v.kind == K::None || v.kind == K::Buffer || v.kind == K::Scatter) return fail(i, "scatters no scalar value");
     const std::string B = bufs_ + "[" + std::to_string(buffer) + "]";
-    body_ << "  if (" << B << ".grad) hb_scatter(" << B << ".grad, " << off << ", " << cast(v, K::Double) << ");  // %" << n.name
+    body_ << "  if (" << B << ".grad) hb_scatter(t, " << buffer << ", " << B << ".grad, " << off << ", " << cast(v, K::Double) << ");  // %" << n.name
           << "\n";
     vals_[i].kind = K::Scatter;
     return true;
@@ -961,7 +986,8 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
   if (cuda) {
     src << "\n#define HB_D " << head_dim << "\n#define HB_HALF " << (half ? 1 : 0) << "\n#define HB_SCORE_MOD "
         << (out.score_mod ? 1 : 0) << "\n#define HB_MASK_MOD " << (out.mask_mod ? 1 : 0) << "\n#define HB_JOINT "
-        << (out.joint ? 1 : 0) << "\n"
+        << (out.joint ? 1 : 0) << "\n#define HB_SCATTER "
+        << (std::find(out.buffer_grads.begin(), out.buffer_grads.end(), true) != out.buffer_grads.end() ? 1 : 0) << "\n"
         << kFlexTemplateMarker << "\n" << kFlexCudaKernelTemplate;
   } else {
     src << wrap.str();

@@ -26,7 +26,10 @@
 // group, the next step's Q and dO loading (double-buffered) while the current one computes. Per tile:
 // S and dP with warps over query rows; P and dS go to shared memory; dV += P^T dO and dK += dS^T Q with
 // warps over key rows (warps 0-3 dV, 4-7 dK); dQ += dS K with warps over query rows, added into a float
-// accumulator with float2 atomics. Buffer gradients: the joint's scatters, as float atomics (hb_scatter).
+// accumulator with float2 atomics. Buffer gradients: the joint's scatters (hb_scatter, in the generated
+// prelude) go through a per-CTA cache in the P and dS tiles' shared memory, free while the per-element
+// code runs: cleared before a step's P and dS, added to the float accumulators after them (one atomic
+// per element the step touched), before P and dS are stored (ScatterCache below).
 // Registers and shared memory (nvcc -Xptxas -v, D 128): forward 168 registers, 48 KiB; backward 244
 // registers, 192 KiB (one CTA per SM).
 // The wgmma forms are described at their section below.
@@ -42,6 +45,9 @@
 // and 128 then run on warpgroup MMAs, the others on the sm_80 kernels.
 #ifndef HB_SM90
 #define HB_SM90 0
+#endif
+#ifndef HB_SCATTER  // 1: the joint scatters into a buffer's gradient (hb_scatter)
+#define HB_SCATTER 0
 #endif
 #define HB_WG (HB_SM90 && (HB_D == 64 || HB_D == 128))
 #if HB_WG
@@ -263,6 +269,30 @@ __device__ __forceinline__ void fwd_store(const float (&o)[D / 8][4], const floa
     }
   }
 }
+
+#if HB_SCATTER
+// The joint's gradient cache (hb_scatter's tags and sums, HB_SCATTER_SLOTS each) over a step's P and dS
+// tiles, whose shared memory no one reads while the per-element code runs. Per step, with NT threads:
+// clear() once the last step's readers of P and dS are done, a barrier, the per-element code, then
+// flush(), which begins and ends with a barrier (after it, P and dS may be stored again).
+template <int NT>
+struct ScatterCache {
+  uint4* mem;
+  __device__ __forceinline__ void clear() const {
+    for (int i = threadIdx.x; i < HB_SCATTER_SLOTS / 2; i += NT) mem[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  __device__ __forceinline__ void flush(const HbFlexCudaArgs& a) const {
+    __syncthreads();  // every thread's contributions are in
+    const unsigned* tags = reinterpret_cast<const unsigned*>(mem);
+    const float* sums = reinterpret_cast<const float*>(tags + HB_SCATTER_SLOTS);
+    for (int i = threadIdx.x; i < HB_SCATTER_SLOTS; i += NT) {
+      const unsigned key = tags[i];
+      if (key) atomicAdd((float*)a.score_buffers[(key - 1u) >> 28].grad + ((key - 1u) & ((1u << 28) - 1u)), sums[i]);
+    }
+    __syncthreads();  // P and dS may overwrite the cache
+  }
+};
+#endif
 
 // Backward, per element: s (scores) becomes P = exp(score - logsumexp) and dp becomes dS = P (dP - delta)
 // through the joint graph, times the scale; masked and out-of-range elements 0. `row0` is (b, h)'s first
@@ -507,6 +537,11 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
   float acc[D / 8][4] = {};
   HbFlexTile t = {};
   t.b = b, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
+#if HB_SCATTER
+  static_assert(2 * BM * PC * 16 >= HB_SCATTER_SLOTS * 8, "the scatter cache fits in the P and dS tiles");
+  const ScatterCache<BT> cache{sP};
+  t.scatter_cache = sP;
+#endif
 
   // The steps: every query tile the q lists give, for each query head of the group in turn. Q and dO of
   // the next step load (double-buffered) while this one computes.
@@ -542,6 +577,9 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
     cute::cp_async_fence();
     const uint4* sQ = smem + 2 * BN * CH + buf * 2 * BM * CH;
     const uint4* sdO = sQ + BM * CH;
+#if HB_SCATTER
+    cache.clear();
+#endif
     {
 
       // S = Q K^T and dP = dO V^T for this warp's 16 query rows.
@@ -563,7 +601,13 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
           mma(dp[2 * j + 1], da, vb[2], vb[3]);
         }
       }
+#if HB_SCATTER
+      __syncthreads();  // the cache is clear
+#endif
       bwd_p_ds<BN>(s, dp, a, b, h, q0, warp * 16 + g, k0, full, k0 + BN <= a.Skv && q0 + BM <= a.Sq, row0, t);
+#if HB_SCATTER
+      cache.flush(a);
+#endif
       store_p_ds<BN>(s, dp, sP, sdS, warp * 16 + g, [](int r, int c) { return sw<PC>(r, c); });
       __syncthreads();
 
@@ -831,6 +875,11 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
   float dv[D / 8][4] = {}, dk[D / 8][4] = {};
   HbFlexTile t = {};
   t.b = b, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
+#if HB_SCATTER
+  static_assert(2 * WBM * 8 * 16 >= HB_SCATTER_SLOTS * 8, "the scatter cache fits in the P and dS tiles");
+  const ScatterCache<WBT> cache{sP};
+  t.scatter_cache = sP;
+#endif
 
   const long long hend = (hk + 1) * G, kblk = k0 / a.kv_block;
   auto head_walk = [&](long long h) { return Walk(a.q_list, a.q_full_list, b, h, kblk, a.q_block, WBM, a.Sq); };
@@ -864,6 +913,9 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
     cute::cp_async_fence();
     const uint4* sQ = sQ0 + buf * 2 * WBM * CH;
     const uint4* sdO = sQ + WBM * CH;
+#if HB_SCATTER
+    cache.clear();  // the last step's MMAs that read P and dS are done (waited for below)
+#endif
 
     float s[WBN / 8][4], dp[WBN / 8][4];
     fence_acc(s);
@@ -878,7 +930,13 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
     fence_acc(s);
     fence_acc(dp);
 
+#if HB_SCATTER
+    __syncthreads();  // the cache is clear
+#endif
     bwd_p_ds<WBN>(s, dp, a, b, h, q0, warp * 16 + g, k0, full, k0 + WBN <= a.Skv && q0 + WBM <= a.Sq, row0, t);
+#if HB_SCATTER
+    cache.flush(a);
+#endif
     store_p_ds<WBN>(s, dp, sP, sdS, warp * 16 + g, [](int r, int c) { return pw<WBM>(r, c); });
     uint32_t da[WBN / 16][4];
     a_frags<WBN>(dp, da);

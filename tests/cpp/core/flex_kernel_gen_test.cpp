@@ -150,7 +150,7 @@ TEST(flex_kernel_gen, writes_each_node_as_a_scalar_statement) {
            "const int v9 = ((int)q) - ((int)kv);  // %sub",
            "const int v10 = v9 + 7;  // %add",
            "const T v11 = ((const float*)t->score_buffers[0].data)[v10 * 2 + ((int)h)];  // %index",
-           "hb_scatter(t->score_buffers[0].grad, (v10) * 2 + ((int)h), ((double)(grad)));  // %scatter",
+           "hb_scatter(t, 0, t->score_buffers[0].grad, (v10) * 2 + ((int)h), ((double)(grad)));  // %scatter",
            "const bool v4 = (((int)q) >= ((int)kv));  // %ge",
            "const T v13 = v12 * (((T)1) - v8 * v8);  // %tb",
            "extern \"C\" void hb_flex_joint_f64(",
@@ -380,7 +380,7 @@ TEST(flex_kernel_gen, cuda_source_specializes_the_tiled_kernels) {
   EXPECT_EQ(s->summary, "CUDA, head dim 64, bfloat16; score_mod: 7 ops; mask_mod: 1 op; joint: 8 ops, gradient "
                         "scattered into buffer 0");
   for (const char* line : {"#define HB_D 64\n", "#define HB_HALF 0\n", "#define HB_SCORE_MOD 1\n", "#define HB_MASK_MOD 1\n",
-                           "#define HB_JOINT 1\n", "hb_scatter(t->score_buffers[0].grad, ", "extern \"C\" int hb_flex_cuda_backward("})
+                           "#define HB_JOINT 1\n", "#define HB_SCATTER 1\n", "hb_scatter(t, 0, t->score_buffers[0].grad, ", "extern \"C\" int hb_flex_cuda_backward("})
     EXPECT_NE(s->source.find(line), std::string::npos) << line;
   // No host tile wrappers: the scalar functions are device code only.
   EXPECT_EQ(s->source.find("hb_flex_score_f32"), std::string::npos);
