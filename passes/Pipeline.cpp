@@ -7,6 +7,7 @@
 #include "passes/DeadCodeElimination.h"
 #include "passes/FoldCrossEntropyBackward.h"
 #include "passes/FoldCrossEntropyForward.h"
+#include "passes/FoldSelectBackward.h"
 #include "passes/HintPropagation.h"
 #include "passes/MemoryPlan.h"
 #include "passes/MemorySchedule.h"
@@ -30,6 +31,10 @@ const std::vector<PassInfo>& pipeline() {
       {"fold-softmax-upcast", fold_softmax_upcast,
        "drops the float32 copy a half-precision softmax input gets (CUDA's half_to_float softmax reads it "
        "directly); before slice-legality, so slice loops and the memory passes never see the copy"},
+      {"fold-select-backward", fold_select_backward,
+       "a sum of select_backward gradients covering a dimension (unbind's gradient) into one stack: no n "
+       "full-size zero tensors alive together; before slice-legality and the fusions, which would otherwise "
+       "slice or fuse the adds"},
       {"slice-legality", slice_legality_pass,
        "analysis after hint-propagation (regions and hints final): the dump says what each region can slice"},
       {"slice-schedule", slice_schedule,

@@ -103,6 +103,19 @@ def test_transformer_block_sdpa():
     check_model(SDPABlock().to(device()), [randn(2, 16, 32)])
 
 
+def test_unbind_gradient_is_one_stack(tmp_path):
+    """q, k, v = qkv.unbind(0) (SDPABlock's permute, then unbinding): AOTAutograd's gradient is three
+    select_backward into zero tensors, then adds; fold-select-backward makes it one stack, and the model's
+    gradients still match eager's."""
+    from helpers import graph_dirs
+    torch.manual_seed(0)
+    check_model(SDPABlock().to(device()), [randn(2, 16, 32)], options={"dump_dir": str(tmp_path)})
+    back = [open(tmp_path / d / "ir-final.txt").read() for d in graph_dirs(str(tmp_path)) if d.startswith("backward")]
+    assert back and all("aten::stack.default([%" in t and "select_backward" not in t for t in back), back
+    notes = "".join(open(tmp_path / d / "notes.txt").read() for d in graph_dirs(str(tmp_path)))
+    assert "stack of 3 select_backward gradients (dim 0)" in notes, notes
+
+
 class GPTFlexBlock(nn.Module):
     """Causal block mask plus a learned relative-position bias score_mod."""
 
