@@ -39,7 +39,12 @@
     long long error_size;    /* the size of the dimension it indexed */                                 \
     const HbFlexBuffer* score_buffers;                                                                  \
     const HbFlexBuffer* mask_buffers;                                                                   \
-    void* scatter_cache;     /* CUDA backward: the CTA's shared-memory gradient cache, or null */       \
+    /* CUDA backward, a step's line reduction of a buffer gradient (hb_scatter, FlexTiledKernel.cuh): */ \
+    int line_mode;           /* 0 off, 1 on, 2 probing: hb_scatter notes the first buffer and offset */ \
+    int line_buf;            /* the buffer the step reduces */                                          \
+    long long line_pred;     /* the element's predicted offset in it */                                 \
+    float line_val;          /* the element's value, once taken */                                      \
+    int line_taken;          /* 1 once an hb_scatter call of this element took the line */              \
   };                                                                                                    \
   /* One of a BlockMask's block lists: num [bm, hm, rows] counts, idx [bm, hm, rows, cols] indices,  */ \
   /* int32, contiguous; bm, hm are 1 (broadcast) or B, H. num == 0: the mask has no such list.       */ \

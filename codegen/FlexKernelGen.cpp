@@ -92,33 +92,23 @@ HB_FN float hb_tanh(float x) {
 template <typename T> HB_FN T hb_pymod(T a, T b) { const T r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 template <typename T> HB_FN T hb_sign(T x) { return (T)((x > T(0)) - (x < T(0))); }
 // The joint's gradient scatter into element `off` of score buffer `buffer`'s gradient: a double
-// accumulator per CPU worker. On CUDA a float accumulator, reached through the CTA's cache when the
-// backward kernel gives one (t->scatter_cache, in shared memory; codegen/cuda/FlexTiledKernel.cuh clears
-// it before each tile and adds each slot to the accumulator once after it): HB_SCATTER_SLOTS slots of
-// tags (0 empty, else 1 + buffer << 28 | off) then float sums, found by a multiplicative hash and up to
-// HB_SCATTER_PROBES linear probes. A tile's contributions to one element (a relative bias's diagonal, a
-// per-query bias's row) then cost shared-memory atomics and one global atomic; an element that finds
-// no slot, or lies beyond 2^28, is added to the accumulator directly.
+// accumulator per CPU worker. On CUDA a float accumulator, added to atomically, except where the backward
+// kernel reduces the step along lines (codegen/cuda/FlexTiledKernel.cuh, LineStep): there an element's
+// first scatter into the offset the kernel predicted for it (line_pred) hands its value to the kernel,
+// which sums the step's values along the tile's rows, columns or diagonals and adds each sum once. While
+// the kernel probes (line_mode 2), a call only notes its buffer and offset.
 #ifdef __CUDACC__
-#define HB_SCATTER_SLOTS 2048
-#define HB_SCATTER_PROBES 4
 HB_FN void hb_scatter(HbFlexTile* t, int buffer, void* grad, long long off, double v) {
-  const float x = (float)v;
-  if (x == 0.f) return;
-  unsigned* tags = (unsigned*)t->scatter_cache;
-  if (tags && (unsigned long long)off < (1ull << 28)) {
-    const unsigned key = (((unsigned)buffer << 28) | (unsigned)off) + 1u;
-    unsigned s = (key * 2654435761u) >> 21;  // 11 bits: HB_SCATTER_SLOTS
-    for (int p = 0; p < HB_SCATTER_PROBES; ++p, s = (s + 1) & (HB_SCATTER_SLOTS - 1)) {
-      unsigned cur = ((volatile unsigned*)tags)[s];
-      if (cur == 0u) cur = atomicCAS(tags + s, 0u, key);
-      if (cur == 0u || cur == key) {
-        atomicAdd((float*)(tags + HB_SCATTER_SLOTS) + s, x);
-        return;
-      }
-    }
+  if (t->line_mode == 2) {
+    if (t->line_buf < 0) t->line_buf = buffer, t->line_pred = off;
+    return;
   }
-  atomicAdd((float*)grad + off, x);
+  const float x = (float)v;
+  if (t->line_mode == 1 && !t->line_taken && buffer == t->line_buf && off == t->line_pred) {
+    t->line_val = x, t->line_taken = 1;
+    return;
+  }
+  if (x != 0.f) atomicAdd((float*)grad + off, x);
 }
 #else
 HB_FN void hb_scatter(HbFlexTile*, int, void* grad, long long off, double v) { ((double*)grad)[off] += v; }
