@@ -194,8 +194,9 @@ def compiled(peer: str, model: nn.Module):
     return fn
 
 
-def run_peer(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor, device: str, dtype: torch.dtype,
-             steps: int) -> Tuple[Optional[float], Optional[float], str]:
+def training_step(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor, device: str,
+                  dtype: torch.dtype) -> Callable[[], None]:
+    """A fresh model (seed 0) as `peer` runs it, and one training step of it: forward, loss, backward."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = make().to(device=device, dtype=dtype).train()
@@ -205,7 +206,12 @@ def run_peer(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor,
         for p in model.parameters():
             p.grad = None
         loss_fn(fn, x).backward()
+    return step
 
+
+def run_peer(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor, device: str, dtype: torch.dtype,
+             steps: int) -> Tuple[Optional[float], Optional[float], str]:
+    step = training_step(peer, make, loss_fn, x, device, dtype)
     try:
         peak, ms = measure(step, device, steps)
         return peak, ms, ""
@@ -213,7 +219,7 @@ def run_peer(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor,
         traceback.print_exc(limit=3)
         return None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:60] if str(e) else ''}"
     finally:
-        del model, fn
+        del step
         if device == "cuda":
             torch.cuda.empty_cache()
 
@@ -222,16 +228,7 @@ def profile(name: str, peer: str, make, loss_fn, x: torch.Tensor, device: str, d
     """torch.profiler over three warm training steps of one peer: the ops by self device time, and the
     device's busy time against the wall time (a gap is host time the GPU waited for)."""
     from torch.profiler import ProfilerActivity
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = make().to(device=device, dtype=dtype).train()
-    fn = compiled(peer, model)
-
-    def step():
-        for p in model.parameters():
-            p.grad = None
-        loss_fn(fn, x).backward()
-
+    step = training_step(peer, make, loss_fn, x, device, dtype)
     for _ in range(3):
         step()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])

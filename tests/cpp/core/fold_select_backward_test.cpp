@@ -69,60 +69,26 @@ graph g {
 )");
 }
 
+// Two [4] gradients put into slices `ia` and `ib` of a [n, 4] zero tensor and summed (`add_kwargs` after
+// the sum's two operands); `extra` is returned beside the sum. The pass must leave it alone: the sum is
+// checked unchanged.
+void check_left_alone(int n, int ia, int ib, const std::string& add_kwargs = "", const std::string& extra = "") {
+  const std::string t = "f32[" + std::to_string(n) + ", 4]", sizes = "[" + std::to_string(n) + ", 4]";
+  const std::string add = "aten::add.Tensor(%sa, %sb" + add_kwargs + ")";
+  file_check("// RUN: fold-select-backward\ngraph g {\n"
+             "  %a: f32[4] = placeholder\n  %b: f32[4] = placeholder\n"
+             "  %sa: " + t + " = aten::select_backward.default(%a, " + sizes + ", 0, " + std::to_string(ia) + ")\n"
+             "  %sb: " + t + " = aten::select_backward.default(%b, " + sizes + ", 0, " + std::to_string(ib) + ")\n"
+             "  %s: " + t + " = " + add + "\n"
+             "  return (%s" + extra + ")\n}\n"
+             "// CHECK: %s: " + t + " = " + add + "\n// CHECK-NOT: stack\n");
+}
+
 TEST(fold_select_backward, leaves_partial_repeated_shared_and_scaled_sums_alone) {
-  // Index 1 of 3 missing: the sum has zeros there, not a stack.
-  file_check(R"(
-// RUN: fold-select-backward
-graph g {
-  %a: f32[4] = placeholder
-  %b: f32[4] = placeholder
-  %sa: f32[3, 4] = aten::select_backward.default(%a, [3, 4], 0, 0)
-  %sb: f32[3, 4] = aten::select_backward.default(%b, [3, 4], 0, 2)
-  %s: f32[3, 4] = aten::add.Tensor(%sa, %sb)
-  return (%s,)
-}
-// CHECK: %s: f32[3, 4] = aten::add.Tensor(%sa, %sb)
-// CHECK-NOT: stack
-)");
-  // Index 0 twice: the two slices add up.
-  file_check(R"(
-// RUN: fold-select-backward
-graph g {
-  %a: f32[4] = placeholder
-  %b: f32[4] = placeholder
-  %sa: f32[2, 4] = aten::select_backward.default(%a, [2, 4], 0, 0)
-  %sb: f32[2, 4] = aten::select_backward.default(%b, [2, 4], 0, 0)
-  %s: f32[2, 4] = aten::add.Tensor(%sa, %sb)
-  return (%s,)
-}
-// CHECK: %s: f32[2, 4] = aten::add.Tensor(%sa, %sb)
-)");
-  // A select_backward that something else reads too stays, and so does the sum.
-  file_check(R"(
-// RUN: fold-select-backward
-graph g {
-  %a: f32[4] = placeholder
-  %b: f32[4] = placeholder
-  %sa: f32[2, 4] = aten::select_backward.default(%a, [2, 4], 0, 0)
-  %sb: f32[2, 4] = aten::select_backward.default(%b, [2, 4], 0, 1)
-  %s: f32[2, 4] = aten::add.Tensor(%sa, %sb)
-  return (%s, %sa)
-}
-// CHECK: %s: f32[2, 4] = aten::add.Tensor(%sa, %sb)
-)");
-  // alpha 2 scales one slice.
-  file_check(R"(
-// RUN: fold-select-backward
-graph g {
-  %a: f32[4] = placeholder
-  %b: f32[4] = placeholder
-  %sa: f32[2, 4] = aten::select_backward.default(%a, [2, 4], 0, 0)
-  %sb: f32[2, 4] = aten::select_backward.default(%b, [2, 4], 0, 1)
-  %s: f32[2, 4] = aten::add.Tensor(%sa, %sb, alpha=2)
-  return (%s,)
-}
-// CHECK: %s: f32[2, 4] = aten::add.Tensor(%sa, %sb, alpha=2)
-)");
+  check_left_alone(3, 0, 2);                // index 1 of 3 missing: the sum has zeros there, not a stack
+  check_left_alone(2, 0, 0);                // index 0 twice: the two slices add up
+  check_left_alone(2, 0, 1, "", ", %sa");   // a select_backward that something else reads too stays
+  check_left_alone(2, 0, 1, ", alpha=2");   // alpha 2 scales one slice
 }
 
 }  // namespace
