@@ -69,6 +69,7 @@ bool fold_select_backward(Graph& g, PassContext& ctx) {
     Sum s;
     if (!collect(g, i, uses, true, &s) || s.leaves.size() < 2) continue;
     const TensorType& out = root.type.tensor;
+    if (!out.contiguous_static()) continue;  // the stack writes the plain row-major layout
     const Node& first = g.nodes[s.leaves[0]];
     if (first.args.size() != 4 || first.args[2].kind != Arg::Kind::Int) continue;
     const std::vector<int64_t> sizes = static_sizes(first.args[1]);

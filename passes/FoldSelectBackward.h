@@ -9,7 +9,8 @@
 // The traced form allocates n full-size zero tensors (alive together before the adds), fills and copies
 // each, and reads them all again to add; the stack writes the result once. When the adds' leaves are
 // select_backward nodes of one gradient shape and dimension whose indices are 0 .. n-1 exactly once
-// (n = sizes[dim]), each read by this sum alone, with the result's dtype, the sum's last add becomes
+// (n = sizes[dim]), each read by this sum alone, with the result's dtype and a static row-major result
+// (the stack's layout), the sum's last add becomes
 // `aten::stack.default([%g_0, ..., %g_{n-1}], dim)` and the other nodes go. Partial sums (indices
 // missing or repeated), `alpha` adds and dtype changes are left alone.
 //
