@@ -76,6 +76,22 @@
     int run_joint;     /* backward: 0 skips the joint (a row shift: the buffers' gradients are 0) */    \
   };
 
+/* The generated prelude's CUDA hb_scatter (codegen/FlexKernelGen.cpp says what it does), one text for the */
+/* generator (stringified) and for benchmarks/lab_mods (expanded where HB_FN is defined).               */
+#define HB_FLEX_SCATTER_CUDA                                                                            \
+  HB_FN void hb_scatter(HbFlexTile* t, int buffer, void* grad, long long off, double v) {              \
+    if (t->line_mode == 2) {                                                                            \
+      if (t->line_buf < 0) t->line_buf = buffer, t->line_pred = off;                                    \
+      return;                                                                                           \
+    }                                                                                                   \
+    const float x = (float)v;                                                                           \
+    if (t->line_mode == 1 && !t->line_taken && buffer == t->line_buf && off == t->line_pred) {          \
+      t->line_val = x, t->line_taken = 1;                                                               \
+      return;                                                                                           \
+    }                                                                                                   \
+    if (x != 0.f) atomicAdd((float*)grad + off, x);                                                     \
+  }
+
 #define HB_FLEX_STR2(...) #__VA_ARGS__
 #define HB_FLEX_STR(...) HB_FLEX_STR2(__VA_ARGS__)
 

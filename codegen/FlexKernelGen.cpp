@@ -98,18 +98,7 @@ template <typename T> HB_FN T hb_sign(T x) { return (T)((x > T(0)) - (x < T(0)))
 // which sums the step's values along the tile's rows, columns or diagonals and adds each sum once. While
 // the kernel probes (line_mode 2), a call only notes its buffer and offset.
 #ifdef __CUDACC__
-HB_FN void hb_scatter(HbFlexTile* t, int buffer, void* grad, long long off, double v) {
-  if (t->line_mode == 2) {
-    if (t->line_buf < 0) t->line_buf = buffer, t->line_pred = off;
-    return;
-  }
-  const float x = (float)v;
-  if (t->line_mode == 1 && !t->line_taken && buffer == t->line_buf && off == t->line_pred) {
-    t->line_val = x, t->line_taken = 1;
-    return;
-  }
-  if (x != 0.f) atomicAdd((float*)grad + off, x);
-}
+)" HB_FLEX_STR(HB_FLEX_SCATTER_CUDA) R"(
 #else
 HB_FN void hb_scatter(HbFlexTile*, int, void* grad, long long off, double v) { ((double*)grad)[off] += v; }
 #endif

@@ -17,7 +17,6 @@ bool foldable(const TensorType& t) {
          t.dtype == DType::BFloat16;
 }
 
-
 // A row-major [N, C] tensor type (symbolic sizes compare by their expression).
 bool rows_contiguous(const TensorType& t) {
   if (t.shape.size() != 2 || t.stride.size() != 2) return false;
@@ -30,7 +29,6 @@ struct Fold {
   int nll = -1;   // nll_loss_backward: removed
   int add = -1;   // the logits form: lsm = add(sub(logits, m), a), removed with its sub (the op reads the operands)
 };
-
 
 // [N, 1] in `dtype` on `device`, one element per row (stride 1 between rows).
 bool row_column(const TensorType* t, const TensorType& out) {

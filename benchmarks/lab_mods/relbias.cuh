@@ -22,20 +22,7 @@
 #define HB_SCATTER 1
 #endif
 
-// The generated prelude's CUDA hb_scatter (codegen/FlexKernelGen.cpp, kPrelude), which the lab does not
-// include: keep the two alike when timing a change to it.
-HB_FN void hb_scatter(HbFlexTile* t, int buffer, void* grad, long long off, double v) {
-  if (t->line_mode == 2) {
-    if (t->line_buf < 0) t->line_buf = buffer, t->line_pred = off;
-    return;
-  }
-  const float x = (float)v;
-  if (t->line_mode == 1 && !t->line_taken && buffer == t->line_buf && off == t->line_pred) {
-    t->line_val = x, t->line_taken = 1;
-    return;
-  }
-  if (x != 0.f) atomicAdd((float*)grad + off, x);
-}
+HB_FLEX_SCATTER_CUDA  // the generated prelude's hb_scatter (codegen/FlexKernelAbi.h)
 
 template <typename T>
 HB_FN T hb_score_mod(T score, long long b, long long h, long long q, long long kv, HbFlexTile* t) {
