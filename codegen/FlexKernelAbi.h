@@ -92,6 +92,25 @@
     if (x != 0.f) atomicAdd((float*)grad + off, x);                                                     \
   }
 
+/* A scatter as the joint's instantiation LINE calls it; ISL: the scatter that the generator proved to run */
+/* along a line of every tile (HB_LINE_STATIC in codegen/cuda/FlexTiledKernel.cuh). LINE 0 scatters (the */
+/* CPU kernels call only this); LINE 1 hands the line scatter's value to the CUDA kernel's line tile,   */
+/* which sums it per line; LINE 2 only notes the line scatter's offset (the key of the step's first     */
+/* element) and scatters nothing. One text for the generator and benchmarks/lab_mods.                  */
+#define HB_FLEX_SCATTER_LINE                                                                            \
+  template <int LINE, bool ISL>                                                                         \
+  HB_FN void hb_scatter_s(HbFlexTile* t, int buffer, void* grad, long long off, double v) {             \
+    if (LINE == 2) {                                                                                    \
+      if (ISL) t->line_pred = off;                                                                      \
+      return;                                                                                           \
+    }                                                                                                   \
+    if (LINE == 1 && ISL) {                                                                             \
+      t->line_val = (float)v;                                                                           \
+      return;                                                                                           \
+    }                                                                                                   \
+    hb_scatter(t, buffer, grad, off, v);                                                                \
+  }
+
 #define HB_FLEX_STR2(...) #__VA_ARGS__
 #define HB_FLEX_STR(...) HB_FLEX_STR2(__VA_ARGS__)
 

@@ -102,6 +102,8 @@ template <typename T> HB_FN T hb_sign(T x) { return (T)((x > T(0)) - (x < T(0)))
 #else
 HB_FN void hb_scatter(HbFlexTile*, int, void* grad, long long off, double v) { ((double*)grad)[off] += v; }
 #endif
+// The joint's scatters call hb_scatter_s<LINE, ISL> (codegen/FlexKernelAbi.h says what it does).
+)" HB_FLEX_STR(HB_FLEX_SCATTER_LINE) R"(
 )";
 
 // The kind of a scalar value in the generated code.
@@ -127,13 +129,34 @@ struct Range {
   bool fits32() const { return lo >= INT32_MIN && hi <= INT32_MAX; }
 };
 
+// A value as base + q * q_idx + kv * kv_idx, where base does not depend on q_idx or kv_idx: (0, 0) for a
+// value of b, h, literals and buffers read there. What lets the generator prove that a scatter's offset
+// runs along a line of every tile (rows, columns or diagonals).
+struct Affine {
+  int64_t q = 0, kv = 0;
+  bool independent() const { return q == 0 && kv == 0; }
+};
+std::optional<Affine> affine_combine(const std::optional<Affine>& a, const std::optional<Affine>& b, int64_t scale) {
+  if (!a || !b) return std::nullopt;
+  const __int128 q = static_cast<__int128>(a->q) + static_cast<__int128>(b->q) * scale;
+  const __int128 kv = static_cast<__int128>(a->kv) + static_cast<__int128>(b->kv) * scale;
+  if (q < INT32_MIN || q > INT32_MAX || kv < INT32_MIN || kv > INT32_MAX) return std::nullopt;
+  return Affine{static_cast<int64_t>(q), static_cast<int64_t>(kv)};
+}
+
 struct Val {
   K kind = K::None;
   std::string expr;
   int buffer = -1;          // K::Buffer: which buffer
   bool const_true = false;  // a constant true (a noop mask)
-  std::optional<Range> range;  // K::Int / K::Bool: the values it can take, where known
+  std::optional<Range> range = std::nullopt;  // K::Int / K::Bool: the values it can take, where known
   bool i32 = false;            // K::Int held in a C int (else long long)
+  std::optional<Affine> aff = std::nullopt;  // how it moves with q_idx and kv_idx, where known
+  // A literal's value (a range of one).
+  std::optional<int64_t> constant() const {
+    if (range && range->lo == range->hi) return range->lo;
+    return std::nullopt;
+  }
 };
 
 // Interval arithmetic, nullopt where an operand is unknown or a bound leaves int64.
@@ -287,6 +310,7 @@ class Translator {
       } else if (n.op == OpKind::CallFunction) {
         ++ops_;
         if (!emit(i)) return false;
+        if (vals_[i].kind != K::Scatter) vals_[i].aff = affine_of(i);
       }
     }
     return true;
@@ -313,21 +337,30 @@ class Translator {
       case Arg::Kind::Int:
         v.kind = K::Int;
         v.range = Range{a.i, a.i};
+        v.aff = Affine{};
         // A literal that fits in 32 bits stays int, so arithmetic with int values stays 32-bit (their sum
         // is range-checked where it is defined).
         v.i32 = a.i > INT32_MIN && a.i <= INT32_MAX;
         if (v.i32) v.expr = a.i < 0 ? "(" + std::to_string(a.i) + ")" : std::to_string(a.i);
         else v.expr = a.i == std::numeric_limits<int64_t>::min() ? "(-9223372036854775807LL - 1)" : std::to_string(a.i) + "LL";
         return v;
-      case Arg::Kind::Float: v.kind = K::T; v.expr = float_literal(a.f); return v;
+      case Arg::Kind::Float: v.kind = K::T; v.expr = float_literal(a.f); v.aff = Affine{}; return v;
       case Arg::Kind::Bool:
         v.kind = K::Bool, v.expr = a.b ? "true" : "false", v.const_true = a.b, v.range = Range{a.b, a.b};
+        v.aff = Affine{};
         return v;
       default: return v;  // K::None
     }
   }
   // Per buffer of this subgraph (by its number): the layout the code bakes in.
   const std::map<int, BufferLayout>& layouts() const { return layouts_; }
+  // The scatter whose offset is buffer + q_idx * along.q + kv_idx * along.kv over every tile inside both
+  // sequences, where the joint has one (the first such).
+  struct LineScatter {
+    int buffer;
+    Affine along;
+  };
+  const std::optional<LineScatter>& line() const { return line_; }
   std::set<int> scatter_buffers() const {
     std::set<int> s;
     for (const auto& kv : scatter_of_) s.insert(kv.second);
@@ -346,10 +379,10 @@ class Translator {
       switch (roles_[p]) {
         case Role::Score: v = {K::T, "score"}; return true;
         case Role::Grad: v = {K::T, "grad"}; return true;
-        case Role::B: return bind_role(v, "b", extents_.b);
-        case Role::H: return bind_role(v, "h", extents_.h);
-        case Role::Q: return bind_role(v, "q", extents_.q);
-        case Role::KV: return bind_role(v, "kv", extents_.kv);
+        case Role::B: return bind_role(v, "b", extents_.b, Affine{});
+        case Role::H: return bind_role(v, "h", extents_.h, Affine{});
+        case Role::Q: return bind_role(v, "q", extents_.q, Affine{1, 0});
+        case Role::KV: return bind_role(v, "kv", extents_.kv, Affine{0, 1});
         case Role::Buffer: break;
       }
     }
@@ -364,6 +397,7 @@ class Translator {
       if (vk == ValueType::Kind::Float) v = {K::Double, "(*(const double*)" + data + ")"};
       else if (vk == ValueType::Kind::Bool) v = {K::Bool, "(*(const bool*)" + data + ")"};
       else v = {K::Int, "(*(const long long*)" + data + ")"};
+      v.aff = Affine{};
       return true;
     }
     const TensorType& t = g_.nodes[i].type.tensor;
@@ -382,8 +416,9 @@ class Translator {
   }
 
   // An index role: int over a static extent below 2^31 (the caller passes long long), else long long.
-  static bool bind_role(Val& v, const char* name, const std::optional<int64_t>& extent) {
+  static bool bind_role(Val& v, const char* name, const std::optional<int64_t>& extent, Affine aff) {
     v.kind = K::Int;
+    v.aff = aff;
     if (extent && *extent >= 1 && *extent <= INT32_MAX) {
       v.expr = std::string("((int)") + name + ")";
       v.range = Range{0, *extent - 1};
@@ -419,10 +454,54 @@ class Translator {
     return fail(node, "is a buffer gradient that is not a sum of zeros_and_scatter");
   }
 
+  // How node i's value moves with q_idx and kv_idx: integer sums, differences, negations and products
+  // by a literal of such values stay affine; any op on values that do not move does not move; anything
+  // else is unknown.
+  std::optional<Affine> affine_of(int i) const {
+    const Node& n = g_.nodes[i];
+    std::string ov;
+    const std::string op = op_name(n.target, &ov);
+    const bool int_result = vals_[i].kind == K::Int;
+    std::vector<Val> a;
+    for (const Arg& x : n.args) a.push_back(value(x));
+    auto ints = [&](size_t k) { return k < a.size() && a[k].kind == K::Int && a[k].aff; };
+    if (int_result && (op == "add" || op == "sub" || op == "rsub") && ints(0) && ints(1)) {
+      std::optional<int64_t> scale = 1;
+      const Arg* alpha = a.size() > 2 ? &n.args[2] : n.kwarg("alpha");
+      if (alpha && alpha->kind != Arg::Kind::None) scale = value(*alpha).constant();
+      if (scale) {
+        if (op == "add") return affine_combine(a[0].aff, a[1].aff, *scale);
+        if (op == "sub") return affine_combine(a[0].aff, a[1].aff, -*scale);
+        return affine_combine(a[1].aff, a[0].aff, -*scale);
+      }
+    }
+    if (int_result && op == "mul" && ints(0) && ints(1)) {
+      if (const auto c = a[1].constant()) return affine_combine(Affine{}, a[0].aff, *c);
+      if (const auto c = a[0].constant()) return affine_combine(Affine{}, a[1].aff, *c);
+    }
+    if (int_result && op == "neg" && ints(0)) return affine_combine(Affine{}, a[0].aff, -1);
+    if (int_result && ints(0) &&
+        (op == "_to_copy" || op == "to" || op == "convert_element_type" || op == "clone" || op == "alias" ||
+         op == "detach" || op == "lift_fresh_copy" || op == "view" || op == "reshape" || op == "_unsafe_view" ||
+         op == "contiguous" || op == "positive"))
+      return a[0].aff;
+    bool independent = true;
+    n.for_each_input([&](const Arg& x) {
+      const Val& v = vals_[x.ref];
+      if (v.kind != K::Buffer && !(v.aff && v.aff->independent())) independent = false;
+    });
+    return independent ? std::optional<Affine>(Affine{}) : std::nullopt;
+  }
+
   // The element offset of buffer `b` at `indices` (strided read, or row-major for the gradient). With
   // the buffer's layout static, sizes and strides are literals, an index proven inside its dimension is
   // used as it is (one proven inside [-size, size) only wraps), and an offset below 2^31 is int.
-  bool offset(int node, int buffer, const std::vector<Arg>& indices, bool dense, std::string* out) {
+  // `line`, where given: the offset as an Affine where every index that moves with q_idx or kv_idx is
+  // proven inside its dimension (then the offset is exactly affine over a tile inside both sequences),
+  // else nullopt.
+  bool offset(int node, int buffer, const std::vector<Arg>& indices, bool dense, std::string* out,
+              std::optional<Affine>* line = nullptr) {
+    if (line) line->reset();
     const TensorType& t = buffer_types_[buffer];
     if (indices.size() != t.shape.size())
       return fail(node, "indexes a rank-" + std::to_string(t.shape.size()) + " buffer with " +
@@ -434,6 +513,7 @@ class Translator {
       for (size_t d = 0; d < l.sizes.size(); ++d)
         extent = dense ? extent * l.sizes[d] : extent + (l.sizes[d] - 1) * std::abs(l.strides[d]);
       const bool small = extent <= INT32_MAX;
+      std::optional<Affine> aff = Affine{};
       std::string o;
       for (size_t d = 0; d < indices.size(); ++d) {
         const Val iv = value(indices[d]);
@@ -451,12 +531,20 @@ class Translator {
         }
         if (!small) idx = "((long long)" + idx + ")";
         const bool checked_idx = idx.find("hb_index(") != std::string::npos;
+        if (dense && aff) {
+          const bool inside = iv.range && iv.range->lo >= 0 && iv.range->hi < size;
+          int64_t row_stride = 1;  // row-major: the sizes after d
+          for (size_t e = d + 1; e < l.sizes.size(); ++e) row_stride *= l.sizes[e];
+          if (iv.aff && (inside || iv.aff->independent())) aff = affine_combine(aff, iv.aff, row_stride);
+          else aff.reset();
+        }
         if (dense) o = d ? "(" + o + ") * " + S + " + " + idx : idx;
         else if (l.strides[d] != 0 && size != 1)
           o += (o.empty() ? "" : " + ") + idx + (l.strides[d] == 1 ? "" : " * " + std::to_string(l.strides[d]));
         else if (checked_idx) o += (o.empty() ? "" : " + ") + idx + " * 0";  // adds nothing; still checked
       }
       *out = o.empty() ? "0" : o;
+      if (line && dense) *line = aff;
       return true;
     }
     std::string o = dense ? "0LL" : "";
@@ -684,11 +772,17 @@ class Translator {
     for (const Arg& x : n.args[1].items)
       if (x.kind == Arg::Kind::None) return fail(i, "scatters with None (a slice)");
     std::string off;
-    if (!offset(i, buffer, n.args[1].items, /*dense=*/true, &off)) return false;
+    std::optional<Affine> aff;
+    if (!offset(i, buffer, n.args[1].items, /*dense=*/true, &off, &aff)) return false;
     const Val v = value(n.args[2]);
     if (v.kind == K::None || v.kind == K::Buffer || v.kind == K::Scatter) return fail(i, "scatters no scalar value");
     const std::string B = bufs_ + "[" + std::to_string(buffer) + "]";
-    body_ << "  if (" << B << ".grad) hb_scatter(t, " << buffer << ", " << B << ".grad, " << off << ", " << cast(v, K::Double) << ");  // %" << n.name
+    // The first scatter whose offset runs along rows (a per-query bias), columns (per key) or diagonals
+    // (q_idx - kv_idx: a relative bias) of every tile is the kernel's line scatter (HB_LINE_STATIC).
+    const bool is_line = !line_ && aff && (aff->kv == 0 || aff->q == 0 || aff->q == -aff->kv);
+    if (is_line) line_ = LineScatter{buffer, *aff};
+    body_ << "  if (" << (is_line ? "LINE || " : "") << B << ".grad) hb_scatter_s<LINE, " << (is_line ? "true" : "false")
+          << ">(t, " << buffer << ", " << B << ".grad, " << off << ", " << cast(v, K::Double) << ");  // %" << n.name
           << "\n";
     vals_[i].kind = K::Scatter;
     return true;
@@ -705,6 +799,7 @@ class Translator {
   std::map<int, BufferLayout> layouts_;
   std::map<int, int> scatter_of_;  // zeros_and_scatter node -> buffer
   std::set<int> sums_;             // add nodes that only sum scatters
+  std::optional<LineScatter> line_;
   std::ostringstream body_;
   std::string why_;
   int ops_ = 0;
@@ -928,7 +1023,7 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
         *why = "joint graph returns no scalar score gradient";
         return std::nullopt;
       }
-      src << "\ntemplate <typename T>\nHB_FN T hb_joint(T score, long long b, long long h, long long q, long long kv, "
+      src << "\ntemplate <typename T, int LINE = 0>\nHB_FN T hb_joint(T score, long long b, long long h, long long q, long long kv, "
              "T grad, HbFlexTile* t) {\n"
           << tj->body() << "  return " << (out.joint_grad_zero ? "(T)0" : cast(gv, K::T)) << ";\n}\n";
       wrap << "template <typename T>\nstatic void hb_joint_tile(const T* s, T* ds, HbFlexTile* t) {\n"
@@ -966,8 +1061,11 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
     src << "\n#define HB_D " << head_dim << "\n#define HB_HALF " << (half ? 1 : 0) << "\n#define HB_SCORE_MOD "
         << (out.score_mod ? 1 : 0) << "\n#define HB_MASK_MOD " << (out.mask_mod ? 1 : 0) << "\n#define HB_JOINT "
         << (out.joint ? 1 : 0) << "\n#define HB_SCATTER "
-        << (std::find(out.buffer_grads.begin(), out.buffer_grads.end(), true) != out.buffer_grads.end() ? 1 : 0) << "\n"
-        << kFlexTemplateMarker << "\n" << kFlexCudaKernelTemplate;
+        << (std::find(out.buffer_grads.begin(), out.buffer_grads.end(), true) != out.buffer_grads.end() ? 1 : 0) << "\n";
+    if (tj && tj->line())
+      src << "#define HB_LINE_STATIC 1\n#define HB_LINE_BUF " << tj->line()->buffer << "\n#define HB_LINE_ALPHA "
+          << tj->line()->along.q << "LL\n#define HB_LINE_BETA " << tj->line()->along.kv << "LL\n";
+    src << kFlexTemplateMarker << "\n" << kFlexCudaKernelTemplate;
   } else {
     src << wrap.str();
   }
@@ -982,6 +1080,12 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
     for (int b = 0; b < nscore; ++b)
       if (out.buffer_grads[b]) scat += (scat.empty() ? "" : ", ") + std::to_string(b);
     if (!scat.empty()) sum << ", gradient scattered into buffer " << scat;
+    if (cuda && tj->line()) {
+      const Affine& l = tj->line()->along;
+      sum << " (buffer " << tj->line()->buffer << " summed per tile along its "
+          << (l.kv == 0 ? "rows" : l.q == 0 ? "columns" : "diagonals") << ": offset moves " << l.q << " per q_idx, "
+          << l.kv << " per kv_idx)";
+    }
   }
   out.summary = sum.str();
   return out;

@@ -1,7 +1,7 @@
 // A learned relative bias for benchmarks/flex_kernel_lab.cu (-DHB_LAB_MODS='"lab_mods/relbias.cuh"', or
 // LAB_MODS=benchmarks/lab_mods/relbias.cuh with benchmarks/gpu_session.sh lab): score + lb[q - kv + S - 1, h]
 // with a float32 table lb [2S - 1, H] that wants a gradient, written as codegen/FlexKernelGen.cpp writes it
-// (32-bit indices, the table's layout as literals, the scatter through hb_scatter). LAB_S and LAB_H must be
+// (32-bit indices, the table's layout as literals, the scatter through hb_scatter_s). LAB_S and LAB_H must be
 // the lab's S and H (4096 and 16 by default; set them with LAB_DEFS="-DLAB_S=... -DLAB_H=...").
 #ifndef LAB_S
 #define LAB_S 4096
@@ -9,6 +9,8 @@
 #ifndef LAB_H
 #define LAB_H 16
 #endif
+// The scatter runs along the tiles' diagonals as the generator proves it (HB_LINE_STATIC; -DLAB_LINE_PROBE:
+// found by the kernel's run-time probe instead).
 // Variants for timing (LAB_DEFS): -DLAB_SCATTER_GLOBAL (one global atomic per score element, no line sums),
 // -DLAB_NO_SCATTER (the joint scatters nothing: wrong gradients, timing only), -DLAB_NO_JOINT (no joint
 // at all: the score_mod's recompute alone).
@@ -20,9 +22,16 @@
 #endif
 #if !defined(LAB_SCATTER_GLOBAL) && !defined(LAB_NO_SCATTER) && !defined(LAB_NO_JOINT)
 #define HB_SCATTER 1
+#ifndef LAB_LINE_PROBE
+#define HB_LINE_STATIC 1
+#define HB_LINE_BUF 0
+#define HB_LINE_ALPHA LAB_H
+#define HB_LINE_BETA (-LAB_H)
+#endif
 #endif
 
-HB_FLEX_SCATTER_CUDA  // the generated prelude's hb_scatter (codegen/FlexKernelAbi.h)
+HB_FLEX_SCATTER_CUDA  // the generated prelude's hb_scatter and hb_scatter_s (codegen/FlexKernelAbi.h)
+HB_FLEX_SCATTER_LINE
 
 template <typename T>
 HB_FN T hb_score_mod(T score, long long b, long long h, long long q, long long kv, HbFlexTile* t) {
@@ -30,11 +39,12 @@ HB_FN T hb_score_mod(T score, long long b, long long h, long long q, long long k
   return score + (T)((const float*)t->score_buffers[0].data)[d * LAB_H + (int)h];
 }
 
-template <typename T>
+template <typename T, int LINE = 0>
 HB_FN T hb_joint(T score, long long b, long long h, long long q, long long kv, T grad, HbFlexTile* t) {
   const int d = (int)q - (int)kv + (LAB_S - 1);
 #ifndef LAB_NO_SCATTER
-  if (t->score_buffers[0].grad) hb_scatter(t, 0, t->score_buffers[0].grad, d * LAB_H + (int)h, (double)grad);
+  if (LINE || t->score_buffers[0].grad)
+    hb_scatter_s<LINE, true>(t, 0, t->score_buffers[0].grad, d * LAB_H + (int)h, (double)grad);
 #endif
   return grad;
 }

@@ -11,7 +11,11 @@
 //   HB_HALF         1: float16 q/k/v, 0: bfloat16
 //   HB_SCORE_MOD    1: hb_score_mod<float>(score, b, h, q, kv, tile) exists (0: the identity)
 //   HB_MASK_MOD     1: hb_mask_mod(b, h, q, kv, tile) exists (0: no mask_mod)
-//   HB_JOINT        1: hb_joint<float>(score, b, h, q, kv, grad, tile) exists (0: the identity)
+//   HB_JOINT        1: hb_joint<float, LINE>(score, b, h, q, kv, grad, tile) exists (0: the identity)
+//   HB_SCATTER      1: the joint scatters into a buffer's gradient (hb_scatter_s)
+//   HB_LINE_STATIC  1: the generator proved that one scatter, into buffer HB_LINE_BUF, has the offset
+//                   base(b, h) + HB_LINE_ALPHA q + HB_LINE_BETA kv over every tile inside both sequences,
+//                   along rows, columns or diagonals (LineStep below)
 // and the ABI structs of codegen/FlexKernelAbi.h (HbFlexCudaArgs and what it holds).
 //
 // Layout and semantics follow the reference (backend/runtime/FlexAttention.h): scores are
@@ -47,6 +51,9 @@
 #endif
 #ifndef HB_SCATTER  // 1: the joint scatters into a buffer's gradient (hb_scatter)
 #define HB_SCATTER 0
+#endif
+#ifndef HB_LINE_STATIC
+#define HB_LINE_STATIC 0
 #endif
 #define HB_WG (HB_SM90 && (HB_D == 64 || HB_D == 128))
 #if HB_WG
@@ -292,10 +299,30 @@ struct LineStep {
 template <int ROWS, int COLS>
 constexpr int kLineTileBytes = HB_SCATTER ? ROWS * (COLS + 1) * 4 : 0;
 
-#if HB_SCATTER
+#if HB_SCATTER && HB_LINE_STATIC
+// The generator proved the line (HB_LINE_*): the step's key is the line scatter's offset at (q0, k0),
+// which the joint's LINE 2 instantiation notes without scattering; every element of the step then hands
+// its value over unchecked (hb_joint<float, 1>).
 template <int ROWS, int COLS>
 __device__ __forceinline__ LineStep line_probe(float* tile, long long b, long long h, long long q0, long long k0,
-                                               bool inside, HbFlexTile& t) {
+                                               bool inside, HbFlexTile& t, const HbFlexCudaArgs& a) {
+  constexpr long long alpha = HB_LINE_ALPHA, beta = HB_LINE_BETA;
+  constexpr int kind = beta == 0 ? 1 : alpha == 0 ? 2 : 3;
+  static_assert(beta == 0 || alpha == 0 || alpha == -beta, "HB_LINE_ALPHA/BETA: not a line");
+  LineStep l{nullptr, 0, -1, 0, 0, 0};
+  if (!inside || !a.run_joint || !a.score_buffers[HB_LINE_BUF].grad) return l;
+  const int e = t.error, eb = t.error_buffer;  // the key's reads must not report: restore what it sets
+  const long long ei = t.error_index, es = t.error_size;
+  hb_joint<float, 2>(0.f, b, h, q0, k0, 1.f, &t);
+  t.error = e, t.error_buffer = eb, t.error_index = ei, t.error_size = es;
+  l.tile = tile, l.kind = kind, l.buf = HB_LINE_BUF, l.key0 = t.line_pred, l.alpha = alpha, l.beta = beta;
+  return l;
+}
+
+#elif HB_SCATTER
+template <int ROWS, int COLS>
+__device__ __forceinline__ LineStep line_probe(float* tile, long long b, long long h, long long q0, long long k0,
+                                               bool inside, HbFlexTile& t, const HbFlexCudaArgs&) {
   LineStep l{nullptr, 0, -1, 0, 0, 0};
   t.line_mode = 0;
   if (!inside) return l;
@@ -320,7 +347,9 @@ __device__ __forceinline__ LineStep line_probe(float* tile, long long b, long lo
   t.line_mode = 1, t.line_buf = buf[0];
   return l;
 }
+#endif
 
+#if HB_SCATTER
 template <int ROWS, int COLS, int NT>
 __device__ __forceinline__ void line_reduce(const LineStep& l, const HbFlexCudaArgs& a) {
   __syncthreads();  // every element's value is in the tile
@@ -350,8 +379,10 @@ __device__ __forceinline__ void line_reduce(const LineStep& l, const HbFlexCudaA
 // Backward, per element: s (scores) becomes P = exp(score - logsumexp) and dp becomes dS = P (dP - delta)
 // through the joint graph, times the scale; masked and out-of-range elements 0. `row0` is (b, h)'s first
 // logsumexp row. As in the forward, a tile inside both sequences calls the generated functions
-// unguarded, and with nothing to call per element takes the short way.
-template <int NC, bool GUARD>
+// unguarded, and with nothing to call per element takes the short way. LINE: the step reduces a buffer
+// gradient along lines (`line`, a tile inside both sequences): each element's line value goes to the
+// line tile.
+template <int NC, bool GUARD, bool LINE>
 __device__ __forceinline__ void p_ds_elems(float (&s)[NC / 8][4], float (&dp)[NC / 8][4], const HbFlexCudaArgs& a,
                                            long long b, long long h, int q0, int lq, int k0, bool full, long long row0,
                                            HbFlexTile& t, const LineStep& line) {
@@ -381,13 +412,14 @@ __device__ __forceinline__ void p_ds_elems(float (&s)[NC / 8][4], float (&dp)[NC
         float ds = p * (dp[j][2 * r + c] - delta);
 #if HB_SCATTER
         const int lr = lq + 8 * r, lc = j * 8 + 2 * t4 + c;
-        if (!GUARD && line.tile) t.line_taken = 0, t.line_val = 0.f, t.line_pred = line.key0 + line.alpha * lr + line.beta * lc;
+        if (LINE) t.line_val = 0.f;
+        if (LINE && !HB_LINE_STATIC) t.line_taken = 0, t.line_pred = line.key0 + line.alpha * lr + line.beta * lc;
 #endif
 #if HB_JOINT
-        if (keep && a.run_joint) ds = hb_joint<float>(s0, b, h, qi, ki, ds, &t);
+        if (keep && a.run_joint) ds = hb_joint<float, LINE && HB_LINE_STATIC ? 1 : 0>(s0, b, h, qi, ki, ds, &t);
 #endif
 #if HB_SCATTER
-        if (!GUARD && line.tile) line.tile[lr * (NC + 1) + lc] = t.line_val;
+        if (LINE) line.tile[lr * (NC + 1) + lc] = t.line_val;
 #endif
         s[j][2 * r + c] = p;
         dp[j][2 * r + c] = keep ? ds * a.scale : 0.f;
@@ -414,10 +446,12 @@ __device__ __forceinline__ void bwd_p_ds(float (&s)[NC / 8][4], float (&dp)[NC /
           dp[j][2 * r + c] = p * (dp[j][2 * r + c] - delta) * a.scale;
         }
     }
+  } else if (HB_SCATTER && line.tile) {
+    p_ds_elems<NC, false, true>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
   } else if (inside) {
-    p_ds_elems<NC, false>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
+    p_ds_elems<NC, false, false>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
   } else {
-    p_ds_elems<NC, true>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
+    p_ds_elems<NC, true, false>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
   }
 }
 
@@ -658,7 +692,7 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
       }
       const bool inside = k0 + BN <= a.Skv && q0 + BM <= a.Sq;
 #if HB_SCATTER
-      const LineStep line = line_probe<BM, BN>(reinterpret_cast<float*>(sP), b, h, q0, k0, inside, t);
+      const LineStep line = line_probe<BM, BN>(reinterpret_cast<float*>(sP), b, h, q0, k0, inside, t, a);
 #else
       const LineStep line{};
 #endif
@@ -984,7 +1018,7 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
 
     const bool inside = k0 + WBN <= a.Skv && q0 + WBM <= a.Sq;
 #if HB_SCATTER
-    const LineStep line = line_probe<WBM, WBN>(reinterpret_cast<float*>(sP), b, h, q0, k0, inside, t);
+    const LineStep line = line_probe<WBM, WBN>(reinterpret_cast<float*>(sP), b, h, q0, k0, inside, t, a);
 #else
     const LineStep line{};
 #endif

@@ -30,6 +30,10 @@ def window(b, h, q, kv):
 # The CPU test's score_mods (relative position aside) and a temperature, whose backward cuDNN does not run.
 SCORE_MODS = {k: v for k, v in SCORE_MODS.items() if k != "relpos"}
 SCORE_MODS["temperature"] = (None, False, lambda buf, S: lambda s, b, h, q, kv: s * 0.7)
+# A table read at (q - kv) mod 97: not affine, so no proven line; the kernel's run-time probe finds
+# diagonals in most steps, and the steps where they wrap must still add up.
+SCORE_MODS["wrapped"] = ((lambda B, H, S: (97, H)), True,
+                         lambda buf, S: lambda s, b, h, q, kv: s + buf[(q - kv) % 97, h])
 MASKS = {"none": None, "causal": causal, "window": window}
 
 
@@ -113,6 +117,14 @@ def test_cuda_fused_shapes(tmp_path, shape):
 def test_cuda_fused_bf16_buffer_and_logsumexp_gradient(tmp_path):
     run_case(tmp_path, "relative", "causal", buf_dtype=torch.bfloat16)
     run_case(tmp_path, "head", "none", with_lse_grad=True)
+
+
+def test_cuda_fused_buffer_gradient_lines(tmp_path):
+    """Which scatters the generator proves to run along the tiles' lines (summed per line, no check per
+    element), against float64 like every case here."""
+    assert "summed per tile along its diagonals" in run_case(tmp_path / "rel", "relative", "none")
+    assert "summed per tile along its rows" in run_case(tmp_path / "query", "query", "causal")
+    assert "summed per tile" not in run_case(tmp_path / "wrap", "wrapped", "none")
 
 
 def test_cuda_fused_document_mask_reads_a_buffer(tmp_path):

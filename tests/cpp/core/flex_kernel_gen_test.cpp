@@ -150,7 +150,9 @@ TEST(flex_kernel_gen, writes_each_node_as_a_scalar_statement) {
            "const int v9 = ((int)q) - ((int)kv);  // %sub",
            "const int v10 = v9 + 7;  // %add",
            "const T v11 = ((const float*)t->score_buffers[0].data)[v10 * 2 + ((int)h)];  // %index",
-           "hb_scatter(t, 0, t->score_buffers[0].grad, (v10) * 2 + ((int)h), ((double)(grad)));  // %scatter",
+           // The line scatter (its offset moves along the tiles' diagonals), which the CPU calls with LINE 0.
+           "if (LINE || t->score_buffers[0].grad) hb_scatter_s<LINE, true>(t, 0, t->score_buffers[0].grad, (v10) * 2 + "
+           "((int)h), ((double)(grad)));  // %scatter",
            "const bool v4 = (((int)q) >= ((int)kv));  // %ge",
            "const T v13 = v12 * (((T)1) - v8 * v8);  // %tb",
            "extern \"C\" void hb_flex_joint_f64(",
@@ -365,6 +367,18 @@ std::string cuda_backward_ir(const std::string& dtype = "bf16", int d = 64) {
   return ir;
 }
 
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t at = 0; (at = s.find(from, at)) != std::string::npos; at += to.size()) s.replace(at, from.size(), to);
+  return s;
+}
+
+// cuda_backward_ir with the table sized to the sequence: lb[q - kv + 199, h], lb [399, 2], read and
+// scattered inside for every q, kv < 200.
+std::string cuda_relative_ir(const std::string& dtype = "bf16", int d = 64) {
+  return replace_all(replace_all(cuda_backward_ir(dtype, d), "15, 2]", "399, 2]"), "aten::add.Tensor(%sub, 7)",
+                     "aten::add.Tensor(%sub, 199)");
+}
+
 std::string cuda_refusal(const std::string& ir) {
   auto g = parse_graph(ir);
   std::string why;
@@ -378,13 +392,59 @@ TEST(flex_kernel_gen, cuda_source_specializes_the_tiled_kernels) {
   const std::optional<FlexKernelSource> s = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
   ASSERT_TRUE(s.has_value()) << why;
   EXPECT_EQ(s->summary, "CUDA, head dim 64, bfloat16; score_mod: 7 ops; mask_mod: 1 op; joint: 8 ops, gradient "
-                        "scattered into buffer 0");
+                        "scattered into buffer 0");  // no proven line: see below
   for (const char* line : {"#define HB_D 64\n", "#define HB_HALF 0\n", "#define HB_SCORE_MOD 1\n", "#define HB_MASK_MOD 1\n",
-                           "#define HB_JOINT 1\n", "#define HB_SCATTER 1\n", "hb_scatter(t, 0, t->score_buffers[0].grad, ", "extern \"C\" int hb_flex_cuda_backward("})
+                           "#define HB_JOINT 1\n", "#define HB_SCATTER 1\n", "hb_scatter_s<LINE, false>(t, 0, t->score_buffers[0].grad, ", "extern \"C\" int hb_flex_cuda_backward("})
     EXPECT_NE(s->source.find(line), std::string::npos) << line;
+  // lb[q - kv + 7] over 200 positions may leave lb's 15 rows: no proven line (the kernel probes at run time).
+  EXPECT_EQ(s->source.find("#define HB_LINE_STATIC 1"), std::string::npos);
   // No host tile wrappers: the scalar functions are device code only.
   EXPECT_EQ(s->source.find("hb_flex_score_f32"), std::string::npos);
   EXPECT_LT(s->source.find("HB_FN T hb_score_mod"), s->source.find(kFlexTemplateMarker));
+}
+
+// The CUDA source's line scatter (HB_LINE_*): a scatter whose offset the generator proves to move along
+// rows, columns or diagonals of every tile inside both sequences, with the offset's steps per q_idx and
+// kv_idx worked out by hand from the buffer's row-major layout ([n, 2]: 2 per row of the table).
+TEST(flex_kernel_gen, cuda_proves_the_scatter_that_runs_along_lines) {
+  auto cuda = [](const std::string& ir) {
+    auto g = parse_graph(ir);
+    std::string why;
+    const std::optional<FlexKernelSource> s = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
+    EXPECT_TRUE(s.has_value()) << why;
+    return s ? *s : FlexKernelSource{};
+  };
+  auto with_table = [](const std::string& rows, const std::string& index, const std::string& sub) {
+    std::string ir = replace_all(cuda_backward_ir(), "15, 2]", rows + ", 2]");
+    ir = replace_all(ir, "%sub: i32[] = aten::sub.Tensor(%qi, %ki)", sub);
+    return replace_all(ir, "[%add, %h]", index);
+  };
+  // lb[q - kv + 199, h]: the offset 2 (q - kv + 199) + h.
+  const FlexKernelSource rel = cuda(cuda_relative_ir());
+  EXPECT_NE(rel.source.find("#define HB_LINE_STATIC 1\n#define HB_LINE_BUF 0\n#define HB_LINE_ALPHA 2LL\n"
+                            "#define HB_LINE_BETA -2LL\n"), std::string::npos) << rel.source;
+  EXPECT_NE(rel.source.find("hb_scatter_s<LINE, true>(t, 0, "), std::string::npos);
+  EXPECT_NE(rel.summary.find("(buffer 0 summed per tile along its diagonals: offset moves 2 per q_idx, -2 per "
+                             "kv_idx)"), std::string::npos) << rel.summary;
+  // A per-query table lb[q, h] (rows, 2 per q) and a per-key one lb[kv, h] (columns).
+  const FlexKernelSource rows = cuda(with_table("200", "[%qi, %h]", "%sub: i32[] = aten::sub.Tensor(%qi, %ki)"));
+  EXPECT_NE(rows.source.find("#define HB_LINE_ALPHA 2LL\n#define HB_LINE_BETA 0LL\n"), std::string::npos);
+  EXPECT_NE(rows.summary.find("along its rows"), std::string::npos) << rows.summary;
+  const FlexKernelSource cols = cuda(with_table("200", "[%ki, %h]", "%sub: i32[] = aten::sub.Tensor(%qi, %ki)"));
+  EXPECT_NE(cols.source.find("#define HB_LINE_ALPHA 0LL\n#define HB_LINE_BETA 2LL\n"), std::string::npos);
+  EXPECT_NE(cols.summary.find("along its columns"), std::string::npos) << cols.summary;
+  // Not a line: lb[q + kv, h] moves 2 per q_idx and 2 per kv_idx (an anti-diagonal); lb[(q - kv) mod 15, h]
+  // is not affine. Both scatter with the kernel's run-time probe.
+  for (const std::string& ir :
+       {replace_all(with_table("399", "[%add, %h]", "%sub: i32[] = aten::add.Tensor(%qi, %ki)"), "aten::add.Tensor(%sub, 7)",
+                    "aten::add.Tensor(%sub, 0)"),
+        replace_all(with_table("15", "[%add, %h]", "%sub: i32[] = aten::sub.Tensor(%qi, %ki)"), "aten::add.Tensor(%sub, 7)",
+                    "aten::remainder.Scalar(%sub, 15)")}) {
+    const FlexKernelSource s = cuda(ir);
+    EXPECT_EQ(s.source.find("#define HB_LINE_STATIC 1"), std::string::npos) << ir;
+    EXPECT_NE(s.source.find("hb_scatter_s<LINE, false>(t, 0, "), std::string::npos);
+    EXPECT_EQ(s.summary.find("summed per tile"), std::string::npos) << s.summary;
+  }
 }
 
 TEST(flex_kernel_gen, cuda_refuses_what_its_kernels_do_not_take) {
@@ -405,10 +465,13 @@ TEST(flex_kernel_gen, nvcc_builds_the_cuda_source) {
   const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
   if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
-  auto g = parse_graph(cuda_backward_ir("f16", 128));
+  // The proven line's kernels (HB_LINE_STATIC) here; selection_on_cuda_builds_the_generated_kernel builds
+  // the run-time probe's.
+  auto g = parse_graph(cuda_relative_ir("f16", 128));
   std::string why;
   const std::optional<FlexKernelSource> s = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
   ASSERT_TRUE(s.has_value()) << why;
+  ASSERT_NE(s->source.find("#define HB_LINE_STATIC 1"), std::string::npos);
   CudaCompileSettings cs{"nvcc", "90", cutlass, temp_dir()};
   const HostBuild build = build_cuda_module(s->source, cs);
   ASSERT_TRUE(build.module) << build.error;
