@@ -4,10 +4,11 @@ process (the issue-13 table). bf16, B4 H16 S4096, D64 and D128; TFLOP/s counted 
 above the inputs.
 
     python benchmarks/flex.py [--s 4096] [--steps 20] [--rows none,causal,...] [--check] [--profile] [--deterministic]
-                              [--fused]
+                              [--fused] [--cudnn]
 
 --fused adds the column hb-fused: hintbackend with hinted_context(kernel="fused"), the generated tiled CUDA
-kernels (issue 14) instead of cuDNN. --cuda-graphs adds hb-cg: hintbackend with options={"cuda_graphs": True}
+kernels (issue 14) instead of cuDNN; --cudnn the column hb-cudnn, hinted_context(kernel="cudnn") (the
+default takes some backwards elsewhere: a float32 table's gradient, which cuDNN's dBias would round). --cuda-graphs adds hb-cg: hintbackend with options={"cuda_graphs": True}
 (the compiled forward and backward replayed as CUDA graphs: the host time per step mostly gone; its q/k/v
 gradients are set to None before each step, as cudagraph trees require, where the other peers accumulate).
 
@@ -215,6 +216,8 @@ def main() -> None:
                    help="also time hintbackend with hinted_context(deterministic=True) (column hb-det)")
     p.add_argument("--fused", action="store_true",
                    help='also time hintbackend with hinted_context(kernel="fused") (column hb-fused)')
+    p.add_argument("--cudnn", action="store_true",
+                   help='also time hintbackend with hinted_context(kernel="cudnn") (column hb-cudnn)')
     p.add_argument("--cuda-graphs", action="store_true",
                    help='also time hintbackend with options={"cuda_graphs": True} (column hb-cg)')
     p.add_argument("--peers", default="inductor,sdpa-cudnn,cudnn-bias,hintbackend",
@@ -275,9 +278,14 @@ def main() -> None:
                 with hinted_context(kernel="fused"):
                     return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
 
+            def attn_cudnn(q, k, v):
+                with hinted_context(kernel="cudnn"):
+                    return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+
             res = {"inductor": None, "sdpa-cudnn": None, "cudnn-bias": None, "hintbackend": None}
             for peer in tuple(args.peers.split(",")) + (("hb-det",) if args.deterministic else ()) + \
-                    (("hb-fused",) if args.fused else ()) + (("hb-cg",) if args.cuda_graphs else ()):
+                    (("hb-fused",) if args.fused else ()) + (("hb-cudnn",) if args.cudnn else ()) + \
+                    (("hb-cg",) if args.cuda_graphs else ()):
                 if (peer == "sdpa-cudnn" and score_mod is not None and sdpa_mask is None) or \
                         (peer == "cudnn-bias" and BIASES["mat"] is None):
                     res[peer] = None
@@ -298,7 +306,8 @@ def main() -> None:
                                 F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask,
                                                                is_causal=row == "causal").backward(dout)
                     else:
-                        f = torch.compile({"hb-det": attn_det, "hb-fused": attn_fused, "cudnn-bias": attn_mat}.get(
+                        f = torch.compile({"hb-det": attn_det, "hb-fused": attn_fused, "hb-cudnn": attn_cudnn,
+                                           "cudnn-bias": attn_mat}.get(
                             peer, attn), backend="inductor" if peer == "inductor" else "hintbackend",
                             options={"cuda_graphs": True} if peer == "hb-cg" else None)
 
@@ -345,6 +354,8 @@ def main() -> None:
                 extra = f"  hb-det {cell(det)}, {ratio(det, hb)}x hb"
             if "hb-fused" in res:
                 extra += f"  hb-fused {cell(res['hb-fused'])}, {ratio(res['hb-fused'], res['inductor'])}x inductor"
+            if "hb-cudnn" in res:
+                extra += f"  hb-cudnn {cell(res['hb-cudnn'])}, {ratio(hb, res['hb-cudnn'])}x hb-cudnn"
             if "hb-cg" in res:
                 extra += f"  hb-cg {cell(res['hb-cg'])}, {ratio(res['hb-cg'], res['sdpa-cudnn'])}x sdpa"
             print(f"{row:<10}{D:>5}{cell(res['inductor']):>16}{cell(res['sdpa-cudnn']):>16}"

@@ -649,7 +649,15 @@ FlexAnalysis analyze_flex(const Graph& g, int node) {
   if (backward) {
     if (const Graph* joint = sub(n.args[8]); joint && joint->output_node() >= 0 && !joint->nodes[joint->output_node()].args.empty()) {
       const Arg& items = joint->nodes[joint->output_node()].args[0];
-      for (size_t k = 5; k < items.items.size(); ++k) r.buffer_grads += items.items[k].kind == Arg::Kind::Ref;
+      const Arg& buffers = n.args[12];
+      for (size_t k = 5; k < items.items.size(); ++k) {
+        if (items.items[k].kind != Arg::Kind::Ref) continue;
+        ++r.buffer_grads;
+        const size_t b = k - 5;
+        const TensorType* t = b < buffers.items.size() ? g.tensor_type(buffers.items[b]) : nullptr;
+        if (r.float_grad_buffer < 0 && t && (t->dtype == DType::Float32 || t->dtype == DType::Float64))
+          r.float_grad_buffer = static_cast<int>(b);
+      }
     }
   } else {
     const auto users = g.users();

@@ -102,6 +102,7 @@ struct FlexAnalysis {
   std::string score_why;       // what it computes otherwise
   bool uses_max_scores = false;  // the forward's third result is read (cuDNN does not give it)
   int buffer_grads = 0;          // backward: how many captured buffers the joint graph returns a gradient for
+  int float_grad_buffer = -1;    // backward: the first such buffer of dtype float32 or float64, or -1
 };
 
 // The mask band of a mask_mod subgraph (args b, h, q_idx, kv_idx, *buffers), or why it is none.

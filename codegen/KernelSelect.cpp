@@ -123,10 +123,26 @@ std::string bias_memory_why(const Graph& g, int node, const FlexAnalysis& a) {
   return "it would materialize a " + std::to_string((*bytes + (1 << 20) - 1) >> 20) + " MiB bias (above 8 GiB)";
 }
 
+// Why cuDNN's dBias would round a buffer's gradient ("" = it would not): cuDNN builds dBias in q's dtype
+// only (9.19; backend/runtime/CudnnFlexCall.cpp asks for float32 first), so the gradient of a float32 or
+// float64 buffer, gathered from dBias, carries half-precision rounding: 1.9-2.1x eager flex's error against
+// float64 for a relative bias (docs/flex-attention.md), past the 2x the project allows. The generated
+// kernel adds it in float32.
+std::string dbias_precision_why(const Graph& g, int node, const FlexAnalysis& a) {
+  const Node& n = g.nodes[node];
+  if (n.target != "higher_order::flex_attention_backward" || a.float_grad_buffer < 0) return "";
+  if (!a.score_bias || a.score_row_shift || a.score_pointwise || a.softcap > 0) return "";  // no dBias asked of cuDNN
+  const TensorType* q = g.tensor_type(n.args[0]);
+  if (!q || (q->dtype != DType::BFloat16 && q->dtype != DType::Float16)) return "";
+  return std::string("its dBias is ") + dtype_name(q->dtype) + " only: buffer " + std::to_string(a.float_grad_buffer) +
+         "'s float gradient would carry that rounding";
+}
+
 // A flex node: cuDNN's SDPA when the target has it and it can run the node as flex defines it (and the
 // region's kernel= hint allows it), else the generated tiled kernel where the target can build it, else
 // the reference; the dump says which and why. A bias cuDNN would materialize past what memory allows
-// (bias_memory_why) goes to the generated kernel first, where it can run.
+// (bias_memory_why), or a float buffer's gradient cuDNN would round (dbias_precision_why), goes to the
+// generated kernel first, where it can run.
 void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c) {
   const Node& n = g.nodes[node];
   const bool backward = c.kind == KernelKind::FlexBackward;
@@ -146,16 +162,18 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
     c.why += "; kernel=aten hint; " + what;
     return;
   }
-  // Memory before speed: the generated kernel, if it runs, where cuDNN's bias would not fit.
+  // Memory and precision before speed: the generated kernel, if it runs, where cuDNN's bias would not fit
+  // or its dBias would round a float buffer's gradient.
   FlexKernelSource src;
   HostBuild build;
   std::string fused_not;
   bool fused_tried = false;
-  const std::string memory_why = why_not.empty() && !pref ? bias_memory_why(g, node, a) : "";
-  if (!memory_why.empty()) {
+  std::string fused_first = why_not.empty() && !pref ? bias_memory_why(g, node, a) : "";
+  if (fused_first.empty() && why_not.empty() && !pref) fused_first = dbias_precision_why(g, node, a);
+  if (!fused_first.empty()) {
     fused_not = fused_why_not(g, node, target, &src, &build);
     fused_tried = true;
-    if (fused_not.empty()) why_not = memory_why;
+    if (fused_not.empty()) why_not = fused_first;
   }
   if (why_not.empty() && pref != KernelPref::Fused) {
     c.kind = backward ? KernelKind::FlexCudnnBackward : KernelKind::FlexCudnnForward;
@@ -173,7 +191,7 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
                                        to_string(a.bias_layout) + ")" +
                                        (a.buffer_grads ? "; dBias scattered into its buffers' gradients" : "")) +
             (backward && n.hints.deterministic.value_or(false) ? ", deterministic" : "") +
-            (memory_why.empty() ? "" : " (" + memory_why + ", but the generated kernel cannot run: " + fused_not + ")");
+            (fused_first.empty() ? "" : " (" + fused_first + ", but the generated kernel cannot run: " + fused_not + ")");
     return;
   }
   // The generated tiled kernel: built here, once, so a compiler failure falls back with its reason.

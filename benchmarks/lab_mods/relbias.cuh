@@ -36,7 +36,7 @@ HB_FLEX_SCATTER_LINE
 template <typename T>
 HB_FN T hb_score_mod(T score, long long b, long long h, long long q, long long kv, HbFlexTile* t) {
   const int d = (int)q - (int)kv + (LAB_S - 1);
-  return score + (T)((const float*)t->score_buffers[0].data)[d * LAB_H + (int)h];
+  return score + (T)__ldg((const float*)t->score_buffers[0].data + d * LAB_H + (int)h);  // HB_LD
 }
 
 template <typename T, int LINE = 0>

@@ -149,7 +149,7 @@ TEST(flex_kernel_gen, writes_each_node_as_a_scalar_statement) {
            // read with lb's strides as literals and no bounds check.
            "const int v9 = ((int)q) - ((int)kv);  // %sub",
            "const int v10 = v9 + 7;  // %add",
-           "const T v11 = ((const float*)t->score_buffers[0].data)[v10 * 2 + ((int)h)];  // %index",
+           "const T v11 = HB_LD((const float*)t->score_buffers[0].data + (v10 * 2 + ((int)h)));  // %index",
            // The line scatter (its offset moves along the tiles' diagonals), which the CPU calls with LINE 0.
            "if (LINE || t->score_buffers[0].grad) hb_scatter_s<LINE, true>(t, 0, t->score_buffers[0].grad, (v10) * 2 + "
            "((int)h), ((double)(grad)));  // %scatter",
@@ -488,6 +488,46 @@ TEST(flex_kernel_gen, nvcc_builds_the_cuda_source) {
 
 // Kernel selection on a CUDA node cuDNN cannot run (a buffer gradient through a soft cap): the generated CUDA kernel, built with nvcc, saying why not cuDNN; with
 // deterministic=True, or without CUTLASS's headers, the reference, saying why.
+// cuDNN builds dBias in q's dtype only, so a float32 table's gradient gathered from it would carry bf16
+// rounding: the backward goes to the generated kernel where it can be built (the forward, which has no
+// dBias, stays on cuDNN). Without CUTLASS's headers, cuDNN runs and the dump says why the rule did not
+// apply; a bf16 table loses nothing to cuDNN's bf16 dBias and stays there.
+TEST(flex_kernel_gen, a_float_buffer_gradient_goes_to_the_generated_backward) {
+  std::string ir = cuda_relative_ir();  // score + lb[q - kv + 199, h]: cuDNN's materialized bias
+  for (const char* line : {"  %div: f32[] = aten::div.Tensor(%s, 30)\n", "  %tanh: f32[] = aten::tanh.default(%div)\n",
+                           "  %mul: f32[] = aten::mul.Tensor(%tanh, 30)\n", "  %mul_1: f32[] = aten::mul.Tensor(%g, 30)\n",
+                           "  %tb: f32[] = aten::tanh_backward.default(%mul_1, %tanh)\n",
+                           "  %div_1: f32[] = aten::div.Tensor(%tb, 30)\n"})
+    ir = replace_all(ir, line, "");
+  ir = replace(ir, "aten::add.Tensor(%mul, %index)", "aten::add.Tensor(%s, %index)");
+  ir = replace(ir, "return [%div_1, none,", "return [%g, none,");
+  ir = replace_all(ir, "bf16[1, 2, 200, 64]", "bf16[1, 2, 200, 64]@cuda:0");
+  auto g = parse_graph(ir);
+  const int fb = g->find("fb");
+  Target target;
+  target.cudnn_attention = true;
+  KernelChoice c = select_kernel(*g, fb, target);
+  EXPECT_EQ(c.kind, KernelKind::FlexCudnnBackward) << c.why;
+  EXPECT_NE(c.why.find("(its dBias is bfloat16 only: buffer 0's float gradient would carry that rounding, but the "
+                       "generated kernel cannot run: cannot build CUDA kernels"),
+            std::string::npos) << c.why;
+  auto bf16 = parse_graph(replace_all(ir, "f32[399, 2]", "bf16[399, 2]"));
+  c = select_kernel(*bf16, fb, target);
+  EXPECT_EQ(c.kind, KernelKind::FlexCudnnBackward) << c.why;
+  EXPECT_EQ(c.why.find("dBias is bfloat16 only"), std::string::npos) << c.why;
+
+  const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
+  if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
+  target.cuda = {"nvcc", "90", cutlass, temp_dir()};
+  c = select_kernel(*g, fb, target);
+  EXPECT_EQ(c.kind, KernelKind::FlexFusedBackward) << c.why;
+  EXPECT_NE(c.why.find("(not cuDNN: its dBias is bfloat16 only: buffer 0's float gradient would carry that rounding)"),
+            std::string::npos) << c.why;
+  g->nodes[fb].hints.kernel = KernelPref::Cudnn;  // asked for: cuDNN, rounding and all
+  EXPECT_EQ(select_kernel(*g, fb, target).kind, KernelKind::FlexCudnnBackward);
+}
+
 TEST(flex_kernel_gen, selection_on_cuda_builds_the_generated_kernel) {
   const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
   if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
