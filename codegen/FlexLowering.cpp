@@ -660,6 +660,17 @@ FlexAnalysis analyze_flex(const Graph& g, int node) {
       }
     }
   } else {
+    // The forward's buffers the backward computes a gradient for (python/hintbackend/partition.py marks
+    // them requires_grad in the forward graph).
+    const Arg& buffers = n.args[7];
+    for (size_t b = 0; b < buffers.items.size(); ++b) {
+      const TensorType* t = g.tensor_type(buffers.items[b]);
+      if (t && t->requires_grad) {
+        ++r.buffer_grads;
+        if (r.float_grad_buffer < 0 && (t->dtype == DType::Float32 || t->dtype == DType::Float64))
+          r.float_grad_buffer = static_cast<int>(b);
+      }
+    }
     const auto users = g.users();
     for (int u : users[node])
       if (g.nodes[u].target == "operator::getitem" && g.nodes[u].args.size() > 1 && g.nodes[u].args[1].i == 2)

@@ -101,8 +101,10 @@ struct FlexAnalysis {
   double softcap = 0;          // c, or 0
   std::string score_why;       // what it computes otherwise
   bool uses_max_scores = false;  // the forward's third result is read (cuDNN does not give it)
-  int buffer_grads = 0;          // backward: how many captured buffers the joint graph returns a gradient for
-  int float_grad_buffer = -1;    // backward: the first such buffer of dtype float32 or float64, or -1
+  // How many captured buffers get a gradient (backward: the joint graph returns one; forward: the
+  // buffer is marked requires_grad), and the first such buffer of dtype float32 or float64, or -1.
+  int buffer_grads = 0;
+  int float_grad_buffer = -1;
 };
 
 // The mask band of a mask_mod subgraph (args b, h, q_idx, kv_idx, *buffers), or why it is none.

@@ -498,13 +498,37 @@ def save_logsumexp_for_cross_entropy(joint: fx.GraphModule) -> int:
     return rewritten
 
 
-def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
-              static_lifetime_input_indices: Optional[List[int]] = None, settings: Any = None,
-              base: str = "min-cut", save_logsumexp: bool = True, **kwargs: Any):
-    """hintbackend's partition_fn for aot_autograd (see the module docstring). `settings`: the compile's
-    CompileSettings (Options.core_settings()), so the slice decision is the compile's own. `base`: the
-    partition of graphs with no dfs/auto region ("default" or "min-cut", options.py's partition).
-    `save_logsumexp`: rewrite cross-entropy losses before min-cut (off: disable_passes=["save-logsumexp"])."""
+# The forward graph's placeholder meta key set on the inputs the backward computes a gradient for: AOT's
+# forward graph traces its inputs without requires_grad, and the kernel selection of a forward node may
+# depend on it (a FlexAttention bias whose float32 table wants a gradient, codegen/KernelSelect.cpp).
+# serialize.py writes it as the input's requires_grad.
+WANTS_GRAD = "hintbackend_wants_grad"
+
+
+def _mark_wanted_gradients(joint: fx.GraphModule, fw: fx.GraphModule, num_fwd_outputs: int) -> None:
+    primals = [p.name for p in joint.graph.find_nodes(op="placeholder") if _is_primal(p)]
+    grads = _joint_outputs(joint)[0][num_fwd_outputs:]
+    wants = {name for name, g in zip(primals, grads) if g is not None}
+    for p in fw.graph.find_nodes(op="placeholder"):
+        if p.name in wants:
+            p.meta[WANTS_GRAD] = True
+
+
+def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):
+    """hintbackend's partition_fn for aot_autograd (see the module docstring and _partition), which also
+    marks the forward's inputs that get a gradient (WANTS_GRAD)."""
+    fw, bw = _partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+    _mark_wanted_gradients(joint_module, fw, num_fwd_outputs)
+    return fw, bw
+
+
+def _partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
+               static_lifetime_input_indices: Optional[List[int]] = None, settings: Any = None,
+               base: str = "min-cut", save_logsumexp: bool = True, **kwargs: Any):
+    """`settings`: the compile's CompileSettings (Options.core_settings()), so the slice decision is the
+    compile's own. `base`: the partition of graphs with no dfs/auto region ("default" or "min-cut",
+    options.py's partition). `save_logsumexp`: rewrite cross-entropy losses before min-cut (off:
+    disable_passes=["save-logsumexp"])."""
     if settings is None:
         settings = _core().CompileSettings()
 

@@ -161,6 +161,8 @@ class _Serializer:
                 entry["kwargs"] = {k: self.arg(v, gm, node) for k, v in node.kwargs.items()}
             if node.op != "output":
                 entry["val"] = _val(node.meta.get("val", node.meta.get("example_value")))
+                if node.meta.get("hintbackend_wants_grad") and "tensor" in entry["val"]:
+                    entry["val"]["tensor"]["requires_grad"] = True  # partition.py's WANTS_GRAD
             custom = node.meta.get("custom")
             if custom:
                 entry["custom"] = custom

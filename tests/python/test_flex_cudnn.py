@@ -398,9 +398,9 @@ def test_relative_bias_read_through_a_head_permutation(tmp_path):
 @pytest.mark.parametrize("dfs", [False, True])
 def test_float_table_gradient_goes_to_the_generated_backward(tmp_path, dfs):
     """By default, a float32 table whose gradient cuDNN would give in bf16 (its dBias) has its backward on
-    the generated kernel, which adds the gradient in float32: every result within 2x eager's error against
-    float64, the table's gradient included (cuDNN's is held to 4x above). The forward, which has no dBias,
-    stays on cuDNN. With dfs, inside slice loops over batch and heads."""
+    the generated kernel, which adds the gradient in float32, and its forward with it (partition.py marks
+    the table as getting a gradient): every result within 2x eager's error against float64, the table's
+    gradient included (cuDNN's is held to 4x above). With dfs, inside slice loops over batch and heads."""
     B, H, S, D = 2, 4, 256, 64
     torch.manual_seed(13)
     q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -430,8 +430,9 @@ def test_float_table_gradient_goes_to_the_generated_backward(tmp_path, dfs):
         err, eager_err = rel(g, r), rel(e, r)
         assert err <= 2 * eager_err + 1e-5, f"{name}: {err:.3g} vs eager {eager_err:.3g}"
     kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in graph_dirs(tmp_path))
-    assert "flex-attention-cudnn" in kernels and "flex-attention-backward-fused" in kernels, kernels
+    assert "flex-attention-fused" in kernels and "flex-attention-backward-fused" in kernels, kernels
     assert "not cuDNN: its dBias is bfloat16 only: buffer 0's float gradient would carry that rounding" in kernels
+    assert "(the backward runs on the generated kernel)" in kernels, kernels  # the forward's reason
 
 
 # score_mods cuDNN evaluates as pointwise nodes inside its kernel (no learned buffer). The backward runs

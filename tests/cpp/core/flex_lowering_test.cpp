@@ -278,6 +278,45 @@ TEST(flex_lowering, a_bias_too_big_for_memory_goes_to_the_generated_kernel) {
       << c.why;
 }
 
+// A float32 table that gets a gradient (partition.py marks it requires_grad in the forward graph): its
+// backward goes to the generated kernel, since cuDNN's dBias is bf16 only, and the forward goes with it,
+// where the generated backward will take the node. Without CUTLASS both stay on cuDNN and say why; with no
+// gradient, or deterministic=True (no generated backward), cuDNN, with no word of it.
+TEST(flex_lowering, a_float_table_that_gets_a_gradient_takes_its_forward_to_the_generated_kernel) {
+  const std::string rel_body =
+      "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n"
+      "  %d1: i32[] = aten::add.Tensor(%d, 127)\n"
+      "  %i: f32[] = aten::index.Tensor(%buf, [%d1])\n"
+      "  %out: f32[] = aten::add.Tensor(%i, %score)\n";
+  auto g = flex_graph("bf16", "@cuda:0", "", rel_body, true, "f32[255]");
+  const int flex = g->find("flex_attention");
+  KernelChoice c = select_kernel(*g, flex, with_cudnn());
+  EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
+  EXPECT_EQ(c.why.find("dBias"), std::string::npos) << c.why;
+  g->nodes[g->find("buf")].type.tensor.requires_grad = true;
+  c = select_kernel(*g, flex, with_cudnn());
+  EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
+  EXPECT_NE(c.why.find("(its dBias is bfloat16 only: buffer 0's float gradient would carry that rounding (the "
+                       "backward runs on the generated kernel), but the generated kernel cannot run: cannot build "
+                       "CUDA kernels"),
+            std::string::npos) << c.why;
+  g->nodes[flex].hints.deterministic = true;
+  c = select_kernel(*g, flex, with_cudnn());
+  EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
+  EXPECT_EQ(c.why.find("dBias"), std::string::npos) << c.why;
+  g->nodes[flex].hints.deterministic.reset();
+  const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
+  if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
+  Target target = with_cudnn();
+  target.cuda = {"nvcc", "90", cutlass, test::temp_dir()};
+  c = select_kernel(*g, flex, target);
+  EXPECT_EQ(c.kind, KernelKind::FlexFusedForward) << c.why;
+  EXPECT_NE(c.why.find("(not cuDNN: its dBias is bfloat16 only: buffer 0's float gradient would carry that rounding "
+                       "(the backward runs on the generated kernel))"),
+            std::string::npos) << c.why;
+}
+
 TEST(flex_lowering, a_kv_dependent_additive_term_is_a_materialized_cudnn_bias) {
   // The learned relative bias the demo trains: score + buf[q_idx - kv_idx + 127] (a Toeplitz bias over
   // the heads here, since the fixture's buffer is 1-d). It reads q_idx and kv_idx, not b or h.
