@@ -130,10 +130,11 @@ std::string bias_memory_why(const Graph& g, int node, const FlexAnalysis& a) {
 // kernel adds it in float32.
 //
 // The forward goes with its backward (the pair on one kernel: no bias materialized for cuDNN's forward;
-// on an H100 at B4 H16 S4096 the pair ran 4-5% faster than cuDNN's forward with the generated backward, at
-// a quarter (D64) to a half (D128) of the peak memory), where the backward's rule will apply: the buffer is marked as getting a
-// gradient, and the backward's generated kernel can take the node (no deterministic=True, head dim up to
-// 128, BlockMask blocks of multiples of 128 x 64: cuda_why_not in codegen/FlexKernelGen.cpp).
+// on an H100 at B4 H16 S4096 the pair ran 4-5% faster than cuDNN's forward beside the generated
+// backward, at a quarter (D64) to a half (D128) of the peak memory), where the backward's rule will
+// apply: the buffer is marked as getting a gradient, and the generated backward can take the node (no
+// deterministic=True, head dim up to 128, BlockMask blocks of multiples of 128 x 64: cuda_why_not in
+// codegen/FlexKernelGen.cpp).
 std::string dbias_precision_why(const Graph& g, int node, const FlexAnalysis& a) {
   const Node& n = g.nodes[node];
   const bool backward = n.target == "higher_order::flex_attention_backward";

@@ -72,7 +72,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from .hoo.hints import HINTS_KEY
 from . import _core
-from .serialize import SerializationError, draws_random, serialize, target_name
+from .serialize import WANTS_GRAD, SerializationError, draws_random, serialize, target_name
 
 log = logging.getLogger("hintbackend")
 
@@ -498,14 +498,8 @@ def save_logsumexp_for_cross_entropy(joint: fx.GraphModule) -> int:
     return rewritten
 
 
-# The forward graph's placeholder meta key set on the inputs the backward computes a gradient for: AOT's
-# forward graph traces its inputs without requires_grad, and the kernel selection of a forward node may
-# depend on it (a FlexAttention bias whose float32 table wants a gradient, codegen/KernelSelect.cpp).
-# serialize.py writes it as the input's requires_grad.
-WANTS_GRAD = "hintbackend_wants_grad"
-
-
 def _mark_wanted_gradients(joint: fx.GraphModule, fw: fx.GraphModule, num_fwd_outputs: int) -> None:
+    """Sets WANTS_GRAD (serialize.py) on the forward's inputs that the joint graph returns a gradient for."""
     primals = [p.name for p in joint.graph.find_nodes(op="placeholder") if _is_primal(p)]
     grads = _joint_outputs(joint)[0][num_fwd_outputs:]
     wants = {name for name, g in zip(primals, grads) if g is not None}

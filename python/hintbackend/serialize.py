@@ -24,6 +24,11 @@ import torch.fx
 
 SCHEMA_FORMAT = "hintbackend.graph"
 SCHEMA_VERSION = 1
+# A forward graph's placeholder meta key: the backward computes a gradient for this input (partition.py sets
+# it; AOT traces the forward's inputs without requires_grad). Written as the input's requires_grad, which
+# the kernel selection of a forward node may read (a FlexAttention bias whose float32 table gets a gradient,
+# codegen/KernelSelect.cpp).
+WANTS_GRAD = "hintbackend_wants_grad"
 
 
 class SerializationError(Exception):
@@ -161,8 +166,8 @@ class _Serializer:
                 entry["kwargs"] = {k: self.arg(v, gm, node) for k, v in node.kwargs.items()}
             if node.op != "output":
                 entry["val"] = _val(node.meta.get("val", node.meta.get("example_value")))
-                if node.meta.get("hintbackend_wants_grad") and "tensor" in entry["val"]:
-                    entry["val"]["tensor"]["requires_grad"] = True  # partition.py's WANTS_GRAD
+                if node.meta.get(WANTS_GRAD) and isinstance(entry["val"], dict) and "tensor" in entry["val"]:
+                    entry["val"]["tensor"]["requires_grad"] = True
             custom = node.meta.get("custom")
             if custom:
                 entry["custom"] = custom

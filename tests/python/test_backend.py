@@ -286,3 +286,22 @@ def test_nodes_that_read_only_constants_run_once():
             assert "run once" not in notes and "call-invariance: disabled" in notes, notes
         else:
             assert re.search(r"call-invariance graph \S+: \d+ nodes run once \(%", notes), notes
+
+
+def test_forward_inputs_that_get_a_gradient_are_marked(tmp_path):
+    """AOT traces the forward graph's inputs without requires_grad; partition.py marks those the backward
+    computes a gradient for (serialize.py's WANTS_GRAD, written as requires_grad), which a forward node's
+    kernel selection may read (codegen/KernelSelect.cpp, a FlexAttention table that gets a gradient)."""
+    w = randn(8, 8).requires_grad_(True)
+    c = randn(4, 8)  # no gradient
+
+    def f(x):
+        return (x @ w + c).square().sum()
+
+    torch._dynamo.reset()
+    torch.compile(f, backend="hintbackend", options={"dump_dir": str(tmp_path)})(randn(4, 8)).backward()
+    forward = [d for d in graph_dirs(tmp_path) if d.startswith("forward")]
+    assert len(forward) == 1, graph_dirs(tmp_path)
+    nodes = json.load(open(os.path.join(tmp_path, forward[0], "graph.json")))["graph"]["nodes"]
+    inputs = {n["name"]: n["val"]["tensor"]["requires_grad"] for n in nodes if n["op"] == "placeholder"}
+    assert len(inputs) == 3 and sum(inputs.values()) == 1, inputs

@@ -248,17 +248,28 @@ TEST(flex_lowering, a_kv_independent_bias_is_a_row_shift_cudnn_runs) {
   EXPECT_NE(c_mul.why.find("pointwise nodes (computes aten::index.Tensor, aten::mul.Tensor)"), std::string::npos) << c_mul.why;
 }
 
+// score + buf[q_idx - kv_idx + 127], buf f32[255]: a relative bias cuDNN takes materialized.
+const char* kRelativeBias =
+    "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n"
+    "  %d1: i32[] = aten::add.Tensor(%d, 127)\n"
+    "  %i: f32[] = aten::index.Tensor(%buf, [%d1])\n"
+    "  %out: f32[] = aten::add.Tensor(%i, %score)\n";
+
+// Lets *t build generated CUDA kernels where nvcc and CUTLASS's headers are found (HB_TEST_CUTLASS_INCLUDE,
+// as CI sets it); false where they are not.
+bool with_cuda_kernels(Target* t) {
+  const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
+  if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0) return false;
+  t->cuda = {"nvcc", "90", cutlass, test::temp_dir()};
+  return true;
+}
+
 // A bias cuDNN would materialize past 8 GiB gives way to the generated kernel, which reads the table in
 // place (at S 65536 over 4 heads, 64 GiB). Without CUTLASS the generated CUDA kernel cannot be built, so
 // cuDNN runs and says why the rule did not apply; with nvcc and CUTLASS (HB_TEST_CUTLASS_INCLUDE, as CI
 // sets it) the generated kernel is chosen.
 TEST(flex_lowering, a_bias_too_big_for_memory_goes_to_the_generated_kernel) {
-  const std::string rel_body =
-      "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n"
-      "  %d1: i32[] = aten::add.Tensor(%d, 127)\n"
-      "  %i: f32[] = aten::index.Tensor(%buf, [%d1])\n"
-      "  %out: f32[] = aten::add.Tensor(%i, %score)\n";
-  auto g = flex_graph("bf16", "@cuda:0", "", rel_body, true, "f32[255]");
+  auto g = flex_graph("bf16", "@cuda:0", "", kRelativeBias, true, "f32[255]");
   const int flex = g->find("flex_attention");
   EXPECT_EQ(select_kernel(*g, flex, with_cudnn()).kind, KernelKind::FlexCudnnForward);  // 256 KiB: cuDNN
   for (const char* name : {"q", "k", "v"}) g->nodes[g->find(name)].type.tensor.shape[2].value = 65536;
@@ -267,11 +278,8 @@ TEST(flex_lowering, a_bias_too_big_for_memory_goes_to_the_generated_kernel) {
   EXPECT_NE(c.why.find("(it would materialize a 65536 MiB bias (above 8 GiB), but the generated kernel cannot "
                        "run: cannot build CUDA kernels"),
             std::string::npos) << c.why;
-  const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
-  if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
-    GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
   Target target = with_cudnn();
-  target.cuda = {"nvcc", "90", cutlass, test::temp_dir()};
+  if (!with_cuda_kernels(&target)) GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
   c = select_kernel(*g, flex, target);
   EXPECT_EQ(c.kind, KernelKind::FlexFusedForward) << c.why;
   EXPECT_NE(c.why.find("(not cuDNN: it would materialize a 65536 MiB bias (above 8 GiB))"), std::string::npos)
@@ -283,12 +291,7 @@ TEST(flex_lowering, a_bias_too_big_for_memory_goes_to_the_generated_kernel) {
 // where the generated backward will take the node. Without CUTLASS both stay on cuDNN and say why; with no
 // gradient, or deterministic=True (no generated backward), cuDNN, with no word of it.
 TEST(flex_lowering, a_float_table_that_gets_a_gradient_takes_its_forward_to_the_generated_kernel) {
-  const std::string rel_body =
-      "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n"
-      "  %d1: i32[] = aten::add.Tensor(%d, 127)\n"
-      "  %i: f32[] = aten::index.Tensor(%buf, [%d1])\n"
-      "  %out: f32[] = aten::add.Tensor(%i, %score)\n";
-  auto g = flex_graph("bf16", "@cuda:0", "", rel_body, true, "f32[255]");
+  auto g = flex_graph("bf16", "@cuda:0", "", kRelativeBias, true, "f32[255]");
   const int flex = g->find("flex_attention");
   KernelChoice c = select_kernel(*g, flex, with_cudnn());
   EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
@@ -305,11 +308,8 @@ TEST(flex_lowering, a_float_table_that_gets_a_gradient_takes_its_forward_to_the_
   EXPECT_EQ(c.kind, KernelKind::FlexCudnnForward);
   EXPECT_EQ(c.why.find("dBias"), std::string::npos) << c.why;
   g->nodes[flex].hints.deterministic.reset();
-  const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
-  if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
-    GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
   Target target = with_cudnn();
-  target.cuda = {"nvcc", "90", cutlass, test::temp_dir()};
+  if (!with_cuda_kernels(&target)) GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
   c = select_kernel(*g, flex, target);
   EXPECT_EQ(c.kind, KernelKind::FlexFusedForward) << c.why;
   EXPECT_NE(c.why.find("(not cuDNN: its dBias is bfloat16 only: buffer 0's float gradient would carry that rounding "
