@@ -115,8 +115,8 @@ std::string fused_why_not(const Graph& g, int node, const Target& target, FlexKe
 constexpr int64_t kMaxMaterializedBias = int64_t{8} << 30;
 
 // Why the memory a materialized bias takes rules cuDNN out for this node ("" = it does not): above
-// kMaxMaterializedBias. (A dfs hint or a region's memory_budget could ask the same of smaller biases; that
-// needs the generated kernel inside slice loops checked on a GPU first.)
+// kMaxMaterializedBias. (A dfs hint or a region's memory_budget could ask the same of smaller biases; the
+// generated kernel runs inside slice loops, test_flex_cudnn.py's float-table test checks it on a GPU.)
 std::string bias_memory_why(const Graph& g, int node, const FlexAnalysis& a) {
   const std::optional<int64_t> bytes = materialized_bias_bytes(g, node, a);
   if (!bytes || *bytes <= kMaxMaterializedBias) return "";
