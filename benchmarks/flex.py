@@ -8,9 +8,10 @@ above the inputs.
 
 --fused adds the column hb-fused: hintbackend with hinted_context(kernel="fused"), the generated tiled CUDA
 kernels (issue 14) instead of cuDNN; --cudnn the column hb-cudnn, hinted_context(kernel="cudnn") (the
-default takes some backwards elsewhere: a float32 table's gradient, which cuDNN's dBias would round). --cuda-graphs adds hb-cg: hintbackend with options={"cuda_graphs": True}
-(the compiled forward and backward replayed as CUDA graphs: the host time per step mostly gone; its q/k/v
-gradients are set to None before each step, as cudagraph trees require, where the other peers accumulate).
+default takes some backwards elsewhere: a float32 table's gradient, which cuDNN's dBias would round).
+--cuda-graphs adds hb-cg: hintbackend with options={"cuda_graphs": True} (the compiled forward and backward
+replayed as CUDA graphs: the host time per step mostly gone; its q/k/v gradients are set to None before
+each step, as cudagraph trees require, where the other peers accumulate).
 
 Two timings of each peer, printed as two tables: "synced", each step timed alone (the host waits for the
 GPU after every step, so the host time before a step's first kernel and between its forward and backward
@@ -270,17 +271,11 @@ def main() -> None:
             def attn_mat(q, k, v):
                 return flex_attention(q, k, v, score_mod=materialized, block_mask=bm)
 
-            def attn_det(q, k, v):
-                with hinted_context(deterministic=True):
-                    return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
-
-            def attn_fused(q, k, v):
-                with hinted_context(kernel="fused"):
-                    return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
-
-            def attn_cudnn(q, k, v):
-                with hinted_context(kernel="cudnn"):
-                    return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+            def hinted(**hints):  # attn under hinted_context(**hints)
+                def attn_hinted(q, k, v):
+                    with hinted_context(**hints):
+                        return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+                return attn_hinted
 
             res = {"inductor": None, "sdpa-cudnn": None, "cudnn-bias": None, "hintbackend": None}
             for peer in tuple(args.peers.split(",")) + (("hb-det",) if args.deterministic else ()) + \
@@ -306,8 +301,8 @@ def main() -> None:
                                 F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask,
                                                                is_causal=row == "causal").backward(dout)
                     else:
-                        f = torch.compile({"hb-det": attn_det, "hb-fused": attn_fused, "hb-cudnn": attn_cudnn,
-                                           "cudnn-bias": attn_mat}.get(
+                        f = torch.compile({"hb-det": hinted(deterministic=True), "hb-fused": hinted(kernel="fused"),
+                                           "hb-cudnn": hinted(kernel="cudnn"), "cudnn-bias": attn_mat}.get(
                             peer, attn), backend="inductor" if peer == "inductor" else "hintbackend",
                             options={"cuda_graphs": True} if peer == "hb-cg" else None)
 

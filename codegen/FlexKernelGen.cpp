@@ -896,6 +896,22 @@ std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const Fle
 
 }  // namespace
 
+std::string flex_cuda_backward_why_not(const Graph& g, int node) {
+  const Node& n = g.nodes[node];
+  const bool backward = n.target == "higher_order::flex_attention_backward";
+  if (n.args.size() != (backward ? 14u : 9u)) return "unexpected argument count";
+  std::string why;
+  const std::optional<FlexBlockMaskLayout> layout = flex_block_mask_layout(n.args[backward ? 9 : 4], &why);
+  if (!layout) return why;
+  auto count = [](const Arg& a) {
+    return (a.kind == Arg::Kind::Tuple || a.kind == Arg::Kind::List) ? static_cast<int>(a.items.size()) : 0;
+  };
+  int head_dim = 0;
+  bool half = false;
+  return cuda_why_not(g, n, /*backward=*/true, *layout, count(n.args[backward ? 12 : 7]),
+                      count(n.args[backward ? 13 : 8]), &head_dim, &half);
+}
+
 std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, std::string* why, FlexKernelDevice device) {
   const Node& n = g.nodes[node];
   const bool backward = n.target == "higher_order::flex_attention_backward";

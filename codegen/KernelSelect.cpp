@@ -132,9 +132,8 @@ std::string bias_memory_why(const Graph& g, int node, const FlexAnalysis& a) {
 // The forward goes with its backward (the pair on one kernel: no bias materialized for cuDNN's forward;
 // on an H100 at B4 H16 S4096 the pair ran 4-5% faster than cuDNN's forward beside the generated
 // backward, at a quarter (D64) to a half (D128) of the peak memory), where the backward's rule will
-// apply: the buffer is marked as getting a gradient, and the generated backward can take the node (no
-// deterministic=True, head dim up to 128, BlockMask blocks of multiples of 128 x 64: cuda_why_not in
-// codegen/FlexKernelGen.cpp).
+// apply: the buffer is marked as getting a gradient, and the generated backward can take the node
+// (flex_cuda_backward_why_not: no deterministic=True, head dim up to 128, blocks of multiples of 128 x 64).
 std::string dbias_precision_why(const Graph& g, int node, const FlexAnalysis& a) {
   const Node& n = g.nodes[node];
   const bool backward = n.target == "higher_order::flex_attention_backward";
@@ -142,14 +141,7 @@ std::string dbias_precision_why(const Graph& g, int node, const FlexAnalysis& a)
   if (!a.score_bias || a.score_row_shift || a.score_pointwise || a.softcap > 0) return "";  // no dBias asked of cuDNN
   const TensorType* q = g.tensor_type(n.args[0]);
   if (!q || (q->dtype != DType::BFloat16 && q->dtype != DType::Float16)) return "";
-  if (!backward) {
-    std::string why;
-    const std::optional<FlexBlockMaskLayout> l = flex_block_mask_layout(n.args[4], &why);
-    const Dim& d = q->shape.size() == 4 ? q->shape[3] : Dim{};
-    if (n.hints.deterministic.value_or(false) || !l || l->q_block % 128 != 0 || l->kv_block % 64 != 0 ||
-        !d.is_static() || d.value > 128)
-      return "";
-  }
+  if (!backward && !flex_cuda_backward_why_not(g, node).empty()) return "";
   return std::string("its dBias is ") + dtype_name(q->dtype) + " only: buffer " + std::to_string(a.float_grad_buffer) +
          "'s float gradient would carry that rounding" + (backward ? "" : " (the backward runs on the generated kernel)");
 }

@@ -288,7 +288,8 @@ __device__ __forceinline__ void fwd_store(const float (&o)[D / 8][4], const floa
 // After the step, one thread per line sums it and adds the sum with one atomic: a relative bias's 64 x 64
 // step costs 127 atomics instead of 4096 contended ones. Per step: line_probe() before the per-element
 // code, then (if on) line_reduce(), which begins and ends with a barrier; after it P and dS may be
-// stored again.
+// stored again. Where the generator proved the line (HB_LINE_STATIC), line_probe takes alpha and beta
+// from it, and no element predicts or checks its offset.
 struct LineStep {
   float* tile;           // [ROWS][COLS + 1], or null: off
   int kind;              // 0 off, 1 rows, 2 columns, 3 diagonals
