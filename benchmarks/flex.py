@@ -7,7 +7,8 @@ above the inputs.
                               [--fused] [--cudnn]
 
 --fused adds the column hb-fused: hintbackend with hinted_context(kernel="fused"), the generated tiled CUDA
-kernels (issue 14) instead of cuDNN; --cudnn the column hb-cudnn, hinted_context(kernel="cudnn") (the
+kernels (issue 14) instead of cuDNN (with --deterministic also hb-fused-det, those kernels with
+deterministic=True: dQ added in key-tile order, for rows whose buffers get no gradient); --cudnn the column hb-cudnn, hinted_context(kernel="cudnn") (the
 default takes some backwards elsewhere: a float32 table's gradient, which cuDNN's dBias would round).
 --cuda-graphs adds hb-cg: hintbackend with options={"cuda_graphs": True} (the compiled forward and backward
 replayed as CUDA graphs: the host time per step mostly gone; its q/k/v gradients are set to None before
@@ -279,7 +280,9 @@ def main() -> None:
 
             res = {"inductor": None, "sdpa-cudnn": None, "cudnn-bias": None, "hintbackend": None}
             for peer in tuple(args.peers.split(",")) + (("hb-det",) if args.deterministic else ()) + \
-                    (("hb-fused",) if args.fused else ()) + (("hb-cudnn",) if args.cudnn else ()) + \
+                    (("hb-fused",) if args.fused else ()) + \
+                    (("hb-fused-det",) if args.fused and args.deterministic else ()) + \
+                    (("hb-cudnn",) if args.cudnn else ()) + \
                     (("hb-cg",) if args.cuda_graphs else ()):
                 if (peer == "sdpa-cudnn" and score_mod is not None and sdpa_mask is None) or \
                         (peer == "cudnn-bias" and BIASES["mat"] is None):
@@ -302,6 +305,7 @@ def main() -> None:
                                                                is_causal=row == "causal").backward(dout)
                     else:
                         f = torch.compile({"hb-det": hinted(deterministic=True), "hb-fused": hinted(kernel="fused"),
+                                           "hb-fused-det": hinted(kernel="fused", deterministic=True),
                                            "hb-cudnn": hinted(kernel="cudnn"), "cudnn-bias": attn_mat}.get(
                             peer, attn), backend="inductor" if peer == "inductor" else "hintbackend",
                             options={"cuda_graphs": True} if peer == "hb-cg" else None)
@@ -349,6 +353,8 @@ def main() -> None:
                 extra = f"  hb-det {cell(det)}, {ratio(det, hb)}x hb"
             if "hb-fused" in res:
                 extra += f"  hb-fused {cell(res['hb-fused'])}, {ratio(res['hb-fused'], res['inductor'])}x inductor"
+            if "hb-fused-det" in res:
+                extra += f"  hb-fused-det {cell(res['hb-fused-det'])}, {ratio(res['hb-fused-det'], res['hb-fused'])}x hb-fused"
             if "hb-cudnn" in res:
                 extra += f"  hb-cudnn {cell(res['hb-cudnn'])}, {ratio(hb, res['hb-cudnn'])}x hb-cudnn"
             if "hb-cg" in res:

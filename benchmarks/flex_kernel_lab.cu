@@ -7,7 +7,8 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<cutlass include> -I. -DHB_D=128 benchmarks/flex_kernel_lab.cu -o lab
 //   ./lab [B H S] [iters] [causal]
 //
-// -DHB_LAB_TEMPLATE='"file"' builds another copy of the template (an experiment). benchmarks/gpu_session.sh lab
+// -DHB_LAB_TEMPLATE='"file"' builds another copy of the template (an experiment); -DHB_DETERMINISTIC=1 the
+// deterministic=True kernels (dQ added in key-tile order), whose two backward runs must give the same bits. benchmarks/gpu_session.sh lab
 // builds and runs it for D 64 and 128. Not part of the build or of CI: a developer's tool.
 #include <cuda_runtime.h>
 
@@ -146,6 +147,8 @@ struct Problem {
   Elem *q, *k, *v, *dout, *out, *dk, *dv;
   float *lse, *mx, *delta, *dq;
   int *lists[8];
+  int* order = nullptr;  // HB_DETERMINISTIC: the dQ turn counters, then the rank table (FlexTiledKernel.cuh)
+  long long counters = 0;
   HbFlexCudaArgs a;
 
   Problem(long long B_, long long H_, long long S_, bool causal_, unsigned seed) : B(B_), H(H_), S(S_), causal(causal_) {
@@ -186,11 +189,17 @@ struct Problem {
     lab_buffers(a, B, H, S);
     a.run_joint = 1;
 #endif
+#if HB_DETERMINISTIC
+    counters = B * H * ((S + 63) / 64);
+    CK(cudaMalloc(&order, (counters + nblk * ((S + 63) / 64)) * sizeof(int)));
+    a.dq_order = order, a.dq_rank = order + counters;
+#endif
   }
 
   void forward() { CK((cudaError_t)hb_flex_cuda_forward(&a, nullptr)); }
   void backward() {
     CK(cudaMemsetAsync(dq, 0, B * H * S * HB_D * sizeof(float)));
+    if (order) CK(cudaMemsetAsync(order, 0, counters * sizeof(int)));
     CK((cudaError_t)hb_flex_cuda_backward(&a, nullptr));
   }
 };
@@ -266,5 +275,16 @@ int main(int argc, char** argv) {
   std::printf("time D%d B%lld H%lld S%lld%s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s), "
               "both %.0f TFLOP/s\n", HB_D, B, H, S, causal ? " block-causal" : "", f, flops / f * 1e-9, b,
               2.5 * flops / b * 1e-9, 3.5 * flops / (f + b) * 1e-9);
+#if HB_DETERMINISTIC
+  const size_t n = (size_t)B * H * S * HB_D;
+  p.backward();
+  const std::vector<float> dq1 = download(p.dq, n);
+  const std::vector<Elem> dk1 = download(p.dk, n);
+  p.backward();
+  const bool same = std::memcmp(dq1.data(), download(p.dq, n).data(), n * sizeof(float)) == 0 &&
+                    std::memcmp(dk1.data(), download(p.dk, n).data(), n * sizeof(Elem)) == 0;
+  std::printf("deterministic: dq and dk of two runs bitwise equal: %s\n", same ? "yes" : "NO");
+  ok = ok && same;
+#endif
   return ok ? 0 : 1;
 }

@@ -74,6 +74,8 @@
     HbFlexBuffer mask_buffers[HB_FLEX_MAX_BUFFERS];                                                     \
     long long* error;  /* device: [code, buffer, index, size, b, h], zeroed; the first error */         \
     int run_joint;     /* backward: 0 skips the joint (a row shift: the buffers' gradients are 0) */    \
+    int* dq_order;     /* backward, deterministic=True: [B, Hq, ceil(Sq / 64)] counters, zeroed; else null */ \
+    int* dq_rank;      /* ... and [kv_list.bm, kv_list.hm, kv_list.rows, ceil(Skv / 64)] workspace */       \
   };
 
 /* The generated prelude's CUDA hb_scatter (codegen/FlexKernelGen.cpp says what it does), one text for the */
@@ -119,6 +121,7 @@ namespace hb {
 HB_FLEX_KERNEL_ABI
 
 constexpr int kFlexErrorIndex = 1;
+constexpr int kFlexErrorOrder = 3;  // deterministic=True: a key tile waited past its turn (see FlexTiledKernel.cuh)
 // The definitions above as source text, for the generated translation unit.
 inline constexpr const char* kFlexKernelAbiSource =
     "#define HB_FLEX_MAX_BUFFERS " HB_FLEX_STR(HB_FLEX_MAX_BUFFERS) "\n" HB_FLEX_STR(HB_FLEX_KERNEL_ABI);

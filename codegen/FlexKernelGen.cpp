@@ -861,6 +861,26 @@ std::optional<FlexBlockMaskLayout> flex_block_mask_layout(const Arg& bm, std::st
 
 namespace {
 
+// Whether the node's backward adds into some captured buffer's gradient: the backward's joint graph
+// returns one (outputs 5 on); in the forward graph, a score buffer is marked requires_grad
+// (python/hintbackend/partition.py).
+bool joint_scatters(const Graph& g, const Node& n) {
+  if (n.target == "higher_order::flex_attention") {
+    if (n.args.size() < 8 || (n.args[7].kind != Arg::Kind::Tuple && n.args[7].kind != Arg::Kind::List)) return false;
+    for (const Arg& b : n.args[7].items)
+      if (const TensorType* t = g.tensor_type(b); t && t->requires_grad) return true;
+    return false;
+  }
+  const Graph* joint = n.args.size() > 8 ? subgraph(g, n.args[8]) : nullptr;
+  const int o = joint ? joint->output_node() : -1;
+  if (o < 0 || joint->nodes[o].args.empty()) return false;
+  const Arg& out = joint->nodes[o].args[0];
+  if (out.kind != Arg::Kind::Tuple && out.kind != Arg::Kind::List) return false;
+  for (size_t k = 5; k < out.items.size(); ++k)
+    if (out.items[k].kind != Arg::Kind::None) return true;
+  return false;
+}
+
 // Why the CUDA kernels cannot take flex node n ("" = they can): dtypes, head dims, block sizes.
 std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const FlexBlockMaskLayout& l, int nscore,
                          int nmask, int* head_dim, bool* half) {
@@ -879,8 +899,9 @@ std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const Fle
   if (!ok)
     return "head dim " + std::to_string(D) + (backward ? " (the CUDA backward takes 16, 32, 64, 128)"
                                                        : " (the CUDA forward takes 16, 32, 64, 128, 256)");
-  if (backward && n.hints.deterministic.value_or(false))
-    return "deterministic=True, and the CUDA kernel's backward adds with atomics";
+  if (backward && n.hints.deterministic.value_or(false) && joint_scatters(g, n))
+    return "deterministic=True, and the CUDA backward adds the buffers' gradients with atomics in no fixed order "
+           "(it orders only dQ's)";
   if (nscore > kFlexMaxCudaBuffers || nmask > kFlexMaxCudaBuffers)
     return "more than " + std::to_string(kFlexMaxCudaBuffers) + " captured buffers";
   // The tiles must nest in the BlockMask's blocks (the forward's 64 query rows and 64 (D 256: 32) key
@@ -1084,6 +1105,7 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
         << (out.score_mod ? 1 : 0) << "\n#define HB_MASK_MOD " << (out.mask_mod ? 1 : 0) << "\n#define HB_JOINT "
         << (out.joint ? 1 : 0) << "\n#define HB_SCATTER "
         << (std::find(out.buffer_grads.begin(), out.buffer_grads.end(), true) != out.buffer_grads.end() ? 1 : 0) << "\n";
+    if (backward && n.hints.deterministic.value_or(false)) src << "#define HB_DETERMINISTIC 1\n";
     if (tj && tj->line())
       src << "#define HB_LINE_STATIC 1\n#define HB_LINE_BUF " << tj->line()->buffer << "\n#define HB_LINE_ALPHA "
           << tj->line()->along.q << "LL\n#define HB_LINE_BETA " << tj->line()->along.kv << "LL\n";

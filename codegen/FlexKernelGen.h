@@ -52,7 +52,7 @@ enum class FlexKernelDevice { Cpu, Cuda };
 std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, std::string* why,
                                                      FlexKernelDevice device = FlexKernelDevice::Cpu);
 // Why the generated CUDA backward could not take the attention of flex node `node` (a forward node asks for
-// the backward it will have): dtypes, head dim, deterministic=True, block sizes, buffer count ("" = it
+// the backward it will have): dtypes, head dim, deterministic=True with a buffer gradient, block sizes, buffer count ("" = it
 // could, as far as those go; the subgraphs' translation is generate_flex_kernel's).
 std::string flex_cuda_backward_why_not(const Graph& g, int node);
 // The marker line before the CUDA kernel template in a generated source: dumps print what precedes it.

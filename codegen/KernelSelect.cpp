@@ -133,7 +133,8 @@ std::string bias_memory_why(const Graph& g, int node, const FlexAnalysis& a) {
 // on an H100 at B4 H16 S4096 the pair ran 4-5% faster than cuDNN's forward beside the generated
 // backward, at a quarter (D64) to a half (D128) of the peak memory), where the backward's rule will
 // apply: the buffer is marked as getting a gradient, and the generated backward can take the node
-// (flex_cuda_backward_why_not: no deterministic=True, head dim up to 128, blocks of multiples of 128 x 64).
+// (flex_cuda_backward_why_not: no deterministic=True, which would have the buffer gradient added in order,
+// head dim up to 128, blocks of multiples of 128 x 64).
 std::string dbias_precision_why(const Graph& g, int node, const FlexAnalysis& a) {
   const Node& n = g.nodes[node];
   const bool backward = n.target == "higher_order::flex_attention_backward";
@@ -215,6 +216,11 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
             (backward && fused_row_shift(g, node, a) ? "; score_mod only shifts softmax rows (no logsumexp gradient): "
                                                        "the joint is skipped, its buffer gradients are zero"
                                                      : "") +
+            (backward && n.hints.deterministic.value_or(false)
+                 ? (g.tensor_type(n.args[0])->device.rfind("cuda", 0) == 0
+                        ? "; deterministic: dQ added in key-tile order"
+                        : "; deterministic: per-worker sums added in worker order")
+                 : "") +
             (build.cache_hit ? "; from the kernel cache" : "; compiled in " + std::to_string(build.seconds).substr(0, 4) + " s") +
             (pref == KernelPref::Fused ? "; kernel=fused hint" : "") +
             (why_not.empty() ? "" : " (not cuDNN: " + why_not + ")");

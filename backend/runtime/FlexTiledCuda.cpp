@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <cstring>
 #endif
 
@@ -106,6 +107,10 @@ void raise_reported(const at::Tensor& err, size_t nscore) {
                       mask ? e[1] - static_cast<int64_t>(nscore) : e[1], " out of range: index ", e[2],
                       " is out of bounds for dimension with size ", e[3], " (at b=", e[4], ", h=", e[5], ")");
   }
+  TORCH_CHECK(e[0] != kFlexErrorOrder, "flex_attention: deterministic=True: in the generated CUDA backward, key tile ",
+              e[3], " waited past its turn to add into dQ at query row ", e[2], " (b=", e[4], ", h=", e[5],
+              "): the BlockMask's kv and q block lists do not describe the same blocks. Build the BlockMask with "
+              "create_block_mask (or fix its q lists), or drop deterministic=True");
   TORCH_CHECK(false, "flex_attention: integer division or modulo by zero in the score_mod or mask_mod (at b=", e[4],
               ", h=", e[5], ")");
 }
@@ -114,7 +119,7 @@ void raise_reported(const at::Tensor& err, size_t nscore) {
 // raises it.
 void launch(FlexCudaLaunch fn, const FlexCudaFns& fns, HbFlexCudaArgs& a, const at::Tensor& q, size_t nscore) {
   at::Tensor err;
-  if (fns.reports_errors) {
+  if (fns.reports_errors || a.dq_order) {
     err = at::zeros({6}, q.options().dtype(at::kLong));
     a.error = reinterpret_cast<long long*>(err.data_ptr<int64_t>());
   }
@@ -189,6 +194,20 @@ FlexBackwardResult flex_cuda_backward(const at::Tensor& q_in, const at::Tensor& 
   a.dlse = has_dlse ? dlse.data_ptr<float>() : nullptr;
   a.run_joint = fns.run_joint ? 1 : 0;
   a.delta = delta.data_ptr<float>(), a.dq = dq.data_ptr<float>(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
+  // deterministic=True: a counter per 64 query rows, then each key tile's rank per query block
+  // (FlexTiledKernel.cuh, dq_turn_wait).
+  at::Tensor order;
+  if (fns.deterministic) {
+    a.kv_list = block_list(blocks.kv_num, blocks.kv_idx, q, keep, "kv");
+    a.kv_full_list = block_list(blocks.full_num, blocks.full_idx, q, keep, "full kv");
+    TORCH_CHECK(a.kv_list.num != nullptr, "flex_attention: the block mask has no kv block lists");
+    const int64_t counters = a.B * a.Hq * ((a.Sq + 63) / 64);
+    const int64_t ranks = std::max(a.kv_list.bm, a.kv_full_list.bm) * std::max(a.kv_list.hm, a.kv_full_list.hm) *
+                          a.kv_list.rows * ((a.Skv + 63) / 64);
+    order = at::zeros({counters + ranks}, q.options().dtype(at::kInt));
+    a.dq_order = order.data_ptr<int>();
+    a.dq_rank = a.dq_order + counters;
+  }
   launch(fns.backward, fns, a, q, score_buffers.size());
   if (a.Bkv != a.B) {  // k, v broadcast over the batch: their gradients sum over it
     dk = dk.sum(0, /*keepdim=*/true);

@@ -27,6 +27,7 @@ struct FlexCudaFns {
   int head_dim = 0;           // the head dim the kernels were built for
   bool reports_errors = true;  // the generated code can report an error (it reads buffers or divides)
   bool run_joint = true;       // false: a row shift's backward, whose buffer gradients are exactly zero
+  bool deterministic = false;  // deterministic=True: the backward adds dQ in key-tile order (dq_order)
 };
 
 // -> (out, logsumexp base 2, max_scores base 2), as flex_attention_forward.

@@ -16,6 +16,7 @@
 //   HB_LINE_STATIC  1: the generator proved that one scatter, into buffer HB_LINE_BUF, has the offset
 //                   base(b, h) + HB_LINE_ALPHA q + HB_LINE_BETA kv over every tile inside both sequences,
 //                   along rows, columns or diagonals (LineStep below)
+//   HB_DETERMINISTIC 1: deterministic=True: the backward adds dQ in key-tile order (dq_turn_wait below)
 // and the ABI structs of codegen/FlexKernelAbi.h (HbFlexCudaArgs and what it holds).
 //
 // Layout and semantics follow the reference (backend/runtime/FlexAttention.h): scores are
@@ -54,6 +55,9 @@
 #endif
 #ifndef HB_LINE_STATIC
 #define HB_LINE_STATIC 0
+#endif
+#ifndef HB_DETERMINISTIC
+#define HB_DETERMINISTIC 0
 #endif
 #define HB_WG (HB_SM90 && (HB_D == 64 || HB_D == 128))
 #if HB_WG
@@ -157,6 +161,9 @@ struct Walk {
     sub = (int)(per < need ? per : need);
   }
   __device__ int count() const { return (npart + nfull) * sub; }
+  // The backward's step i: the lists' tiles in order, or with deterministic=True in reverse (dq_turn_wait:
+  // then a causal or banded mask's key tiles reach each query tile in the same step, in turn order).
+  __device__ long long step(int i, bool* is_full) const { return first(HB_DETERMINISTIC ? count() - 1 - i : i, is_full); }
   __device__ long long first(int i, bool* is_full) const {
     const int k = i / sub;
     *is_full = k >= npart;
@@ -492,6 +499,79 @@ __device__ __forceinline__ void add_dq(const float (&dq)[NC / 8][4], const HbFle
   }
 }
 
+#if HB_DETERMINISTIC
+// deterministic=True (HB_DETERMINISTIC, a.dq_order): the CTAs that add into one query step's dQ rows take turns, in the
+// order of their 64-row key tiles, so that every dQ element gets its sums in the same order on every run
+// (within a CTA each element gets one add per step). dq_order[(b Hq + h) ceil(Sq / 64) + q0 / 64]
+// counts the key tiles done with the step; the CTA of key tile kt waits until it equals kt's rank among
+// the key tiles that visit the step's query block (dq_rank, which flex_dq_rank fills from the BlockMask's
+// kv lists, each listed block kv_block / 64 tiles), adds, and counts itself. A key tile waits only for
+// lower ones, which were launched before it, so every wait ends; one that waits past about a second (kv
+// lists that do not match the q lists) reports kFlexErrorOrder and adds out of turn.
+// The rank table's rows: (b, h, query block), b and h broadcast where both lists broadcast them.
+__device__ __forceinline__ long long dq_rank_row(const HbFlexCudaArgs& a, long long b, long long h, long long r) {
+  const long long bm = a.kv_list.bm > a.kv_full_list.bm ? a.kv_list.bm : a.kv_full_list.bm;
+  const long long hm = a.kv_list.hm > a.kv_full_list.hm ? a.kv_list.hm : a.kv_full_list.hm;
+  return ((bm == 1 ? 0 : b) * hm + (hm == 1 ? 0 : h)) * a.kv_list.rows + r;
+}
+__global__ void flex_dq_rank(const __grid_constant__ HbFlexCudaArgs a) {
+  const long long bm = a.kv_list.bm > a.kv_full_list.bm ? a.kv_list.bm : a.kv_full_list.bm;
+  const long long hm = a.kv_list.hm > a.kv_full_list.hm ? a.kv_list.hm : a.kv_full_list.hm, nr = a.kv_list.rows;
+  const long long tiles = (a.Skv + 63) / 64, per = a.kv_block / 64;
+  for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < bm * hm * nr;
+       row += (long long)gridDim.x * blockDim.x) {
+    const long long b = row / (hm * nr), h = row / nr % hm, r = row % nr;
+    int* rank = a.dq_rank + row * tiles;
+    for (long long t = 0; t < tiles; ++t) rank[t] = 0;
+    for (int f = 0; f < 2; ++f) {  // mark the listed tiles
+      const HbFlexBlockList& l = f ? a.kv_full_list : a.kv_list;
+      if (!l.num) continue;
+      const long long lr = ((l.bm == 1 ? 0 : b) * l.hm + (l.hm == 1 ? 0 : h)) * l.rows + r;
+      const int n = (int)lmin(l.num[lr], l.cols);
+      for (int e = 0; e < n; ++e)
+        for (long long t = (long long)l.idx[lr * l.cols + e] * per, u = 0; u < per && t < tiles; ++t, ++u) rank[t] = 1;
+    }
+    for (long long t = 0, before = 0; t < tiles; ++t) {  // -> the number of listed tiles below t
+      const int listed = rank[t];
+      rank[t] = (int)before;
+      before += listed;
+    }
+  }
+}
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ int* dq_turn_counter(const HbFlexCudaArgs& a, long long b, long long h, long long q0) {
+  return a.dq_order + (b * a.Hq + h) * ((a.Sq + 63) / 64) + q0 / 64;
+}
+// Before the step's dQ adds: the CTA of key tile kt waits for its turn.
+__device__ __forceinline__ void dq_turn_wait(const HbFlexCudaArgs& a, long long b, long long h, long long q0,
+                                             long long kt, HbFlexTile& t) {
+  if (q0 >= a.Sq) return;  // (a step past the end adds nothing)
+  if (threadIdx.x == 0) {
+    const int want = a.dq_rank[dq_rank_row(a, b, h, q0 / a.q_block) * ((a.Skv + 63) / 64) + kt];
+    const int* c = dq_turn_counter(a, b, h, q0);
+    for (long long spins = 0; ld_acquire(c) < want; ++spins) {
+      if (spins > (1ll << 23)) {
+        if (!t.error) t.error = 3, t.error_buffer = -1, t.error_index = q0, t.error_size = kt;  // kFlexErrorOrder
+        break;
+      }
+      __nanosleep(32);
+    }
+  }
+  __syncthreads();
+}
+// After them: they are visible before the next key tile's turn.
+__device__ __forceinline__ void dq_turn_done(const HbFlexCudaArgs& a, long long b, long long h, long long q0) {
+  if (q0 >= a.Sq) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(dq_turn_counter(a, b, h, q0), 1);
+}
+#endif
+
 // A thread's rows (lk, lk + 8) of a [rows][D] accumulator to dst (row stride D), rows below `valid`.
 __device__ __forceinline__ void store_rows(const float (&acc)[D / 8][4], Elem* dst, int lk, int valid) {
   const int t4 = threadIdx.x & 3;
@@ -651,10 +731,10 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
   int i = 0;
   while (i >= walk.count() && ++h < hend) walk = head_walk(h), i = 0;
   bool full = false;
-  if (h < hend) load_step(h, walk.first(i, &full), 0);
+  if (h < hend) load_step(h, walk.step(i, &full), 0);
   cute::cp_async_fence();
   for (int buf = 0; h < hend; buf ^= 1) {
-    const long long q0 = walk.first(i, &full);
+    const long long q0 = walk.step(i, &full);
     t.h = h;
     const long long row0 = (b * a.Hq + h) * a.Sq;
     long long hn = h;
@@ -665,7 +745,7 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
     __syncthreads();  // this step's Q and dO have landed; the last step's readers of the other buffer are done
     if (hn < hend) {
       bool unused;
-      load_step(hn, wn.first(in, &unused), buf ^ 1);
+      load_step(hn, wn.step(in, &unused), buf ^ 1);
     }
     cute::cp_async_fence();
     const uint4* sQ = smem + 2 * BN * CH + buf * 2 * BM * CH;
@@ -724,6 +804,9 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
       uint32_t dsa[BN / 16][4];  // this warp's dS rows as A fragments, loaded once for every column chunk
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) ldsm(&sdS[sw<PC>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))], dsa[kk]);
+#if HB_DETERMINISTIC
+      dq_turn_wait(a, b, h, q0, blockIdx.x, t);
+#endif
 #pragma unroll
       for (int d0 = 0; d0 < D; d0 += QC) {
         float dq[QC / 8][4] = {};
@@ -740,6 +823,9 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
         }
         add_dq<QC>(dq, a, row0, q0 + warp * 16 + g, d0);
       }
+#if HB_DETERMINISTIC
+      dq_turn_done(a, b, h, q0);
+#endif
     }
     h = hn, walk = wn, i = in;
   }
@@ -984,10 +1070,10 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
   int i = 0;
   while (i >= walk.count() && ++h < hend) walk = head_walk(h), i = 0;
   bool full = false;
-  if (h < hend) load_step(h, walk.first(i, &full), 0);
+  if (h < hend) load_step(h, walk.step(i, &full), 0);
   cute::cp_async_fence();
   for (int buf = 0; h < hend; buf ^= 1) {
-    const long long q0 = walk.first(i, &full);
+    const long long q0 = walk.step(i, &full);
     t.h = h;
     const long long row0 = (b * a.Hq + h) * a.Sq;
     long long hn = h;
@@ -998,7 +1084,7 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
     sync_for_wgmma();
     if (hn < hend) {
       bool unused;
-      load_step(hn, wn.first(in, &unused), buf ^ 1);
+      load_step(hn, wn.step(in, &unused), buf ^ 1);
     }
     cute::cp_async_fence();
     const uint4* sQ = sQ0 + buf * 2 * WBM * CH;
@@ -1040,6 +1126,25 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
 #pragma unroll
     for (int kk = 0; kk < WBM / 16; ++kk) wg_ss<Major::MN, Major::MN, D>(mnmajor<WBM>(sdS, kk), mnmajor<WBM>(sQ, kk), dk, true);
     cute::warpgroup_commit_batch();
+#if HB_DETERMINISTIC
+    // dQ whole, then the CTA's turn to add it: the turns hold only the adds.
+    float dq[D / 64][8][4];
+#pragma unroll
+    for (int x = 0; x < D / 64; ++x) {
+      fence_acc(dq[x]);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int kk = 0; kk < WBN / 16; ++kk) wg_rs<Major::MN, 64>(da[kk], mnmajor<WBN>(sK + x * WBN * 8, kk), dq[x], kk > 0);
+      cute::warpgroup_commit_batch();
+    }
+    cute::warpgroup_wait<0>();
+#pragma unroll
+    for (int x = 0; x < D / 64; ++x) fence_acc(dq[x]);
+    dq_turn_wait(a, b, h, q0, blockIdx.x, t);
+#pragma unroll
+    for (int x = 0; x < D / 64; ++x) add_dq<64>(dq[x], a, row0, q0 + warp * 16 + g, x * 64);
+    dq_turn_done(a, b, h, q0);
+#else
 #pragma unroll
     for (int d0 = 0; d0 < D; d0 += 64) {
       float dq[8][4];
@@ -1052,6 +1157,7 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
       fence_acc(dq);
       add_dq<64>(dq, a, row0, q0 + warp * 16 + g, d0);
     }
+#endif
     fence_acc(dv);
     fence_acc(dk);
     h = hn, walk = wn, i = in;
@@ -1096,6 +1202,16 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
   hbk::flex_bwd_pre<<<pre_blocks, 256, 0, (cudaStream_t)stream>>>(*a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return (int)e;
+#if HB_DETERMINISTIC
+  if (!a->dq_order || !a->dq_rank) return (int)cudaErrorInvalidValue;  // the caller's counters
+  {  // each key tile's turn (dq_turn_wait)
+    const long long nrows = (a->kv_list.bm > a->kv_full_list.bm ? a->kv_list.bm : a->kv_full_list.bm) *
+                            (a->kv_list.hm > a->kv_full_list.hm ? a->kv_list.hm : a->kv_full_list.hm) * a->kv_list.rows;
+    const unsigned blocks = (unsigned)((nrows + 127) / 128 < 1024 ? (nrows + 127) / 128 : 1024);
+    hbk::flex_dq_rank<<<blocks, 128, 0, (cudaStream_t)stream>>>(*a);
+    if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
+  }
+#endif
 #if HB_WG
   e = cudaFuncSetAttribute(hbk::flex_bwd_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kBwdWgSmem);
   if (e != cudaSuccess) return (int)e;

@@ -38,8 +38,9 @@ MASKS = {"none": None, "causal": causal, "window": window}
 
 
 def run_case(tmp_path, score, mask, dtype=torch.bfloat16, shape=(2, 4, 4, 300, 64), buf_dtype=torch.float32,
-             with_lse_grad=False):
-    """kernel="fused" against float64 and the baselines; asserts the bound; returns the kernels dump."""
+             with_lse_grad=False, deterministic=False):
+    """kernel="fused" against float64 and the baselines; asserts the bound; returns the kernels dump (with
+    deterministic=True: also the fused run's results, and a second run's, which must be bitwise equal)."""
     B, Hq, Hkv, S, D = shape
     buf_shape, wants_grad, make_mod = SCORE_MODS[score]
     torch.manual_seed(zlib.crc32(repr((score, mask, dtype, shape, buf_dtype, with_lse_grad)).encode()))
@@ -64,7 +65,7 @@ def run_case(tmp_path, score, mask, dtype=torch.bfloat16, shape=(2, 4, 4, 300, 6
 
     def compiled(kernel):
         def f(qq, kk, vv, sm):
-            with hinted_context(kernel=kernel):
+            with hinted_context(kernel=kernel, **({"deterministic": True} if deterministic and kernel == "fused" else {})):
                 return flex_attention(qq, kk, vv, sm, bm, enable_gqa=Hq != Hkv, return_lse=True)
 
         def call(qq, kk, vv, sm):
@@ -89,6 +90,9 @@ def run_case(tmp_path, score, mask, dtype=torch.bfloat16, shape=(2, 4, 4, 300, 6
     kernels = kernels_text(tmp_path / "fused")
     assert "flex-attention-fused" in kernels and "flex-attention-backward-fused" in kernels, kernels
     assert "CUDA, head dim" in kernels, kernels
+    if deterministic:
+        assert "deterministic: dQ added in key-tile order" in kernels, kernels
+        return kernels, got, step(compiled("fused"), dtype, buf_dtype)
     return kernels
 
 
@@ -189,3 +193,36 @@ def test_cuda_fused_out_of_range_read_raises_index_error():
         torch.compile(f, backend="hintbackend")(q, k, v)
     # The GPU is fine afterwards.
     assert torch.isfinite(torch.compile(lambda x: x * 2, backend="hintbackend")(q)).all()
+
+
+# deterministic=True: the generated backward adds dQ in key-tile order, so two runs on the same inputs give
+# bitwise-equal gradients (dK and dV were already: each CTA owns its key rows), and the results still meet
+# the float64 bound. GQA at S 1000 (several heads add into one CTA's dK/dV; the last query block straddles
+# the end), MQA D32, no mask and a sliding window.
+@pytest.mark.parametrize("score,mask,shape", [
+    ("softcap", "causal", (2, 4, 4, 300, 64)),
+    ("identity", "none", (1, 8, 2, 1000, 128)),
+    ("alibi", "window", (2, 4, 1, 130, 32)),
+    ("temperature", "causal", (1, 4, 4, 700, 128)),
+])
+def test_cuda_fused_deterministic_gradients_are_bitwise_repeatable(tmp_path, score, mask, shape):
+    _, first, second = run_case(tmp_path, score, mask, shape=shape, deterministic=True)
+    for name, a, b in zip(["out", "lse", "dq", "dk", "dv"], first, second):
+        assert torch.equal(a, b), f"{name} differs between two deterministic runs"
+
+
+# A buffer's gradient is still added with atomics in no fixed order: kernel="fused" with deterministic=True
+# says so and names the node, instead of giving a gradient that moves from run to run.
+def test_cuda_fused_deterministic_refuses_a_buffer_gradient():
+    S = 256
+    q, k, v = (torch.randn(1, 2, S, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    table = torch.randn(2 * S - 1, 2, device="cuda", requires_grad=True)
+
+    def f(q, k, v):
+        with hinted_context(kernel="fused", deterministic=True):
+            return flex_attention(q, k, v, lambda s, b, h, qi, kv: s + table[qi - kv + S - 1, h])
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"kernel=\"fused\" was asked for.*deterministic=True, and the CUDA backward "
+                                        r"adds the buffers' gradients with atomics"):
+        torch.compile(f, backend="hintbackend")(q, k, v).sum().backward()

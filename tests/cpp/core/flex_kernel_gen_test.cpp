@@ -487,7 +487,7 @@ TEST(flex_kernel_gen, nvcc_builds_the_cuda_source) {
 }
 
 // Kernel selection on a CUDA node cuDNN cannot run (a buffer gradient through a soft cap): the generated CUDA kernel, built with nvcc, saying why not cuDNN; with
-// deterministic=True, or without CUTLASS's headers, the reference, saying why.
+// deterministic=True and the buffer's gradient, or without CUTLASS's headers, the reference, saying why.
 // cuDNN builds dBias in q's dtype only, so a float32 table's gradient gathered from it would carry bf16
 // rounding: the backward goes to the generated kernel where it can be built (the forward, which has no
 // dBias, stays on cuDNN). Without CUTLASS's headers, cuDNN runs and the dump says why the rule did not
@@ -547,11 +547,21 @@ TEST(flex_kernel_gen, selection_on_cuda_builds_the_generated_kernel) {
   ASSERT_NE(c.module, nullptr);
   EXPECT_NE(c.module->symbol("hb_flex_cuda_backward"), nullptr);
 
+  // deterministic=True: the kernel orders dQ's adds, not the buffers' gradients. With the table's
+  // gradient the reference runs; without it (the joint returns none for it), the generated kernel.
   g->nodes[fb].hints.deterministic = true;
   c = select_kernel(*g, fb, target);
   EXPECT_EQ(c.kind, KernelKind::FlexBackward);
-  EXPECT_NE(c.why.find("not fused: deterministic=True, and the CUDA kernel's backward adds with atomics"),
+  EXPECT_NE(c.why.find("not fused: deterministic=True, and the CUDA backward adds the buffers' gradients with atomics "
+                       "in no fixed order (it orders only dQ's)"),
             std::string::npos) << c.why;
+  auto no_grad = parse_graph(replace(ir, "return [%div_1, none, none, none, none, %scatter]",
+                                     "return [%div_1, none, none, none, none, none]"));
+  no_grad->nodes[fb].hints.deterministic = true;
+  c = select_kernel(*no_grad, fb, target);
+  EXPECT_EQ(c.kind, KernelKind::FlexFusedBackward) << c.why;
+  EXPECT_EQ(c.why.rfind("fused: tiled over the block mask, generated code (CUDA, head dim 64, bfloat16; ", 0), 0u) << c.why;
+  EXPECT_NE(c.why.find("; deterministic: dQ added in key-tile order"), std::string::npos) << c.why;
 
   g->nodes[fb].hints.deterministic.reset();
   target.cuda.cutlass_include = "";
