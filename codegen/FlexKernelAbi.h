@@ -75,7 +75,7 @@
     long long* error;  /* device: [code, buffer, index, size, b, h], zeroed; the first error */         \
     int run_joint;     /* backward: 0 skips the joint (a row shift: the buffers' gradients are 0) */    \
     int* dq_order;     /* backward, deterministic=True: [B, Hq, ceil(Sq / 64)] counters, zeroed; else null */ \
-    int* dq_rank;      /* ... and [kv_list.bm, kv_list.hm, kv_list.rows, ceil(Skv / 64)] workspace */       \
+    int* dq_rank;      /* ... and [bm, hm (the kv lists'), kv_list.rows, ceil(Skv / 64)] workspace */     \
   };
 
 /* The generated prelude's CUDA hb_scatter (codegen/FlexKernelGen.cpp says what it does), one text for the */

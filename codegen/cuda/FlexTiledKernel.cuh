@@ -500,14 +500,16 @@ __device__ __forceinline__ void add_dq(const float (&dq)[NC / 8][4], const HbFle
 }
 
 #if HB_DETERMINISTIC
-// deterministic=True (HB_DETERMINISTIC, a.dq_order): the CTAs that add into one query step's dQ rows take turns, in the
-// order of their 64-row key tiles, so that every dQ element gets its sums in the same order on every run
-// (within a CTA each element gets one add per step). dq_order[(b Hq + h) ceil(Sq / 64) + q0 / 64]
-// counts the key tiles done with the step; the CTA of key tile kt waits until it equals kt's rank among
-// the key tiles that visit the step's query block (dq_rank, which flex_dq_rank fills from the BlockMask's
-// kv lists, each listed block kv_block / 64 tiles), adds, and counts itself. A key tile waits only for
-// lower ones, which were launched before it, so every wait ends; one that waits past about a second (kv
-// lists that do not match the q lists) reports kFlexErrorOrder and adds out of turn.
+// deterministic=True (HB_DETERMINISTIC, a.dq_order): the CTAs that add into one query step's dQ rows
+// take turns, in the order of their 64-row key tiles, so that every dQ element gets its sums in the same
+// order on every run (within a CTA each element gets one add per step). dq_order[(b Hq + h) ceil(Sq / 64)
+// + q0 / 64] counts the key tiles done with the step; the CTA of key tile kt waits until it equals kt's
+// rank among the key tiles that visit the step's query block (dq_rank, which flex_dq_rank fills from the
+// BlockMask's kv lists, each listed block kv_block / 64 tiles), adds, and counts itself. A key tile waits
+// only for lower ones, which were launched before it, so every wait ends; one that waits for seconds (kv
+// lists that do not match the q lists) reports kFlexErrorOrder and adds out of turn. The walks run in
+// reverse (Walk::step), and the wgmma kernel computes dQ before its turn, so that a turn holds only the
+// adds (docs/flex-attention.md, "Deterministic backward on CUDA").
 // The rank table's rows: (b, h, query block), b and h broadcast where both lists broadcast them.
 __device__ __forceinline__ long long dq_rank_row(const HbFlexCudaArgs& a, long long b, long long h, long long r) {
   const long long bm = a.kv_list.bm > a.kv_full_list.bm ? a.kv_list.bm : a.kv_full_list.bm;
