@@ -27,7 +27,7 @@ from .cuda_graphs import CudaGraphs
 from .dump import Dumper, structured_trace_on
 from .options import Options, parse_options
 from .partition import partition
-from .sdpa_masks import make_sdpa_masks_fusable
+from .sdpa_masks import drop_masks_that_mask_nothing, make_sdpa_masks_fusable
 from .serialize import SerializationError, input_aliases, serialize
 
 log = logging.getLogger("hintbackend")
@@ -218,7 +218,8 @@ def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Op
         raise ValueError(f"hintbackend: mode={mode!r} is not supported: use mode=\"reduce-overhead\" (CUDA graphs) or "
                          "options={...}")
 
-    make_sdpa_masks_fusable(gm)  # before AOTAutograd decomposes SDPA (sdpa_masks.py)
+    drop_masks_that_mask_nothing(gm)  # before AOTAutograd decomposes SDPA (sdpa_masks.py)
+    make_sdpa_masks_fusable(gm)
     forward_input_aliases: Set[str] = set()  # one forward/backward pair per aot_autograd call
     cuda_graphs = CudaGraphs(len(example_inputs)) if opts.cuda_graphs else None
     # partition: default_partition, except that saved values of dfs/auto regions are recomputed in the

@@ -97,3 +97,67 @@ def test_symbolic_shapes_leave_the_mask_as_traced(caplog):
         got = torch.compile(f, backend="hintbackend", dynamic=True)(q, k, v, mask)
     torch.testing.assert_close(got, f(q, k, v, mask), **tolerances(torch.float32))
     assert "passed as a contiguous copy" not in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["all-true", "zeros", "causal"])
+def test_a_constant_mask_that_masks_nothing_is_dropped(tmp_path, caplog, kind):
+    """HF's bidirectional mask under torch.compile (`arange(S)[None, None, :, None] >= 0`, expanded), and an
+    all-zero float mask: computed from constants, they mask nothing, so SDPA gets no mask (eager HF passes
+    none); a causal mask built the same way masks half the scores and stays. Results as eager's."""
+    torch.manual_seed(5)
+    q, k, v, dout = (randn(B, H, S, D) for _ in range(4))
+
+    def f(q, k, v):
+        i = torch.arange(S, device=q.device)
+        if kind == "all-true":
+            m = (i[None, None, :, None] >= 0).expand(B, -1, S, S)
+        elif kind == "zeros":
+            m = torch.zeros(1, 1, S, S, device=q.device)
+        else:
+            m = i[None, None, :, None] >= i[None, None, None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    def step(fn):
+        xs = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        out = fn(*xs)
+        out.backward(dout)
+        return [out.detach()] + [t.grad for t in xs]
+
+    want = step(f)
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="hintbackend"):
+        got = step(torch.compile(f, backend="hintbackend", options={"dump_dir": str(tmp_path)}))
+    for what, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(g, w, **tolerances(torch.float32), msg=what)
+    dropped = "masks nothing" in caplog.text
+    assert dropped == (kind != "causal"), caplog.text
+    forward = "".join(open(os.path.join(tmp_path, d, "fx_graph.txt")).read()
+                      for d in graph_dirs(tmp_path) if d.startswith("forward"))
+    assert ("aten.arange" in forward or "aten.zeros" in forward or "aten.full" in forward) == (not dropped), forward
+
+
+def test_masks_that_read_inputs_or_random_numbers_are_not_evaluated():
+    """Only a mask made of constants is evaluated at compile time: one that reads an input, or random numbers
+    (whose value now is not their value at run time), is left as traced."""
+    from hintbackend.sdpa_masks import constant_value
+
+    def f(q, k, v, lengths):  # (q, k, v unread: a mask's usual company)
+        i = torch.arange(S, device=q.device)
+        padded = (i[None, None, None, :] < lengths[:, None, None, None]).expand(B, 1, S, S)
+        noisy = torch.rand(1, 1, S, S, device=q.device) >= 0  # all True here, but random
+        fixed = (i[None, None, :, None] >= 0).expand(B, 1, S, S)
+        return padded, noisy, fixed
+
+    graphs = []
+
+    def capture(gm, example_inputs):  # Dynamo's graph, as hintbackend gets it
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(f, backend=capture)(*(randn(B, H, S, D) for _ in range(3)), torch.full((B,), S // 2, device=device()))
+    out = [n for n in graphs[0].graph.nodes if n.op == "output"][0].args[0]
+    assert constant_value(out[0]) is None
+    assert constant_value(out[1]) is None
+    fixed = constant_value(out[2])
+    assert fixed is not None and fixed.shape == (B, 1, S, S) and bool(fixed.all())
