@@ -7,7 +7,9 @@
 //                  symbolic shapes, non-tensors, and what the target cannot place (opt.target); the
 //                  arena lives on one device, the one with the most placeable bytes.
 //   3. in-place    an elementwise op may write into an input's buffer when that input dies at this op,
-//                  has the same shape and dtype, and the op reads no other view of it.
+//                  has the same shape and dtype (or is read through a view with the same elements in
+//                  the same row-major order as the buffer and the result: a reshape), and the op reads
+//                  no other view of it.
 //   4. periods     busy periods: maximal spans of the order during which some buffer is live. Each is
 //                  placed on its own from offset 0, since periods never overlap in time.
 //   5. placement   an ArenaAllocator strategy (greedy-by-size as TFLite's arena planner, best-fit

@@ -391,11 +391,14 @@ void Executor::place_results(const std::vector<int>& step_of) {
       const TensorType& t = node.type.tensor;
       if (k > 0) {
         // In place: the op writes over an input that dies here, through its out= overload. Only the
-        // ops the planner allows (may_write_over_input: all safe with out == that input), same layout.
+        // ops the planner allows (may_write_over_input: all safe with out == that input), same layout,
+        // or both plain row-major over the same elements (the input read through a reshape).
         const TensorType& first = g.nodes[b.values[0].node].type.tensor;
         bool same = may_write_over_input(node) && first.dtype == t.dtype && first.shape.size() == t.shape.size();
         for (size_t d = 0; same && d < t.shape.size(); ++d)
           same = first.shape[d].value == t.shape[d].value && first.stride[d].value == t.stride[d].value;
+        same = same || (may_write_over_input(node) && first.dtype == t.dtype && first.contiguous_static() &&
+                        t.contiguous_static() && first.numel() && first.numel() == t.numel());
         HB_INTERNAL_CHECK(same) << describe(g, v.node) << ": in-place reuse of a buffer with another layout";
       }
       const int64_t elem = dtype_bytes(t.dtype);

@@ -464,6 +464,48 @@ graph g {
 )");
 }
 
+TEST(ir_text, memory_plan_writes_in_place_over_an_input_read_through_a_reshape) {
+  // A matmul's [2048, 2048]-shaped result read as [4, 512, 2048] by gelu_backward (an MLP's backward): the
+  // same elements in the same order, so the gradient takes over the dying product's buffer. A transposed
+  // view (another order) and a narrowed one (fewer elements) keep buffers of their own.
+  file_check(R"(
+// RUN: memory-plan
+graph g {
+  %a: f32[64, 32] = placeholder
+  %b: f32[32, 64] = placeholder
+  %x: f32[2, 32, 64] = placeholder
+  %mm: f32[64, 64] = aten::mm.default(%a, %b)
+  %v: f32[2, 32, 64] = aten::view.default(%mm, [2, 32, 64]) !view
+  %gb: f32[2, 32, 64] = aten::gelu_backward.default(%v, %x)
+  %s: f32[] = aten::sum.default(%gb)
+  return (%s,)
+}
+// CHECK: // note:   %mm: offset 0 size 16384 live [3, 6] then %gb in place
+)");
+  for (const std::string view : {"%v: f32[64, 64][1, 64] = aten::t.default(%mm) !view",
+                                 "%v: f32[32, 64] = aten::slice.Tensor(%mm, 0, 0, 32) !view"}) {
+    const std::string shape = view.find("slice") != std::string::npos ? "f32[32, 64]" : "f32[64, 64]";
+    std::string test = R"(
+// RUN: memory-plan
+graph g {
+  %a: f32[64, 32] = placeholder
+  %b: f32[32, 64] = placeholder
+  %x: SHAPE = placeholder
+  %mm: f32[64, 64] = aten::mm.default(%a, %b)
+  VIEW
+  %gb: SHAPE = aten::gelu_backward.default(%v, %x)
+  %s: f32[] = aten::sum.default(%gb)
+  return (%s,)
+}
+// CHECK-NOT: in place
+// CHECK: %gb: offset
+)";
+    for (size_t at; (at = test.find("SHAPE")) != std::string::npos;) test.replace(at, 5, shape);
+    test.replace(test.find("VIEW"), 4, view);
+    file_check(test);
+  }
+}
+
 TEST(ir_text, memory_plan_target_and_arena_setting_are_inputs) {
   // The same graph with the arena off: nothing is placed, each value says why.
   PassContext ctx;
