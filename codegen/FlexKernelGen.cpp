@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "codegen/FlexKernelAbi.h"
+#include "codegen/FlexLowering.h"
 #include "codegen/FlexTiledKernelText.h"
 
 namespace hb {
@@ -861,29 +862,16 @@ std::optional<FlexBlockMaskLayout> flex_block_mask_layout(const Arg& bm, std::st
 
 namespace {
 
-// Whether the node's backward adds into some captured buffer's gradient: the backward's joint graph
-// returns one (outputs 5 on); in the forward graph, a score buffer is marked requires_grad
-// (python/hintbackend/partition.py).
-bool joint_scatters(const Graph& g, const Node& n) {
-  if (n.target == "higher_order::flex_attention") {
-    if (n.args.size() < 8 || (n.args[7].kind != Arg::Kind::Tuple && n.args[7].kind != Arg::Kind::List)) return false;
-    for (const Arg& b : n.args[7].items)
-      if (const TensorType* t = g.tensor_type(b); t && t->requires_grad) return true;
-    return false;
-  }
-  const Graph* joint = n.args.size() > 8 ? subgraph(g, n.args[8]) : nullptr;
-  const int o = joint ? joint->output_node() : -1;
-  if (o < 0 || joint->nodes[o].args.empty()) return false;
-  const Arg& out = joint->nodes[o].args[0];
-  if (out.kind != Arg::Kind::Tuple && out.kind != Arg::Kind::List) return false;
-  for (size_t k = 5; k < out.items.size(); ++k)
-    if (out.items[k].kind != Arg::Kind::None) return true;
-  return false;
+// Whether deterministic=True asks for an order the CUDA backward cannot give: some captured buffer gets
+// a gradient (analyze_flex: the joint returns one, or the forward graph marks the buffer requires_grad),
+// which it adds with atomics.
+bool wants_ordered_scatter(const Graph& g, int node) {
+  return g.nodes[node].hints.deterministic.value_or(false) && analyze_flex(g, node).buffer_grads > 0;
 }
 
 // Why the CUDA kernels cannot take flex node n ("" = they can): dtypes, head dims, block sizes.
 std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const FlexBlockMaskLayout& l, int nscore,
-                         int nmask, int* head_dim, bool* half) {
+                         int nmask, bool ordered_scatter, int* head_dim, bool* half) {
   const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]), *v = g.tensor_type(n.args[2]);
   if (!q || !k || !v || q->shape.size() != 4 || k->shape.size() != 4 || v->shape.size() != 4)
     return "q, k, v are not 4-d tensors";
@@ -899,7 +887,7 @@ std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const Fle
   if (!ok)
     return "head dim " + std::to_string(D) + (backward ? " (the CUDA backward takes 16, 32, 64, 128)"
                                                        : " (the CUDA forward takes 16, 32, 64, 128, 256)");
-  if (backward && n.hints.deterministic.value_or(false) && joint_scatters(g, n))
+  if (backward && ordered_scatter)
     return "deterministic=True, and the CUDA backward adds the buffers' gradients with atomics in no fixed order "
            "(it orders only dQ's)";
   if (nscore > kFlexMaxCudaBuffers || nmask > kFlexMaxCudaBuffers)
@@ -930,7 +918,7 @@ std::string flex_cuda_backward_why_not(const Graph& g, int node) {
   int head_dim = 0;
   bool half = false;
   return cuda_why_not(g, n, /*backward=*/true, *layout, count(n.args[backward ? 12 : 7]),
-                      count(n.args[backward ? 13 : 8]), &head_dim, &half);
+                      count(n.args[backward ? 13 : 8]), wants_ordered_scatter(g, node), &head_dim, &half);
 }
 
 std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, std::string* why, FlexKernelDevice device) {
@@ -963,7 +951,8 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
   int head_dim = 0;
   bool half = false;
   if (cuda) {
-    *why = cuda_why_not(g, n, backward, *layout, nscore, nmask, &head_dim, &half);
+    *why = cuda_why_not(g, n, backward, *layout, nscore, nmask, backward && wants_ordered_scatter(g, node), &head_dim,
+                        &half);
     if (!why->empty()) return std::nullopt;
     if (backward && (layout->q_num_blocks < 0 || bm.items[layout->q_num_blocks].kind != Arg::Kind::Ref ||
                      bm.items[layout->q_indices].kind != Arg::Kind::Ref)) {

@@ -136,6 +136,11 @@ __device__ void report(long long* err, const HbFlexTile& t) {
   }
 }
 
+// Row r of a block list for (b, h), broadcast over b or h where the list has size 1 there.
+__device__ __forceinline__ long long list_row(const HbFlexBlockList& l, long long b, long long h, long long r) {
+  return ((l.bm == 1 ? 0 : b) * l.hm + (l.hm == 1 ? 0 : h)) * l.rows + r;
+}
+
 // The tiles one list walk visits: blocks idx[0..n) of `list` (partial) then of `full`, each cut into
 // `sub` tiles of `tile` rows; tile i -> (first row, full?).
 struct Walk {
@@ -151,7 +156,7 @@ struct Walk {
         *idx = nullptr;
         return 0;
       }
-      const long long r = ((l.bm == 1 ? 0 : b) * l.hm + (l.hm == 1 ? 0 : h)) * l.rows + row;
+      const long long r = list_row(l, b, h, row);
       *idx = l.idx + r * l.cols;
       return (int)lmin(l.num[r], l.cols);
     };
@@ -510,7 +515,8 @@ __device__ __forceinline__ void add_dq(const float (&dq)[NC / 8][4], const HbFle
 // lists that do not match the q lists) reports kFlexErrorOrder and adds out of turn. The walks run in
 // reverse (Walk::step), and the wgmma kernel computes dQ before its turn, so that a turn holds only the
 // adds (docs/flex-attention.md, "Deterministic backward on CUDA").
-// The rank table's rows: (b, h, query block), b and h broadcast where both lists broadcast them.
+// The rank table's rows: (b, h, query block), b and h broadcast where both lists broadcast them (the
+// launcher and backend/runtime/FlexTiledCuda.cpp size it alike).
 __device__ __forceinline__ long long dq_rank_row(const HbFlexCudaArgs& a, long long b, long long h, long long r) {
   const long long bm = a.kv_list.bm > a.kv_full_list.bm ? a.kv_list.bm : a.kv_full_list.bm;
   const long long hm = a.kv_list.hm > a.kv_full_list.hm ? a.kv_list.hm : a.kv_full_list.hm;
@@ -528,7 +534,7 @@ __global__ void flex_dq_rank(const __grid_constant__ HbFlexCudaArgs a) {
     for (int f = 0; f < 2; ++f) {  // mark the listed tiles
       const HbFlexBlockList& l = f ? a.kv_full_list : a.kv_list;
       if (!l.num) continue;
-      const long long lr = ((l.bm == 1 ? 0 : b) * l.hm + (l.hm == 1 ? 0 : h)) * l.rows + r;
+      const long long lr = list_row(l, b, h, r);
       const int n = (int)lmin(l.num[lr], l.cols);
       for (int e = 0; e < n; ++e)
         for (long long t = (long long)l.idx[lr * l.cols + e] * per, u = 0; u < per && t < tiles; ++t, ++u) rank[t] = 1;
