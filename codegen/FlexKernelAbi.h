@@ -127,6 +127,18 @@ inline constexpr const char* kFlexKernelAbiSource =
     "#define HB_FLEX_MAX_BUFFERS " HB_FLEX_STR(HB_FLEX_MAX_BUFFERS) "\n" HB_FLEX_STR(HB_FLEX_KERNEL_ABI);
 constexpr int kFlexMaxCudaBuffers = HB_FLEX_MAX_BUFFERS;
 
+// The head dim the CUDA kernels are built for when q/k have head dim `qk` and v `vd`: the smallest of
+// 16, 32, 64, 128 (and 256 forward only) that holds both; 0 where none does. The runtime pads q, k, v
+// (and the backward's out and dO) with zero columns up to it: zero columns add nothing to q k^T, and
+// give zero columns of the output and of dQ, dK, dV, which it cuts off (FlexTiledCuda.cpp).
+constexpr int flex_cuda_head_dim(long long qk, long long vd, bool backward) {
+  const long long d = qk > vd ? qk : vd;
+  if (qk < 1 || vd < 1) return 0;
+  for (int built : {16, 32, 64, 128, 256})
+    if (d <= built) return built == 256 && backward ? 0 : built;
+  return 0;
+}
+
 using FlexScoreF32 = void (*)(float* s, HbFlexTile* t);
 using FlexScoreF64 = void (*)(double* s, HbFlexTile* t);
 using FlexMaskFn = void (*)(unsigned char* keep, HbFlexTile* t);

@@ -879,14 +879,15 @@ std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const Fle
     return std::string("q is ") + dtype_name(q->dtype) + " (the CUDA kernel takes bfloat16 and float16)";
   if (k->dtype != q->dtype || v->dtype != q->dtype) return "q, k and v differ in dtype";
   const Dim& dq = q->shape[3];
+  const Dim& dk = k->shape[3];
   const Dim& dv = v->shape[3];
-  if (!dq.is_static() || !dv.is_static()) return "the head dim is symbolic";
-  const int64_t D = dq.value;
-  if (dv.value != D) return "the value head dim " + std::to_string(dv.value) + " differs from q's " + std::to_string(D);
-  const bool ok = D == 16 || D == 32 || D == 64 || D == 128 || (!backward && D == 256);
-  if (!ok)
-    return "head dim " + std::to_string(D) + (backward ? " (the CUDA backward takes 16, 32, 64, 128)"
-                                                       : " (the CUDA forward takes 16, 32, 64, 128, 256)");
+  if (!dq.is_static() || !dv.is_static() || !dk.is_static()) return "the head dim is symbolic";
+  if (dk.value != dq.value)
+    return "k's head dim " + std::to_string(dk.value) + " differs from q's " + std::to_string(dq.value);
+  const int built = flex_cuda_head_dim(dq.value, dv.value, backward);
+  if (built == 0)
+    return "head dim " + std::to_string(dq.value) + (dv.value != dq.value ? ", value head dim " + std::to_string(dv.value) : "") +
+           (backward ? " (the CUDA backward takes head dims up to 128)" : " (the CUDA forward takes head dims up to 256)");
   if (backward && ordered_scatter)
     return "deterministic=True, and the CUDA backward adds the buffers' gradients with atomics in no fixed order "
            "(it orders only dQ's)";
@@ -894,11 +895,11 @@ std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const Fle
     return "more than " + std::to_string(kFlexMaxCudaBuffers) + " captured buffers";
   // The tiles must nest in the BlockMask's blocks (the forward's 64 query rows and 64 (D 256: 32) key
   // rows, the backward's 128 query rows and 64 key rows).
-  const int64_t qt = backward ? 128 : 64, kt = backward || D <= 128 ? 64 : 32;
+  const int64_t qt = backward ? 128 : 64, kt = backward || built <= 128 ? 64 : 32;
   if (l.q_block % qt != 0 || l.kv_block % kt != 0)
     return "block sizes " + std::to_string(l.q_block) + " x " + std::to_string(l.kv_block) + " (the CUDA " +
            (backward ? "backward" : "forward") + " needs multiples of " + std::to_string(qt) + " x " + std::to_string(kt) + ")";
-  *head_dim = static_cast<int>(D);
+  *head_dim = built;
   *half = q->dtype == DType::Float16;
   return "";
 }
@@ -1104,7 +1105,13 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
   }
   out.source = src.str();
   std::ostringstream sum;
-  if (cuda) sum << "CUDA, head dim " << head_dim << ", " << (half ? "float16" : "bfloat16") << "; ";
+  if (cuda) {
+    const int64_t dqk = g.tensor_type(n.args[0])->shape[3].value, dv = g.tensor_type(n.args[2])->shape[3].value;
+    sum << "CUDA, head dim " << head_dim;
+    if (dqk != head_dim || dv != head_dim)
+      sum << " (q/k " << dqk << ", v " << dv << ", padded with zero columns)";
+    sum << ", " << (half ? "float16" : "bfloat16") << "; ";
+  }
   sum << "score_mod: " << (out.score_mod ? plural(ts.ops(), "op") : "identity")
       << "; mask_mod: " << (out.mask_mod ? plural(tm.ops(), "op") : "none");
   if (backward) {

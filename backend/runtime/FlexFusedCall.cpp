@@ -144,7 +144,9 @@ std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx) 
     call->cuda_fns.forward = entry<FlexCudaLaunch>(m, "hb_flex_cuda_forward", true, where);
     call->cuda_fns.backward = entry<FlexCudaLaunch>(m, "hb_flex_cuda_backward", true, where);
     call->cuda_fns.error_string = entry<FlexCudaErrorString>(m, "hb_flex_cuda_error_string", true, where);
-    call->cuda_fns.head_dim = static_cast<int>(ctx.graph().nodes[n.args[0].ref].type.tensor.shape[3].value);
+    call->cuda_fns.head_dim = flex_cuda_head_dim(ctx.graph().nodes[n.args[0].ref].type.tensor.shape[3].value,
+                                                 ctx.graph().nodes[n.args[2].ref].type.tensor.shape[3].value,
+                                                 call->backward);
     call->cuda_fns.reports_errors = src->may_fail;
     // A row shift's joint is skipped: the score gradient passes through, the buffers' gradients stay zero.
     call->cuda_fns.run_joint = src->joint && !fused_row_shift(ctx.graph(), ctx.node, analyze_flex(ctx.graph(), ctx.node));

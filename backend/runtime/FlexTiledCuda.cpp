@@ -27,6 +27,20 @@ at::Tensor readable(const at::Tensor& t) {
   return ok ? t : t.contiguous();
 }
 
+// q, k, v (and the backward's out and dO) with zero columns up to the head dim the kernels were built
+// for (codegen/FlexKernelAbi.h, flex_cuda_head_dim); as they are where they have it.
+at::Tensor padded(const at::Tensor& t, int head_dim) {
+  return t.size(3) == head_dim ? t : at::constant_pad_nd(t, {0, head_dim - t.size(3)}, 0);
+}
+
+// The first `d` columns of a padded result, in a fresh tensor laid out like `ref` (flex_layout_strides).
+at::Tensor unpadded(const at::Tensor& t, int64_t d, at::IntArrayRef ref_strides) {
+  if (t.size(3) == d) return like_strides_of(t, ref_strides);
+  const at::Tensor cut = t.narrow(3, 0, d);
+  at::Tensor r = at::empty_strided(cut.sizes(), flex_layout_strides(cut.sizes(), ref_strides), cut.options());
+  return r.copy_(cut);
+}
+
 void strides3(const at::Tensor& t, long long (&s)[3]) {
   for (int d = 0; d < 3; ++d) s[d] = t.size(d) == 1 ? 0 : t.stride(d);
 }
@@ -82,8 +96,9 @@ HbFlexCudaArgs common(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   TORCH_CHECK(q.is_cuda() && k.device() == q.device() && v.device() == q.device(),
               "flex_attention: the generated CUDA kernel needs q, k, v on one GPU, got ", q.device(), ", ", k.device(),
               ", ", v.device());
-  TORCH_CHECK(q.size(3) == fns.head_dim && v.size(3) == fns.head_dim, "flex_attention: the CUDA kernel was built for head dim ",
-              fns.head_dim, ", got q ", q.sizes(), " and v ", v.sizes());
+  TORCH_CHECK(q.size(3) == fns.head_dim && k.size(3) == fns.head_dim && v.size(3) == fns.head_dim,
+              "flex_attention: the CUDA kernel was built for head dim ", fns.head_dim, ", got q ", q.sizes(), ", k ",
+              k.sizes(), " and v ", v.sizes());
   TORCH_CHECK(blocks.q_block > 0 && blocks.kv_block > 0, "flex_attention: bad block sizes");
   HbFlexCudaArgs a;
   std::memset(&a, 0, sizeof a);
@@ -136,7 +151,9 @@ std::vector<at::Tensor> flex_cuda_forward(const at::Tensor& q_in, const at::Tens
                                           const std::vector<at::Tensor>& score_buffers,
                                           const std::vector<at::Tensor>& mask_buffers) {
   const c10::cuda::CUDAGuard guard(q_in.device());
-  const at::Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in);
+  check_flex_shapes(q_in, k_in, v_in);
+  const int hd = fns.head_dim;
+  const at::Tensor q = readable(padded(q_in, hd)), k = readable(padded(k_in, hd)), v = readable(padded(v_in, hd));
   std::vector<at::Tensor> keep;
   HbFlexCudaArgs a = common(q, k, v, fns, scale, blocks, score_buffers, mask_buffers, keep);
   a.kv_list = block_list(blocks.kv_num, blocks.kv_idx, q, keep, "kv");
@@ -144,12 +161,14 @@ std::vector<at::Tensor> flex_cuda_forward(const at::Tensor& q_in, const at::Tens
   TORCH_CHECK(a.kv_list.num != nullptr, "flex_attention: the block mask has no kv block lists");
   const std::vector<int64_t> sizes = {a.B, a.Hq, a.Sq, v.size(3)};
   at::Tensor out = at::empty_strided(sizes, flex_layout_strides(sizes, q_in.strides()), q.options());
+  const int64_t dv = v_in.size(3);
   at::Tensor lse = at::empty({a.B, a.Hq, a.Sq}, q.options().dtype(at::kFloat));
   at::Tensor mx = at::empty({a.B, a.Hq, a.Sq}, q.options().dtype(at::kFloat));
   a.q = q.data_ptr(), a.k = k.data_ptr(), a.v = v.data_ptr(), a.out = out.data_ptr();
   strides3(q, a.q_strides), strides3(k, a.k_strides), strides3(v, a.v_strides), strides3(out, a.o_strides);
   a.lse = lse.data_ptr<float>(), a.max_scores = mx.data_ptr<float>();
   launch(fns.forward, fns, a, q, score_buffers.size());
+  if (dv != hd) out = unpadded(out, dv, q_in.strides());
   return {out, lse, mx};
 }
 
@@ -164,14 +183,16 @@ FlexBackwardResult flex_cuda_backward(const at::Tensor& q_in, const at::Tensor& 
   TORCH_CHECK(q_in.scalar_type() == k_in.scalar_type() && q_in.scalar_type() == v_in.scalar_type(),
               "Backward pass with mixed query, key, and value dtype is not supported, got ", q_in.scalar_type(), ", ",
               k_in.scalar_type(), ", ", v_in.scalar_type());
-  const at::Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in);
+  check_flex_shapes(q_in, k_in, v_in);
+  const int hd = fns.head_dim;
+  const at::Tensor q = readable(padded(q_in, hd)), k = readable(padded(k_in, hd)), v = readable(padded(v_in, hd));
   std::vector<at::Tensor> keep;
   HbFlexCudaArgs a = common(q, k, v, fns, scale, blocks, score_buffers, mask_buffers, keep);
   a.q_list = block_list(blocks.q_num, blocks.q_idx, q, keep, "q");
   a.q_full_list = block_list(blocks.full_q_num, blocks.full_q_idx, q, keep, "full q");
   TORCH_CHECK(a.q_list.num != nullptr, "flex_attention: the block mask has no q block lists");
-  const at::Tensor out = readable(out_in.to(q.scalar_type()));
-  const at::Tensor dout = grad_out.defined() ? readable(grad_out.to(q.scalar_type())) : at::zeros_like(out);
+  const at::Tensor out = readable(padded(out_in.to(q.scalar_type()), hd));
+  const at::Tensor dout = grad_out.defined() ? readable(padded(grad_out.to(q.scalar_type()), hd)) : at::zeros_like(out);
   const at::Tensor lse = logsumexp.to(at::kFloat).contiguous();
   const bool has_dlse = grad_logsumexp.has_value() && grad_logsumexp->defined();
   const at::Tensor dlse = has_dlse ? grad_logsumexp->to(at::kFloat).contiguous() : at::Tensor();
@@ -213,8 +234,8 @@ FlexBackwardResult flex_cuda_backward(const at::Tensor& q_in, const at::Tensor& 
     dk = dk.sum(0, /*keepdim=*/true);
     dv = dv.sum(0, /*keepdim=*/true);
   }
-  FlexBackwardResult r{like_strides_of(dq.to(q.scalar_type()), q_in.strides()), like_strides_of(dk, k_in.strides()),
-                       like_strides_of(dv, v_in.strides()), {}};
+  FlexBackwardResult r{unpadded(dq.to(q.scalar_type()), q_in.size(3), q_in.strides()),
+                       unpadded(dk, k_in.size(3), k_in.strides()), unpadded(dv, v_in.size(3), v_in.strides()), {}};
   for (size_t i = 0; i < score_buffers.size(); ++i)
     r.buffer_grads.push_back(grads[i].defined() ? grads[i].to(score_buffers[i].scalar_type()) : at::Tensor());
   return r;

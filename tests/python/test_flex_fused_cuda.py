@@ -38,16 +38,19 @@ MASKS = {"none": None, "causal": causal, "window": window}
 
 
 def run_case(tmp_path, score, mask, dtype=torch.bfloat16, shape=(2, 4, 4, 300, 64), buf_dtype=torch.float32,
-             with_lse_grad=False, deterministic=False):
+             with_lse_grad=False, deterministic=False, value_dim=None):
     """kernel="fused" against float64 and the baselines; asserts the bound; returns the kernels dump (with
-    deterministic=True: also the fused run's results, and a second run's, which must be bitwise equal)."""
+    deterministic=True: also the fused run's results, and a second run's, which must be bitwise equal).
+    value_dim: v's head dim where it is not q's."""
     B, Hq, Hkv, S, D = shape
+    Dv = value_dim or D
     buf_shape, wants_grad, make_mod = SCORE_MODS[score]
-    torch.manual_seed(zlib.crc32(repr((score, mask, dtype, shape, buf_dtype, with_lse_grad)).encode()))
+    torch.manual_seed(zlib.crc32(repr((score, mask, dtype, shape, buf_dtype, with_lse_grad, value_dim)).encode()))
     dev = "cuda"
     q = torch.randn(B, Hq, S, D, dtype=torch.float64, device=dev)
-    k, v = (torch.randn(B, Hkv, S, D, dtype=torch.float64, device=dev) for _ in range(2))
-    dout = torch.randn(B, Hq, S, D, dtype=torch.float64, device=dev)
+    k = torch.randn(B, Hkv, S, D, dtype=torch.float64, device=dev)
+    v = torch.randn(B, Hkv, S, Dv, dtype=torch.float64, device=dev)
+    dout = torch.randn(B, Hq, S, Dv, dtype=torch.float64, device=dev)
     dlse = torch.randn(B, Hq, S, dtype=torch.float64, device=dev)
     table = torch.randn(buf_shape(B, Hq, S), dtype=torch.float64, device=dev) if buf_shape else None
     mask_mod = MASKS[mask]
@@ -116,6 +119,39 @@ def test_cuda_fused_float16(tmp_path, dtype):
 @pytest.mark.parametrize("shape", [(1, 8, 2, 1000, 128), (2, 4, 1, 130, 32), (1, 2, 2, 256, 16)])
 def test_cuda_fused_shapes(tmp_path, shape):
     run_case(tmp_path, "relative", "causal", shape=shape)
+
+
+# Head dims between the built ones (16, 32, 64, 128; 256 forward only) run on the next one up, q, k, v,
+# out and dO padded with zero columns; a value head dim unlike q's takes the built one that holds both.
+@pytest.mark.parametrize("shape,value_dim", [((1, 4, 2, 300, 96), None), ((2, 2, 2, 200, 80), None),
+                                             ((1, 2, 1, 257, 48), 24), ((1, 4, 4, 300, 64), 128)])
+def test_cuda_fused_padded_head_dims(tmp_path, shape, value_dim):
+    kernels = run_case(tmp_path, "relative", "causal", shape=shape, value_dim=value_dim)
+    assert "padded with zero columns" in kernels, kernels
+
+
+def test_cuda_fused_forward_head_dim_up_to_256(tmp_path):
+    """Inference at head dim 192: the forward kernel built for 256, against float64."""
+    torch.manual_seed(11)
+    B, H, S, D = 1, 2, 300, 192
+    q, k, v = (torch.randn(B, H, S, D, dtype=torch.float64, device="cuda") for _ in range(3))
+    bm = create_block_mask(causal, None, None, S, S, device="cuda")
+    score_mod = SCORE_MODS["softcap"][2](None, S)
+
+    def f(qq, kk, vv):
+        with hinted_context(kernel="fused"):
+            return flex_attention(qq, kk, vv, score_mod, bm, return_lse=True)
+
+    ref_out, ref_lse = dense(q, k, v, score_mod, causal)
+    lo = [t.bfloat16() for t in (q, k, v)]
+    with torch.no_grad():
+        out, lse = torch.compile(f, backend="hintbackend", options={"dump_dir": str(tmp_path)})(*lo)
+        base_out, base_lse = flex_attention(*lo, score_mod, bm, return_lse=True)
+    assert out.shape == (B, H, S, D) and out.is_contiguous()
+    assert rel(out, ref_out) <= 2 * rel(base_out, ref_out) + 1e-4
+    assert rel(lse, ref_lse) <= 2 * rel(base_lse, ref_lse) + 1e-4
+    kernels = kernels_text(tmp_path)
+    assert "flex-attention-fused" in kernels and "CUDA, head dim 256 (q/k 192, v 192, padded" in kernels, kernels
 
 
 def test_cuda_fused_bf16_buffer_and_logsumexp_gradient(tmp_path):

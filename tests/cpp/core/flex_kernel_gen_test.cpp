@@ -447,10 +447,39 @@ TEST(flex_kernel_gen, cuda_proves_the_scatter_that_runs_along_lines) {
   }
 }
 
+// Head dims between the built ones run on the next one up, q, k and v padded with zero columns by the
+// runtime; a value head dim unlike q's takes the one that holds both.
+TEST(flex_kernel_gen, cuda_pads_head_dims_up_to_the_next_built_one) {
+  for (auto [d, built] : {std::pair{8, 16}, {24, 32}, {48, 64}, {80, 128}, {96, 128}, {100, 128}}) {
+    auto g = parse_graph(cuda_backward_ir("bf16", d));
+    std::string why;
+    const auto src = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
+    ASSERT_TRUE(src.has_value()) << d << ": " << why;
+    EXPECT_NE(src->source.find("\n#define HB_D " + std::to_string(built) + "\n"), std::string::npos) << d;
+    EXPECT_NE(src->summary.find("CUDA, head dim " + std::to_string(built) + " (q/k " + std::to_string(d) + ", v " +
+                                std::to_string(d) + ", padded with zero columns)"),
+              std::string::npos)
+        << src->summary;
+  }
+  auto exact = parse_graph(cuda_backward_ir("bf16", 64));
+  std::string why;
+  const auto src = generate_flex_kernel(*exact, exact->find("fb"), &why, FlexKernelDevice::Cuda);
+  ASSERT_TRUE(src.has_value()) << why;
+  EXPECT_NE(src->summary.find("CUDA, head dim 64, bfloat16;"), std::string::npos) << src->summary;
+  EXPECT_EQ(flex_cuda_head_dim(64, 32, true), 64);
+  EXPECT_EQ(flex_cuda_head_dim(40, 100, true), 128);
+  EXPECT_EQ(flex_cuda_head_dim(200, 200, false), 256);
+  EXPECT_EQ(flex_cuda_head_dim(200, 200, true), 0);
+  EXPECT_EQ(flex_cuda_head_dim(257, 64, false), 0);
+}
+
 TEST(flex_kernel_gen, cuda_refuses_what_its_kernels_do_not_take) {
   EXPECT_EQ(cuda_refusal(kBackward), "q is float32 (the CUDA kernel takes bfloat16 and float16)");
-  EXPECT_EQ(cuda_refusal(cuda_backward_ir("bf16", 96)), "head dim 96 (the CUDA backward takes 16, 32, 64, 128)");
-  EXPECT_EQ(cuda_refusal(cuda_backward_ir("bf16", 256)), "head dim 256 (the CUDA backward takes 16, 32, 64, 128)");
+  EXPECT_EQ(cuda_refusal(cuda_backward_ir("bf16", 160)), "head dim 160 (the CUDA backward takes head dims up to 128)");
+  EXPECT_EQ(cuda_refusal(cuda_backward_ir("bf16", 256)), "head dim 256 (the CUDA backward takes head dims up to 128)");
+  // k's head dim must be q's (flex_attention checks it too); v's may differ.
+  EXPECT_EQ(cuda_refusal(replace(cuda_backward_ir("bf16", 64), "%k: bf16[1, 2, 200, 64]", "%k: bf16[1, 2, 200, 32]")),
+            "k's head dim 32 differs from q's 64");
   EXPECT_EQ(cuda_refusal(replace(cuda_backward_ir(), "none, none, %kvn, %kvi, none, none, 128, 128,",
                                  "none, none, %kvn, %kvi, none, none, 64, 128,")),
             "block sizes 64 x 128 (the CUDA backward needs multiples of 128 x 64)");
