@@ -16,6 +16,7 @@
 #include "passes/SliceLegality.h"
 #include "passes/SliceSchedule.h"
 #include "passes/SoftmaxUpcast.h"
+#include "passes/SplitColumnSum.h"
 
 namespace hb {
 
@@ -46,6 +47,11 @@ const std::vector<PassInfo>& pipeline() {
       {"fold-cross-entropy-forward", fold_cross_entropy_forward,
        "log-softmax and nll_loss_forward into one op taking the rows a chunk at a time (no [N, C] log-"
        "probabilities); beside fold-cross-entropy-backward and for the same reasons"},
+      {"split-column-sum", split_column_sum,
+       "on CUDA, a sum over a contiguous tensor's leading dims (a bias gradient) into two sums that ATen runs "
+       "without staging partial sums in a global buffer; after slice-schedule (whose legality rules read the "
+       "plain sum), before pointwise-fusion (which may take the final cast) and the memory passes, which plan "
+       "the partial sums"},
       {"row-softmax-fusion", row_softmax_fusion,
        "softmax chains and their gradients into row kernels; after slice-schedule (whose legality rules read "
        "the plain ops, and whose loop bodies it fuses too: a DFS backward recomputes the softmax in its "
