@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -193,13 +194,34 @@ struct Problem {
     counters = B * H * ((S + 63) / 64);
     CK(cudaMalloc(&order, (counters + nblk * ((S + 63) / 64)) * sizeof(int)));
     a.dq_order = order, a.dq_rank = order + counters;
+#if HB_SCATTER
+    // The buffer gradient's windows (FlexTiledKernel.cuh, line_reduce), as backend/runtime/FlexTiledCuda.cpp
+    // sizes them.
+    windows = B * H * ((S + 63) / 64);
+    a.scatter_len = (S + 127) / 128 * 128 + 192;
+    CK(cudaMalloc(&a.scatter_win, windows * a.scatter_len * sizeof(float)));
+    CK(cudaMalloc(&a.scatter_start, windows * sizeof(long long)));
 #endif
+#endif
+  }
+
+  long long windows = 0;
+  long long grad_numel() const {
+    long long n = 1;
+    for (int d = 0; d < a.score_buffers[0].rank; ++d) n *= a.score_buffers[0].sizes[d];
+    return n;
   }
 
   void forward() { CK((cudaError_t)hb_flex_cuda_forward(&a, nullptr)); }
   void backward() {
     CK(cudaMemsetAsync(dq, 0, B * H * S * HB_D * sizeof(float)));
     if (order) CK(cudaMemsetAsync(order, 0, counters * sizeof(int)));
+    if (windows) {
+      static std::vector<long long> unset;
+      unset.assign(windows, LLONG_MIN);
+      CK(cudaMemsetAsync(a.scatter_win, 0, windows * a.scatter_len * sizeof(float)));
+      CK(cudaMemcpyAsync(a.scatter_start, unset.data(), windows * sizeof(long long), cudaMemcpyHostToDevice));
+    }
     CK((cudaError_t)hb_flex_cuda_backward(&a, nullptr));
   }
 };
@@ -280,10 +302,16 @@ int main(int argc, char** argv) {
   p.backward();
   const std::vector<float> dq1 = download(p.dq, n);
   const std::vector<Elem> dk1 = download(p.dk, n);
+  std::vector<float> g1;  // the window sums overwrite the buffer gradient (no accumulation across runs)
+  if (p.windows) g1 = download((float*)p.a.score_buffers[0].grad, p.grad_numel());
   p.backward();
-  const bool same = std::memcmp(dq1.data(), download(p.dq, n).data(), n * sizeof(float)) == 0 &&
-                    std::memcmp(dk1.data(), download(p.dk, n).data(), n * sizeof(Elem)) == 0;
-  std::printf("deterministic: dq and dk of two runs bitwise equal: %s\n", same ? "yes" : "NO");
+  bool same = std::memcmp(dq1.data(), download(p.dq, n).data(), n * sizeof(float)) == 0 &&
+              std::memcmp(dk1.data(), download(p.dk, n).data(), n * sizeof(Elem)) == 0;
+  if (p.windows)
+    same = same && std::memcmp(g1.data(), download((float*)p.a.score_buffers[0].grad, p.grad_numel()).data(),
+                               g1.size() * sizeof(float)) == 0;
+  std::printf("deterministic: dq and dk%s of two runs bitwise equal: %s\n", p.windows ? " and the buffer gradient" : "",
+              same ? "yes" : "NO");
   ok = ok && same;
 #endif
   return ok ? 0 : 1;

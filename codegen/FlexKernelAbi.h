@@ -76,6 +76,10 @@
     int run_joint;     /* backward: 0 skips the joint (a row shift: the buffers' gradients are 0) */    \
     int* dq_order;     /* backward, deterministic=True: [B, Hq, ceil(Sq / 64)] counters, zeroed; else null */ \
     int* dq_rank;      /* ... and [bm, hm (the kv lists'), kv_list.rows, ceil(Skv / 64)] workspace */     \
+    /* backward, deterministic=True with a buffer gradient: a window of line sums per (b, q head, 64-key */ \
+    /* tile), [B * Hq * ceil(Skv / 64)][scatter_len] floats, zeroed, and each window's first key, filled  */ \
+    /* with LLONG_MIN (FlexTiledKernel.cuh, line_reduce); else null */                                     \
+    float* scatter_win; long long* scatter_start; long long scatter_len;                                 \
   };
 
 /* The generated prelude's CUDA hb_scatter (codegen/FlexKernelGen.cpp says what it does), one text for the */

@@ -368,6 +368,7 @@ class Translator {
     Affine along;
   };
   const std::optional<LineScatter>& line() const { return line_; }
+  int scatter_count() const { return static_cast<int>(scatter_of_.size()); }
   std::set<int> scatter_buffers() const {
     std::set<int> s;
     for (const auto& kv : scatter_of_) s.insert(kv.second);
@@ -889,8 +890,8 @@ std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const Fle
     return "head dim " + std::to_string(dq.value) + (dv.value != dq.value ? ", value head dim " + std::to_string(dv.value) : "") +
            (backward ? " (the CUDA backward takes head dims up to 128)" : " (the CUDA forward takes head dims up to 256)");
   if (backward && ordered_scatter)
-    return "deterministic=True, and the CUDA backward adds the buffers' gradients with atomics in no fixed order "
-           "(it orders only dQ's)";
+    return "deterministic=True with a buffer gradient, which the CUDA backward adds in a fixed order only where the "
+           "joint scatters along the tiles' lines (the backward node's joint decides)";
   if (nscore > kFlexMaxCudaBuffers || nmask > kFlexMaxCudaBuffers)
     return "more than " + std::to_string(kFlexMaxCudaBuffers) + " captured buffers";
   // The tiles must nest in the BlockMask's blocks (the forward's 64 query rows and 64 (D 256: 32) key
@@ -952,8 +953,9 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
   int head_dim = 0;
   bool half = false;
   if (cuda) {
-    *why = cuda_why_not(g, n, backward, *layout, nscore, nmask, backward && wants_ordered_scatter(g, node), &head_dim,
-                        &half);
+    // deterministic=True with a buffer gradient: decided below, once the joint says whether its scatter runs
+    // along the tiles' lines.
+    *why = cuda_why_not(g, n, backward, *layout, nscore, nmask, /*ordered_scatter=*/false, &head_dim, &half);
     if (!why->empty()) return std::nullopt;
     if (backward && (layout->q_num_blocks < 0 || bm.items[layout->q_num_blocks].kind != Arg::Kind::Ref ||
                      bm.items[layout->q_indices].kind != Arg::Kind::Ref)) {
@@ -1046,6 +1048,15 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
     }
     for (int b : tj->scatter_buffers())
       if (b < nscore) out.buffer_grads[b] = true;
+    // deterministic=True adds a buffer gradient in a fixed order only where it is one scatter that the
+    // generator proved to run along the tiles' rows, columns or diagonals (FlexTiledKernel.cuh, line_reduce).
+    if (cuda && wants_ordered_scatter(g, node) && (!tj->line() || tj->scatter_count() != 1)) {
+      *why = "deterministic=True, and the joint's buffer gradient is " +
+             (tj->scatter_count() != 1 ? std::to_string(tj->scatter_count()) + " scatters"
+                                        : std::string("not a scatter along the tiles' rows, columns or diagonals")) +
+             " (the CUDA backward adds only one such scatter in a fixed order)";
+      return std::nullopt;
+    }
     const Val gv = tj->value(jo[0]);
     out.joint_grad_zero = gv.kind == K::None;
     const bool any_grad = std::find(out.buffer_grads.begin(), out.buffer_grads.end(), true) != out.buffer_grads.end();

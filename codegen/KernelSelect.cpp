@@ -1,5 +1,7 @@
 #include "codegen/KernelSelect.h"
 
+#include <algorithm>
+
 #include "backend/ir/Error.h"
 #include "backend/ir/SliceLoop.h"
 #include "codegen/FlexKernelGen.h"
@@ -218,8 +220,11 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
                                                      : "") +
             (backward && n.hints.deterministic.value_or(false)
                  ? (g.tensor_type(n.args[0])->device.rfind("cuda", 0) == 0
-                        ? "; deterministic: dQ added in key-tile order"
-                        : "; deterministic: per-worker sums added in worker order")
+                        ? std::string("; deterministic: dQ added in key-tile order") +
+                              (std::find(src.buffer_grads.begin(), src.buffer_grads.end(), true) != src.buffer_grads.end()
+                                   ? ", the buffer gradient's line sums kept per key tile and added in tile order"
+                                   : "")
+                        : std::string("; deterministic: per-worker sums added in worker order"))
                  : "") +
             (build.cache_hit ? "; from the kernel cache" : "; compiled in " + std::to_string(build.seconds).substr(0, 4) + " s") +
             (pref == KernelPref::Fused ? "; kernel=fused hint" : "") +

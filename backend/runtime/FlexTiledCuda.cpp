@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #endif
 
 namespace hb::rt {
@@ -228,6 +229,20 @@ FlexBackwardResult flex_cuda_backward(const at::Tensor& q_in, const at::Tensor& 
     order = at::zeros({counters + ranks}, q.options().dtype(at::kInt));
     a.dq_order = order.data_ptr<int>();
     a.dq_rank = a.dq_order + counters;
+  }
+  // deterministic=True with a buffer gradient: the line sums' windows, one per (b, q head, 64-key tile), each
+  // long enough for every row, and for the diagonals of a 128-row step past the last row (FlexTiledKernel.cuh,
+  // line_reduce): B Hq ceil(Skv / 64) windows of Sq rounded up to 128, plus 192, floats (about B Hq Sq Skv / 16
+  // bytes).
+  at::Tensor windows, starts;
+  const bool any_grad = std::find(buffer_grads.begin(), buffer_grads.end(), true) != buffer_grads.end();
+  if (fns.deterministic && any_grad && fns.run_joint) {
+    const int64_t w = a.B * a.Hq * ((a.Skv + 63) / 64);
+    a.scatter_len = (a.Sq + 127) / 128 * 128 + 192;
+    windows = at::zeros({w * a.scatter_len}, f32);
+    starts = at::full({w}, std::numeric_limits<int64_t>::min(), q.options().dtype(at::kLong));
+    a.scatter_win = windows.data_ptr<float>();
+    a.scatter_start = reinterpret_cast<long long*>(starts.data_ptr<int64_t>());
   }
   launch(fns.backward, fns, a, q, score_buffers.size());
   if (a.Bkv != a.B) {  // k, v broadcast over the batch: their gradients sum over it

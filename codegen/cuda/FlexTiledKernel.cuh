@@ -41,6 +41,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
+
 #include <cute/arch/copy_sm75.hpp>
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/mma_sm80.hpp>
@@ -309,6 +311,11 @@ struct LineStep {
   long long key0, alpha, beta;
 };
 
+// The deterministic scatter's window (line_reduce) of (b, query head h) and this CTA's key tile.
+__device__ __forceinline__ long long window_of(long long b, long long h, long long Hq) {
+  return (b * Hq + h) * gridDim.x + blockIdx.x;
+}
+
 template <int ROWS, int COLS>
 constexpr int kLineTileBytes = HB_SCATTER ? ROWS * (COLS + 1) * 4 : 0;
 
@@ -323,7 +330,7 @@ __device__ __forceinline__ LineStep line_probe(float* tile, long long b, long lo
   constexpr int kind = beta == 0 ? 1 : alpha == 0 ? 2 : 3;
   static_assert(beta == 0 || alpha == 0 || alpha == -beta, "HB_LINE_ALPHA/BETA: not a line");
   LineStep l{nullptr, 0, -1, 0, 0, 0};
-  if (!inside || !a.run_joint || !a.score_buffers[HB_LINE_BUF].grad) return l;
+  if ((!inside && !HB_DETERMINISTIC) || !a.run_joint || !a.score_buffers[HB_LINE_BUF].grad) return l;
   const int e = t.error, eb = t.error_buffer;  // the key's reads must not report: restore what it sets
   const long long ei = t.error_index, es = t.error_size;
   hb_joint<float, 2>(0.f, b, h, q0, k0, 1.f, &t);
@@ -362,12 +369,40 @@ __device__ __forceinline__ LineStep line_probe(float* tile, long long b, long lo
 }
 #endif
 
+#if HB_SCATTER && HB_DETERMINISTIC && !HB_LINE_STATIC
+#error "deterministic=True with a buffer gradient needs the generator's proven line (HB_LINE_STATIC)"
+#endif
+
 #if HB_SCATTER
+// deterministic=True (HB_DETERMINISTIC): no atomic. Each (b, q head, key tile) owns a window of floats in
+// a.scatter_win (its index w: window_of below), indexed by the line's position j in the key space it
+// sweeps: the query row q0 + i of a row line, the key column i of a column line, q0 + i for the diagonal
+// i (row - column = i - (COLS - 1)), 0 where every element shares one key. The CTA walks its steps in
+// a fixed order and the one thread that sums a line adds it into the window (a line's j is its own
+// within a step; steps are ordered by the barriers), so a window's sums are the same in every run.
+// a.scatter_start[w] notes the key at j = 0 (the same at every step); flex_window_sum then adds the
+// windows into the buffer's gradient key by key, in window order.
 template <int ROWS, int COLS, int NT>
-__device__ __forceinline__ void line_reduce(const LineStep& l, const HbFlexCudaArgs& a) {
+__device__ __forceinline__ void line_reduce(const LineStep& l, const HbFlexCudaArgs& a, long long q0, long long w) {
   __syncthreads();  // every element's value is in the tile
   const int n = l.kind == 1 ? ROWS : l.kind == 2 ? COLS : ROWS + COLS - 1;
+#if HB_DETERMINISTIC
+  float* win = a.scatter_win + w * a.scatter_len;
+  if (threadIdx.x == 0)
+    a.scatter_start[w] = l.kind == 1 ? l.key0 - l.alpha * q0 : l.kind == 2 ? l.key0 : l.key0 - l.alpha * (q0 + COLS - 1);
+  if (l.alpha == 0 && l.beta == 0) {  // one key for the whole tile: one thread, in a fixed order
+    if (threadIdx.x == 0) {
+      float sum = 0.f;
+      for (int r = 0; r < ROWS; ++r)
+        for (int c = 0; c < COLS; ++c) sum += l.tile[r * (COLS + 1) + c];
+      win[0] += sum;
+    }
+    __syncthreads();
+    return;
+  }
+#else
   float* grad = (float*)a.score_buffers[l.buf].grad;
+#endif
   for (int i = threadIdx.x; i < n; i += NT) {
     float sum = 0.f;
     long long key;
@@ -383,7 +418,12 @@ __device__ __forceinline__ void line_reduce(const LineStep& l, const HbFlexCudaA
       for (int r = r0; r < r1; ++r) sum += l.tile[r * (COLS + 1) + (r - d)];
       key = l.key0 + l.alpha * d;
     }
+#if HB_DETERMINISTIC
+    (void)key;
+    win[l.kind == 2 ? i : q0 + i] += sum;
+#else
     if (sum != 0.f) atomicAdd(grad + key, sum);
+#endif
   }
   __syncthreads();  // P and dS may overwrite the tile
 }
@@ -460,6 +500,12 @@ __device__ __forceinline__ void bwd_p_ds(float (&s)[NC / 8][4], float (&dp)[NC /
         }
     }
   } else if (HB_SCATTER && line.tile) {
+#if HB_DETERMINISTIC
+    if (!inside) {  // deterministic=True: a tile across a sequence's end sums its lines too (no atomic)
+      p_ds_elems<NC, true, true>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
+      return;
+    }
+#endif
     p_ds_elems<NC, false, true>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
   } else if (inside) {
     p_ds_elems<NC, false, false>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
@@ -787,7 +833,7 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
 #endif
       bwd_p_ds<BN>(s, dp, a, b, h, q0, warp * 16 + g, k0, full, inside, row0, t, line);
 #if HB_SCATTER
-      if (line.tile) line_reduce<BM, BN, BT>(line, a);
+      if (line.tile) line_reduce<BM, BN, BT>(line, a, q0, window_of(b, h, a.Hq));
 #endif
       store_p_ds<BN>(s, dp, sP, sdS, warp * 16 + g, [](int r, int c) { return sw<PC>(r, c); });
       __syncthreads();
@@ -1119,7 +1165,7 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
 #endif
     bwd_p_ds<WBN>(s, dp, a, b, h, q0, warp * 16 + g, k0, full, inside, row0, t, line);
 #if HB_SCATTER
-    if (line.tile) line_reduce<WBM, WBN, WBT>(line, a);
+    if (line.tile) line_reduce<WBM, WBN, WBT>(line, a, q0, window_of(b, h, a.Hq));
 #endif
     store_p_ds<WBN>(s, dp, sP, sdS, warp * 16 + g, [](int r, int c) { return pw<WBM>(r, c); });
     uint32_t da[WBN / 16][4];
@@ -1183,6 +1229,37 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
 }
 #endif  // HB_WG
 
+#if HB_DETERMINISTIC && HB_SCATTER && HB_D <= 128
+// deterministic=True: the buffer's gradient from the windows line_reduce filled, one thread per key,
+// adding every window that holds the key in window order: the same additions in the same order in every
+// run. A window's key at position j is scatter_start + stride j (the line's step in the buffer: alpha
+// along rows and diagonals, beta along columns, 0 where one key takes the whole tile).
+__global__ void flex_window_sum(const __grid_constant__ HbFlexCudaArgs a, long long keys, long long windows) {
+  constexpr long long stride = HB_LINE_ALPHA != 0 ? HB_LINE_ALPHA : HB_LINE_BETA;
+  float* grad = (float*)a.score_buffers[HB_LINE_BUF].grad;
+  const long long len = a.scatter_len;
+  for (long long key = (long long)blockIdx.x * blockDim.x + threadIdx.x; key < keys;
+       key += (long long)gridDim.x * blockDim.x) {
+    float sum = 0.f;
+    for (long long w = 0; w < windows; ++w) {
+      const long long start = a.scatter_start[w];
+      if (start == LLONG_MIN) continue;  // a window no step wrote
+      const long long d = key - start;
+      long long j = 0;
+      if (stride == 0) {
+        if (d != 0) continue;
+      } else {
+        if (d % stride != 0) continue;
+        j = d / stride;
+        if (j < 0 || j >= len) continue;
+      }
+      sum += a.scatter_win[w * len + j];
+    }
+    grad[key] = sum;
+  }
+}
+#endif
+
 }  // namespace hbk
 
 // ------------------------------------------------------------------------------------- entry points
@@ -1230,6 +1307,17 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
   if (e != cudaSuccess) return (int)e;
   const dim3 grid((unsigned)((a->Skv + hbk::BN - 1) / hbk::BN), (unsigned)(a->B * a->Hkv));
   hbk::flex_bwd<<<grid, hbk::BT, hbk::kBwdSmem, (cudaStream_t)stream>>>(*a);
+#endif
+#if HB_DETERMINISTIC && HB_SCATTER
+  if (a->run_joint && a->score_buffers[HB_LINE_BUF].grad) {
+    if (!a->scatter_win || !a->scatter_start) return (int)cudaErrorInvalidValue;  // the caller's windows
+    if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
+    long long keys = 1;
+    for (int d = 0; d < a->score_buffers[HB_LINE_BUF].rank; ++d) keys *= a->score_buffers[HB_LINE_BUF].sizes[d];
+    const long long windows = (long long)grid.x * a->B * a->Hq;
+    const unsigned blocks = (unsigned)((keys + 255) / 256 < 65536 ? (keys + 255) / 256 : 65536);
+    if (keys > 0) hbk::flex_window_sum<<<blocks, 256, 0, (cudaStream_t)stream>>>(*a, keys, windows);
+  }
 #endif
   return (int)cudaGetLastError();
 #else

@@ -234,31 +234,39 @@ def test_cuda_fused_out_of_range_read_raises_index_error():
 # deterministic=True: the generated backward adds dQ in key-tile order, so two runs on the same inputs give
 # bitwise-equal gradients (dK and dV were already: each CTA owns its key rows), and the results still meet
 # the float64 bound. GQA at S 1000 (several heads add into one CTA's dK/dV; the last query block straddles
-# the end), MQA D32, no mask and a sliding window.
+# the end), MQA D32, no mask and a sliding window. A buffer gradient along the tiles' diagonals (a relative
+# bias) or rows (a per-query bias) is summed per line into a window per key tile, then added key by key in
+# window order: bitwise equal too, across sequence ends, GQA and the mma.sync kernels (D32).
 @pytest.mark.parametrize("score,mask,shape", [
     ("softcap", "causal", (2, 4, 4, 300, 64)),
     ("identity", "none", (1, 8, 2, 1000, 128)),
     ("alibi", "window", (2, 4, 1, 130, 32)),
     ("temperature", "causal", (1, 4, 4, 700, 128)),
+    ("relative", "causal", (1, 4, 2, 1000, 128)),
+    ("softcap_relative", "none", (2, 2, 2, 300, 64)),
+    ("query", "window", (2, 4, 1, 130, 32)),
 ])
 def test_cuda_fused_deterministic_gradients_are_bitwise_repeatable(tmp_path, score, mask, shape):
-    _, first, second = run_case(tmp_path, score, mask, shape=shape, deterministic=True)
-    for name, a, b in zip(["out", "lse", "dq", "dk", "dv"], first, second):
+    kernels, first, second = run_case(tmp_path, score, mask, shape=shape, deterministic=True)
+    for name, a, b in zip(["out", "lse", "dq", "dk", "dv", "dbuf"], first, second):
         assert torch.equal(a, b), f"{name} differs between two deterministic runs"
+    if SCORE_MODS[score][1]:
+        assert "line sums kept per key tile and added in tile order" in kernels, kernels
 
 
-# A buffer's gradient is still added with atomics in no fixed order: kernel="fused" with deterministic=True
-# says so and names the node, instead of giving a gradient that moves from run to run.
-def test_cuda_fused_deterministic_refuses_a_buffer_gradient():
+# A buffer gradient that is not one scatter along the tiles' lines ((q - kv) mod 97 wraps) would still be
+# added with atomics in no fixed order: kernel="fused" with deterministic=True says so and names the node,
+# instead of giving a gradient that moves from run to run.
+def test_cuda_fused_deterministic_refuses_a_buffer_gradient_off_the_lines():
     S = 256
     q, k, v = (torch.randn(1, 2, S, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    table = torch.randn(2 * S - 1, 2, device="cuda", requires_grad=True)
+    table = torch.randn(97, 2, device="cuda", requires_grad=True)
 
     def f(q, k, v):
         with hinted_context(kernel="fused", deterministic=True):
-            return flex_attention(q, k, v, lambda s, b, h, qi, kv: s + table[qi - kv + S - 1, h])
+            return flex_attention(q, k, v, lambda s, b, h, qi, kv: s + table[(qi - kv) % 97, h])
 
     torch._dynamo.reset()
-    with pytest.raises(Exception, match=r"kernel=\"fused\" was asked for.*deterministic=True, and the CUDA backward "
-                                        r"adds the buffers' gradients with atomics"):
+    with pytest.raises(Exception, match=r"kernel=\"fused\" was asked for.*deterministic=True, and the joint's buffer "
+                                        r"gradient is not a scatter along the tiles' rows, columns or diagonals"):
         torch.compile(f, backend="hintbackend")(q, k, v).sum().backward()

@@ -576,13 +576,25 @@ TEST(flex_kernel_gen, selection_on_cuda_builds_the_generated_kernel) {
   ASSERT_NE(c.module, nullptr);
   EXPECT_NE(c.module->symbol("hb_flex_cuda_backward"), nullptr);
 
-  // deterministic=True: the kernel orders dQ's adds, not the buffers' gradients. With the table's
-  // gradient the reference runs; without it (the joint returns none for it), the generated kernel.
+  // deterministic=True: the kernel orders dQ's adds, and a buffer gradient's only where it is one scatter
+  // along the tiles' lines. lb[q - kv + 7] over 200 positions may leave lb's 15 rows (no proven line): the
+  // reference runs; a table sized to the sequence (a proven diagonal) runs on the generated kernel;
+  // without the table's gradient (the joint returns none for it), the generated kernel.
   g->nodes[fb].hints.deterministic = true;
   c = select_kernel(*g, fb, target);
   EXPECT_EQ(c.kind, KernelKind::FlexBackward);
-  EXPECT_NE(c.why.find("not fused: deterministic=True, and the CUDA backward adds the buffers' gradients with atomics "
-                       "in no fixed order (it orders only dQ's)"),
+  EXPECT_NE(c.why.find("not fused: deterministic=True, and the joint's buffer gradient is not a scatter along the "
+                       "tiles' rows, columns or diagonals (the CUDA backward adds only one such scatter in a fixed "
+                       "order)"),
+            std::string::npos) << c.why;
+  std::string rel = cuda_relative_ir();
+  for (size_t at = 0; (at = rel.find(t, at)) != std::string::npos; at += t.size()) rel.insert(at + t.size(), "@cuda:0");
+  auto line = parse_graph(rel);
+  line->nodes[fb].hints.deterministic = true;
+  c = select_kernel(*line, fb, target);
+  EXPECT_EQ(c.kind, KernelKind::FlexFusedBackward) << c.why;
+  EXPECT_NE(c.why.find("; deterministic: dQ added in key-tile order, the buffer gradient's line sums kept per key "
+                       "tile and added in tile order"),
             std::string::npos) << c.why;
   auto no_grad = parse_graph(replace(ir, "return [%div_1, none, none, none, none, %scatter]",
                                      "return [%div_1, none, none, none, none, none]"));
