@@ -197,15 +197,18 @@ struct Problem {
 #if HB_SCATTER
     // The buffer gradient's windows (FlexTiledKernel.cuh, line_reduce), as backend/runtime/FlexTiledCuda.cpp
     // sizes them.
-    windows = B * H * ((S + 63) / 64);
+    const long long tiles = (S + 63) / 64;
+    windows = B * H * tiles;
     a.scatter_len = (S + 127) / 128 * 128 + 192;
-    CK(cudaMalloc(&a.scatter_win, windows * a.scatter_len * sizeof(float)));
-    CK(cudaMalloc(&a.scatter_start, windows * sizeof(long long)));
+    win_floats = windows * a.scatter_len + B * H * (a.scatter_len + 64 * tiles);
+    starts = windows + B * H;
+    CK(cudaMalloc(&a.scatter_win, win_floats * sizeof(float)));
+    CK(cudaMalloc(&a.scatter_start, starts * sizeof(long long)));
 #endif
 #endif
   }
 
-  long long windows = 0;
+  long long windows = 0, win_floats = 0, starts = 0;
   long long grad_numel() const {
     long long n = 1;
     for (int d = 0; d < a.score_buffers[0].rank; ++d) n *= a.score_buffers[0].sizes[d];
@@ -218,9 +221,9 @@ struct Problem {
     if (order) CK(cudaMemsetAsync(order, 0, counters * sizeof(int)));
     if (windows) {
       static std::vector<long long> unset;
-      unset.assign(windows, LLONG_MIN);
-      CK(cudaMemsetAsync(a.scatter_win, 0, windows * a.scatter_len * sizeof(float)));
-      CK(cudaMemcpyAsync(a.scatter_start, unset.data(), windows * sizeof(long long), cudaMemcpyHostToDevice));
+      unset.assign(starts, LLONG_MIN);
+      CK(cudaMemsetAsync(a.scatter_win, 0, win_floats * sizeof(float)));
+      CK(cudaMemcpyAsync(a.scatter_start, unset.data(), starts * sizeof(long long), cudaMemcpyHostToDevice));
     }
     CK((cudaError_t)hb_flex_cuda_backward(&a, nullptr));
   }

@@ -77,8 +77,9 @@
     int* dq_order;     /* backward, deterministic=True: [B, Hq, ceil(Sq / 64)] counters, zeroed; else null */ \
     int* dq_rank;      /* ... and [bm, hm (the kv lists'), kv_list.rows, ceil(Skv / 64)] workspace */     \
     /* backward, deterministic=True with a buffer gradient: a window of line sums per (b, q head, 64-key */ \
-    /* tile), [B * Hq * ceil(Skv / 64)][scatter_len] floats, zeroed, and each window's first key, filled  */ \
-    /* with LLONG_MIN (FlexTiledKernel.cuh, line_reduce); else null */                                     \
+    /* tile), [B Hq T][scatter_len] floats (T = ceil(Skv / 64)), zeroed, then [B Hq][scatter_len + 64 T] */ \
+    /* for the merged rows; each window's first key, then each row's, B Hq (T + 1) filled with LLONG_MIN */ \
+    /* (FlexTiledKernel.cuh, line_reduce and flex_window_rows); else null */                               \
     float* scatter_win; long long* scatter_start; long long scatter_len;                                 \
   };
 
@@ -126,6 +127,7 @@ HB_FLEX_KERNEL_ABI
 
 constexpr int kFlexErrorIndex = 1;
 constexpr int kFlexErrorOrder = 3;  // deterministic=True: a key tile waited past its turn (see FlexTiledKernel.cuh)
+constexpr int kFlexErrorWindow = 4;  // deterministic=True: a buffer gradient's window off its row (flex_window_rows)
 // The definitions above as source text, for the generated translation unit.
 inline constexpr const char* kFlexKernelAbiSource =
     "#define HB_FLEX_MAX_BUFFERS " HB_FLEX_STR(HB_FLEX_MAX_BUFFERS) "\n" HB_FLEX_STR(HB_FLEX_KERNEL_ABI);

@@ -123,6 +123,9 @@ void raise_reported(const at::Tensor& err, size_t nscore) {
                       mask ? e[1] - static_cast<int64_t>(nscore) : e[1], " out of range: index ", e[2],
                       " is out of bounds for dimension with size ", e[3], " (at b=", e[4], ", h=", e[5], ")");
   }
+  TORCH_CHECK(e[0] != kFlexErrorWindow, "flex_attention: deterministic=True: internal error in the generated CUDA "
+              "backward: buffer gradient window ", e[2], " of row ", e[1], " starts ", e[3], " keys from its row's "
+              "first, off the row; please report it with a dump (dump_dir), and drop deterministic=True meanwhile");
   TORCH_CHECK(e[0] != kFlexErrorOrder, "flex_attention: deterministic=True: in the generated CUDA backward, key tile ",
               e[3], " waited past its turn to add into dQ at query row ", e[2], " (b=", e[4], ", h=", e[5],
               "): the BlockMask's kv and q block lists do not describe the same blocks. Build the BlockMask with "
@@ -232,15 +235,15 @@ FlexBackwardResult flex_cuda_backward(const at::Tensor& q_in, const at::Tensor& 
   }
   // deterministic=True with a buffer gradient: the line sums' windows, one per (b, q head, 64-key tile), each
   // long enough for every row, and for the diagonals of a 128-row step past the last row (FlexTiledKernel.cuh,
-  // line_reduce): B Hq ceil(Skv / 64) windows of Sq rounded up to 128, plus 192, floats (about B Hq Sq Skv / 16
-  // bytes).
+  // line_reduce): B Hq T windows (T = ceil(Skv / 64)) of Sq rounded up to 128, plus 192, floats (about
+  // B Hq Sq Skv / 16 bytes), then the merged rows (flex_window_rows), B Hq of scatter_len + 64 T.
   at::Tensor windows, starts;
   const bool any_grad = std::find(buffer_grads.begin(), buffer_grads.end(), true) != buffer_grads.end();
   if (fns.deterministic && any_grad && fns.run_joint) {
-    const int64_t w = a.B * a.Hq * ((a.Skv + 63) / 64);
+    const int64_t rows = a.B * a.Hq, tiles = (a.Skv + 63) / 64;
     a.scatter_len = (a.Sq + 127) / 128 * 128 + 192;
-    windows = at::zeros({w * a.scatter_len}, f32);
-    starts = at::full({w}, std::numeric_limits<int64_t>::min(), q.options().dtype(at::kLong));
+    windows = at::zeros({rows * tiles * a.scatter_len + rows * (a.scatter_len + 64 * tiles)}, f32);
+    starts = at::full({rows * (tiles + 1)}, std::numeric_limits<int64_t>::min(), q.options().dtype(at::kLong));
     a.scatter_win = windows.data_ptr<float>();
     a.scatter_start = reinterpret_cast<long long*>(starts.data_ptr<int64_t>());
   }

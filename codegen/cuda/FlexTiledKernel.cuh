@@ -1230,30 +1230,73 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
 #endif  // HB_WG
 
 #if HB_DETERMINISTIC && HB_SCATTER && HB_D <= 128
-// deterministic=True: the buffer's gradient from the windows line_reduce filled, one thread per key,
-// adding every window that holds the key in window order: the same additions in the same order in every
-// run. A window's key at position j is scatter_start + stride j (the line's step in the buffer: alpha
-// along rows and diagonals, beta along columns, 0 where one key takes the whole tile).
-__global__ void flex_window_sum(const __grid_constant__ HbFlexCudaArgs a, long long keys, long long windows) {
-  constexpr long long stride = HB_LINE_ALPHA != 0 ? HB_LINE_ALPHA : HB_LINE_BETA;
+// deterministic=True: the buffer's gradient from the windows line_reduce filled, in two fixed-order passes.
+// A window's key at position j is scatter_start + stride j (stride: the line's step in the buffer, alpha
+// along rows and diagonals, beta along columns, 0 where one key takes the whole tile). The windows of one
+// (b, q head) differ only by where they start: by 64 positions per key tile along diagonals and columns,
+// not at all along rows. flex_window_rows merges them, one CTA per (b, q head): each merged position sums
+// its windows in key-tile order. flex_window_sum then gives each key the sum of the merged rows that hold
+// it, in (b, q head) order. The same additions in the same order in every run. A window start that is not
+// a whole number of strides from its row's first, or lies past the merged row, is reported (error code 4)
+// rather than dropped.
+constexpr long long kWindowStride = HB_LINE_ALPHA != 0 ? HB_LINE_ALPHA : HB_LINE_BETA;
+
+// The merged rows follow the windows in a.scatter_win, their starts the windows' in a.scatter_start.
+__global__ void flex_window_rows(const __grid_constant__ HbFlexCudaArgs a, long long tiles, long long merged) {
+  const long long len = a.scatter_len, windows = (long long)gridDim.x * tiles, row = blockIdx.x;
+  const float* win = a.scatter_win + row * tiles * len;
+  const long long* starts = a.scatter_start + row * tiles;
+  float* out = a.scatter_win + windows * len + row * merged;
+  __shared__ long long first;
+  if (threadIdx.x == 0) {  // the row's first key: the smallest start in units of the stride
+    long long f = LLONG_MIN;
+    for (long long n = 0; n < tiles; ++n) {
+      const long long s = starts[n];
+      if (s != LLONG_MIN && (f == LLONG_MIN || (kWindowStride < 0 ? s > f : s < f))) f = s;
+    }
+    first = f;
+    a.scatter_start[windows + row] = f;
+  }
+  __syncthreads();
+  if (first == LLONG_MIN) return;
+  for (long long k = threadIdx.x; k < merged; k += blockDim.x) {
+    float sum = 0.f;
+    for (long long n = 0; n < tiles; ++n) {
+      const long long s = starts[n];
+      if (s == LLONG_MIN) continue;
+      const long long off = kWindowStride == 0 ? 0 : (s - first) / kWindowStride;
+      if (k == 0 && (off < 0 || off + len > merged || (kWindowStride != 0 && (s - first) % kWindowStride != 0)) &&
+          a.error && atomicCAS((unsigned long long*)a.error, 0ull, 4ull) == 0ull) {
+        a.error[1] = row, a.error[2] = n, a.error[3] = s - first;
+      }
+      const long long j = k - off;
+      if (j >= 0 && j < len) sum += win[n * len + j];
+    }
+    out[k] = sum;
+  }
+}
+
+__global__ void flex_window_sum(const __grid_constant__ HbFlexCudaArgs a, long long keys, long long rows,
+                                long long windows, long long merged) {
   float* grad = (float*)a.score_buffers[HB_LINE_BUF].grad;
-  const long long len = a.scatter_len;
+  const float* merged_rows = a.scatter_win + windows * a.scatter_len;
+  const long long* firsts = a.scatter_start + windows;
   for (long long key = (long long)blockIdx.x * blockDim.x + threadIdx.x; key < keys;
        key += (long long)gridDim.x * blockDim.x) {
     float sum = 0.f;
-    for (long long w = 0; w < windows; ++w) {
-      const long long start = a.scatter_start[w];
-      if (start == LLONG_MIN) continue;  // a window no step wrote
-      const long long d = key - start;
-      long long j = 0;
-      if (stride == 0) {
+    for (long long r = 0; r < rows; ++r) {
+      const long long f = firsts[r];
+      if (f == LLONG_MIN) continue;  // a (b, q head) no step wrote
+      const long long d = key - f;
+      long long k = 0;
+      if (kWindowStride == 0) {
         if (d != 0) continue;
       } else {
-        if (d % stride != 0) continue;
-        j = d / stride;
-        if (j < 0 || j >= len) continue;
+        if (d % kWindowStride != 0) continue;
+        k = d / kWindowStride;
+        if (k < 0 || k >= merged) continue;
       }
-      sum += a.scatter_win[w * len + j];
+      sum += merged_rows[r * merged + k];
     }
     grad[key] = sum;
   }
@@ -1314,9 +1357,12 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
     if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
     long long keys = 1;
     for (int d = 0; d < a->score_buffers[HB_LINE_BUF].rank; ++d) keys *= a->score_buffers[HB_LINE_BUF].sizes[d];
-    const long long windows = (long long)grid.x * a->B * a->Hq;
+    const long long rows = a->B * a->Hq, tiles = grid.x, windows = rows * tiles;
+    const long long merged = a->scatter_len + 64 * tiles;  // FlexTiledCuda.cpp sizes the merged rows alike
+    hbk::flex_window_rows<<<(unsigned)rows, 256, 0, (cudaStream_t)stream>>>(*a, tiles, merged);
+    if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
     const unsigned blocks = (unsigned)((keys + 255) / 256 < 65536 ? (keys + 255) / 256 : 65536);
-    if (keys > 0) hbk::flex_window_sum<<<blocks, 256, 0, (cudaStream_t)stream>>>(*a, keys, windows);
+    if (keys > 0) hbk::flex_window_sum<<<blocks, 256, 0, (cudaStream_t)stream>>>(*a, keys, rows, windows, merged);
   }
 #endif
   return (int)cudaGetLastError();
