@@ -81,6 +81,7 @@
     /* for the merged rows; each window's first key, then each row's, B Hq (T + 1) filled with LLONG_MIN */ \
     /* (FlexTiledKernel.cuh, line_reduce and flex_window_rows); else null */                               \
     float* scatter_win; long long* scatter_start; long long scatter_len;                                 \
+    float* row_lse;    /* backward, HB_ROW_SHIFT: [B, Hq, Sq] workspace, the logsumexp less the row shift */ \
   };
 
 /* The generated prelude's CUDA hb_scatter (codegen/FlexKernelGen.cpp says what it does), one text for the */

@@ -10,6 +10,7 @@
 
 #include "codegen/FlexKernelAbi.h"
 #include "codegen/FlexLowering.h"
+#include "codegen/KernelSelect.h"
 #include "codegen/FlexTiledKernelText.h"
 
 namespace hb {
@@ -1101,11 +1102,22 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
     out.buffer_layouts.push_back(l);
   }
   for (int b = 0; b < nmask; ++b) out.buffer_layouts.push_back(baked(tm, b));
+  // A score_mod that only shifts rows (score + t(b, h, q)) runs once per row, not per score (HB_ROW_SHIFT):
+  // in the forward always, in the backward where no logsumexp gradient asks for t's gradient (the joint is
+  // skipped then, and the buffers' gradients are zero).
+  bool row_shift = false;
+  if (cuda && out.score_mod) {
+    const FlexAnalysis fa = analyze_flex(g, node);
+    row_shift = backward ? fused_row_shift(g, node, fa) : fa.score_row_shift;
+  }
   if (cuda) {
     src << "\n#define HB_D " << head_dim << "\n#define HB_HALF " << (half ? 1 : 0) << "\n#define HB_SCORE_MOD "
         << (out.score_mod ? 1 : 0) << "\n#define HB_MASK_MOD " << (out.mask_mod ? 1 : 0) << "\n#define HB_JOINT "
-        << (out.joint ? 1 : 0) << "\n#define HB_SCATTER "
-        << (std::find(out.buffer_grads.begin(), out.buffer_grads.end(), true) != out.buffer_grads.end() ? 1 : 0) << "\n";
+        << (out.joint && !row_shift ? 1 : 0) << "\n#define HB_SCATTER "
+        << (std::find(out.buffer_grads.begin(), out.buffer_grads.end(), true) != out.buffer_grads.end() && !row_shift ? 1 : 0)
+        << "\n";
+    if (row_shift) src << "#define HB_ROW_SHIFT 1\n";
+    out.row_shift = row_shift;
     if (backward && n.hints.deterministic.value_or(false)) src << "#define HB_DETERMINISTIC 1\n";
     if (tj && tj->line())
       src << "#define HB_LINE_STATIC 1\n#define HB_LINE_BUF " << tj->line()->buffer << "\n#define HB_LINE_ALPHA "
@@ -1123,7 +1135,8 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
       sum << " (q/k " << dqk << ", v " << dv << ", padded with zero columns)";
     sum << ", " << (half ? "float16" : "bfloat16") << "; ";
   }
-  sum << "score_mod: " << (out.score_mod ? plural(ts.ops(), "op") : "identity")
+  sum << "score_mod: " << (out.score_mod ? plural(ts.ops(), "op") + (row_shift ? " run once per row (a row shift)" : "")
+                                         : "identity")
       << "; mask_mod: " << (out.mask_mod ? plural(tm.ops(), "op") : "none");
   if (backward) {
     sum << "; joint: " << (out.joint ? plural(tj->ops(), "op") : "identity");

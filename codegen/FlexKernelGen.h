@@ -31,6 +31,7 @@ struct FlexKernelSource {
   bool joint_grad_zero = false;  // the joint returns no score gradient (score_mod ignores the score)
   std::vector<bool> buffer_grads;  // per score buffer: the joint scatters a gradient into it
   bool may_fail = false;       // the code can report an error (a buffer read out of range, a division by 0)
+  bool row_shift = false;      // CUDA: score_mod runs once per row (HB_ROW_SHIFT; the backward needs row_lse)
   // Per captured buffer (score buffers, then mask buffers): the sizes and strides the code has as
   // literals (static in the graph), or nullopt where it reads them from the HbFlexBuffer at run time. The
   // runtime checks a buffer against them before every launch (backend/runtime/FlexFusedCall.cpp).

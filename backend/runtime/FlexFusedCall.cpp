@@ -151,6 +151,7 @@ std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx) 
     // A row shift's joint is skipped: the score gradient passes through, the buffers' gradients stay zero.
     call->cuda_fns.run_joint = src->joint && !fused_row_shift(ctx.graph(), ctx.node, analyze_flex(ctx.graph(), ctx.node));
     call->cuda_fns.deterministic = n.hints.deterministic.value_or(false);
+    call->cuda_fns.row_shift = src->row_shift;
     return call;
   }
   call->fns.score_f32 = entry<FlexScoreF32>(m, "hb_flex_score_f32", src->score_mod, where);

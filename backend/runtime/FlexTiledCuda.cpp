@@ -247,6 +247,11 @@ FlexBackwardResult flex_cuda_backward(const at::Tensor& q_in, const at::Tensor& 
     a.scatter_win = windows.data_ptr<float>();
     a.scatter_start = reinterpret_cast<long long*>(starts.data_ptr<int64_t>());
   }
+  at::Tensor row_lse;  // a row shift: the identity's logsumexp, which the kernels compute first
+  if (fns.row_shift) {
+    row_lse = at::empty({a.B, a.Hq, a.Sq}, f32);
+    a.row_lse = row_lse.data_ptr<float>();
+  }
   launch(fns.backward, fns, a, q, score_buffers.size());
   if (a.Bkv != a.B) {  // k, v broadcast over the batch: their gradients sum over it
     dk = dk.sum(0, /*keepdim=*/true);

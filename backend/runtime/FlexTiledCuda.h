@@ -28,6 +28,7 @@ struct FlexCudaFns {
   bool reports_errors = true;  // the generated code can report an error (it reads buffers or divides)
   bool run_joint = true;       // false: a row shift's backward, whose buffer gradients are exactly zero
   bool deterministic = false;  // deterministic=True: the backward adds dQ in key-tile order (dq_order)
+  bool row_shift = false;      // the kernels run a row shift once per row (the backward takes row_lse)
 };
 
 // -> (out, logsumexp base 2, max_scores base 2), as flex_attention_forward.

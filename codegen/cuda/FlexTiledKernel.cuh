@@ -17,6 +17,10 @@
 //                   base(b, h) + HB_LINE_ALPHA q + HB_LINE_BETA kv over every tile inside both sequences,
 //                   along rows, columns or diagonals (LineStep below)
 //   HB_DETERMINISTIC 1: deterministic=True: the backward adds dQ in key-tile order (dq_turn_wait below)
+//   HB_ROW_SHIFT    1: score_mod is score + t(b, h, q) (a per-query, per-head or per-batch bias): the kernels
+//                   run the identity, the forward moves each row's logsumexp and max by t = score_mod(0, b,
+//                   h, q, 0), and the backward (only where no logsumexp gradient asks for t's) takes the
+//                   logsumexp back by t per row first (fwd_store, flex_bwd_pre)
 // and the ABI structs of codegen/FlexKernelAbi.h (HbFlexCudaArgs and what it holds).
 //
 // Layout and semantics follow the reference (backend/runtime/FlexAttention.h): scores are
@@ -61,6 +65,11 @@
 #ifndef HB_DETERMINISTIC
 #define HB_DETERMINISTIC 0
 #endif
+#ifndef HB_ROW_SHIFT
+#define HB_ROW_SHIFT 0
+#endif
+// Whether the score_mod runs per score element (a row shift runs once per row instead).
+#define HB_SCORE_ELEM (HB_SCORE_MOD && !HB_ROW_SHIFT)
 #define HB_WG (HB_SM90 && (HB_D == 64 || HB_D == 128))
 #if HB_WG
 #include <utility>
@@ -204,7 +213,7 @@ __device__ __forceinline__ void score_elems(float (&s)[NC / 8][4], const HbFlexC
         const int ki = k0 + j * 8 + 2 * t4 + c;
         float x = s[j][2 * r + c] * a.scale;
         const bool in = !GUARD || (qi < sq && ki < skv);
-#if HB_SCORE_MOD
+#if HB_SCORE_ELEM
         if (!GUARD || in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
 #endif
         bool keep = in;
@@ -219,7 +228,7 @@ __device__ __forceinline__ void score_elems(float (&s)[NC / 8][4], const HbFlexC
 template <int NC>
 __device__ __forceinline__ void fwd_scores(float (&s)[NC / 8][4], const HbFlexCudaArgs& a, long long b, long long h,
                                            long long qi0, long long k0, bool full, bool inside, HbFlexTile& t) {
-  if (!HB_SCORE_MOD && (full || !HB_MASK_MOD) && inside) {
+  if (!HB_SCORE_ELEM && (full || !HB_MASK_MOD) && inside) {
     const float sl = a.scale * kLog2e;
 #pragma unroll
     for (int j = 0; j < NC / 8; ++j)
@@ -265,9 +274,13 @@ __device__ __forceinline__ void rescale(float (&o)[D / 8][4], const float (&corr
   for (int j = 0; j < D / 8; ++j) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
 }
 
-// Normalize and store a thread's two output rows (qi0, qi0 + 8); logsumexp and max in base 2.
+// Normalize and store a thread's two output rows (qi0, qi0 + 8); logsumexp and max in base 2. HB_ROW_SHIFT:
+// the row's shift t = score_mod(0, b, h, q, 0) moves both by t (natural units); where t is -inf every score
+// of the row is (out 0, logsumexp -inf, as a row that attends to nothing), where it is +inf or NaN they
+// are NaN, as the softmax of such scores is.
 __device__ __forceinline__ void fwd_store(const float (&o)[D / 8][4], const float (&m)[2], const float (&l)[2],
-                                          const HbFlexCudaArgs& a, long long b, long long h, long long qi0) {
+                                          const HbFlexCudaArgs& a, long long b, long long h, long long qi0,
+                                          HbFlexTile& t) {
   const int t4 = threadIdx.x & 3;
   Elem* O = (Elem*)a.out + b * a.o_strides[0] + h * a.o_strides[1];
 #pragma unroll
@@ -277,15 +290,22 @@ __device__ __forceinline__ void fwd_store(const float (&o)[D / 8][4], const floa
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const long long qi = qi0 + 8 * r;
     if (qi >= a.Sq) continue;
-    const float inv = sum == 0.f ? 0.f : 1.f / sum;
+    float inv = sum == 0.f ? 0.f : 1.f / sum, shift = 0.f;
+#if HB_ROW_SHIFT
+    shift = hb_score_mod<float>(0.f, b, h, qi, 0, &t) * kLog2e;
+    if (!isfinite(shift)) {
+      inv = shift == -INFINITY ? 0.f : NAN;
+      sum = shift == -INFINITY ? 0.f : sum;
+    }
+#endif
     Elem* row = O + qi * a.o_strides[2];
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
       *reinterpret_cast<Elem2*>(row + j * 8 + 2 * t4) = pack2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
     if (t4 == 0) {
       const long long at = (b * a.Hq + h) * a.Sq + qi;
-      a.lse[at] = sum == 0.f ? -INFINITY : m[r] + log2f(sum);
-      a.max_scores[at] = sum == 0.f ? -INFINITY : m[r];
+      a.lse[at] = sum == 0.f ? -INFINITY : m[r] + log2f(sum) + shift;
+      a.max_scores[at] = sum == 0.f ? -INFINITY : m[r] + shift;
     }
   }
 }
@@ -454,7 +474,7 @@ __device__ __forceinline__ void p_ds_elems(float (&s)[NC / 8][4], float (&dp)[NC
         const float s0 = s[j][2 * r + c] * a.scale;
         float x = s0;
         const bool in = !GUARD || (qin && ki < skv);
-#if HB_SCORE_MOD
+#if HB_SCORE_ELEM
         if (!GUARD || in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
 #endif
         bool keep = in && lse != -INFINITY;
@@ -485,7 +505,7 @@ __device__ __forceinline__ void bwd_p_ds(float (&s)[NC / 8][4], float (&dp)[NC /
                                          long long b, long long h, long long q0, int lq, long long k0, bool full,
                                          bool inside, long long row0, HbFlexTile& t, const LineStep& line) {
   const int t4 = threadIdx.x & 3;
-  if (!HB_SCORE_MOD && !HB_JOINT && (full || !HB_MASK_MOD) && inside) {
+  if (!HB_SCORE_ELEM && !HB_JOINT && (full || !HB_MASK_MOD) && inside) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float lse = a.lse[row0 + q0 + lq + 8 * r], delta = a.delta[row0 + q0 + lq + 8 * r];
@@ -712,8 +732,8 @@ __global__ void __launch_bounds__(FT) flex_fwd(const __grid_constant__ HbFlexCud
       }
     }
   }
+  fwd_store(o, m, l, a, b, h, q0 + warp * 16 + g, t);
   report(a.error, t);
-  fwd_store(o, m, l, a, b, h, q0 + warp * 16 + g);
 }
 
 // --------------------------------------------------------------------------------------------- backward
@@ -741,6 +761,16 @@ __global__ void flex_bwd_pre(const __grid_constant__ HbFlexCudaArgs a) {
 #pragma unroll
     for (int x = 16; x > 0; x >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, x);
     if (lane == 0) a.delta[row] = acc - (a.dlse ? a.dlse[row] * (1.f / kLn2) : 0.f);
+#if HB_ROW_SHIFT
+    // The identity's logsumexp: the forward's, less the row's shift (the main kernel reads it as a.lse).
+    if (lane == 0) {
+      HbFlexTile t = {};
+      t.b = b, t.h = h, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
+      const float shift = hb_score_mod<float>(0.f, b, h, qi, 0, &t) * kLog2e;
+      a.row_lse[row] = isfinite(shift) ? a.lse[row] - shift : -INFINITY;
+      report(a.error, t);
+    }
+#endif
   }
 }
 
@@ -1077,8 +1107,8 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ Hb
     fence_acc(o);
     k0 = k_next, full = full_next;
   }
+  fwd_store(o, m, l, a, b, h, q0 + warp * 16 + g, t);
   report(a.error, t);
-  fwd_store(o, m, l, a, b, h, q0 + warp * 16 + g);
 }
 
 // Backward: one CTA of one warpgroup per 64 key rows of one (b, kv head), two CTAs per SM (so that one's
@@ -1327,9 +1357,14 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
   if (a->B * a->Hq == 0 || a->Sq == 0 || a->Skv == 0) return 0;
   const long long rows = a->B * a->Hq * a->Sq;
   const unsigned pre_blocks = (unsigned)((rows + 7) / 8 < 65536 ? (rows + 7) / 8 : 65536);
+#if HB_ROW_SHIFT
+  if (!a->row_lse) return (int)cudaErrorInvalidValue;  // the caller's workspace
+#endif
   hbk::flex_bwd_pre<<<pre_blocks, 256, 0, (cudaStream_t)stream>>>(*a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return (int)e;
+  HbFlexCudaArgs main_args = *a;  // HB_ROW_SHIFT: the main kernels read the identity's logsumexp
+  if (HB_ROW_SHIFT) main_args.lse = a->row_lse;
 #if HB_DETERMINISTIC
   if (!a->dq_order || !a->dq_rank) return (int)cudaErrorInvalidValue;  // the caller's counters
   {  // each key tile's turn (dq_turn_wait)
@@ -1344,12 +1379,12 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
   e = cudaFuncSetAttribute(hbk::flex_bwd_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kBwdWgSmem);
   if (e != cudaSuccess) return (int)e;
   const dim3 grid((unsigned)((a->Skv + hbk::WBN - 1) / hbk::WBN), (unsigned)(a->B * a->Hkv));
-  hbk::flex_bwd_wg<<<grid, hbk::WBT, hbk::kBwdWgSmem, (cudaStream_t)stream>>>(*a);
+  hbk::flex_bwd_wg<<<grid, hbk::WBT, hbk::kBwdWgSmem, (cudaStream_t)stream>>>(main_args);
 #else
   e = cudaFuncSetAttribute(hbk::flex_bwd, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kBwdSmem);
   if (e != cudaSuccess) return (int)e;
   const dim3 grid((unsigned)((a->Skv + hbk::BN - 1) / hbk::BN), (unsigned)(a->B * a->Hkv));
-  hbk::flex_bwd<<<grid, hbk::BT, hbk::kBwdSmem, (cudaStream_t)stream>>>(*a);
+  hbk::flex_bwd<<<grid, hbk::BT, hbk::kBwdSmem, (cudaStream_t)stream>>>(main_args);
 #endif
 #if HB_DETERMINISTIC && HB_SCATTER
   if (a->run_joint && a->score_buffers[HB_LINE_BUF].grad) {

@@ -154,6 +154,68 @@ def test_cuda_fused_forward_head_dim_up_to_256(tmp_path):
     assert "flex-attention-fused" in kernels and "CUDA, head dim 256 (q/k 192, v 192, padded" in kernels, kernels
 
 
+def test_cuda_fused_row_shift_runs_once_per_row(tmp_path):
+    """A per-query bias only shifts each softmax row: the kernels run the identity and score_mod once per
+    row. The forward moves the logsumexp by it (run_case returns the logsumexp, so its backward takes a
+    logsumexp gradient and runs score_mod and the joint per element); without return_lse the backward
+    takes the shift back per row first and skips the joint (the bias's gradient is zero). Against float64."""
+    assert "run once per row (a row shift)" in run_case(tmp_path / "lse", "query", "causal")
+    torch.manual_seed(9)
+    B, H, S, D = 2, 2, 300, 64
+    q, k, v, dout = (torch.randn(B, H, S, D, dtype=torch.float64, device="cuda") for _ in range(4))
+    bias = torch.randn(S, dtype=torch.float64, device="cuda")
+    bm = create_block_mask(causal, None, None, S, S, device="cuda")
+
+    def run(fn, dtype):
+        qq, kk, vv = (t.to(dtype).clone().requires_grad_(True) for t in (q, k, v))
+        bb = bias.to(torch.float64 if dtype == torch.float64 else torch.float32).clone().requires_grad_(True)
+        out = fn(qq, kk, vv, lambda s, b, h, qi, kv: s + bb[qi])
+        (out.double() * dout).sum().backward()
+        return [out.detach(), qq.grad, kk.grad, vv.grad, bb.grad]
+
+    def fused(qq, kk, vv, mod):
+        with hinted_context(kernel="fused"):
+            return flex_attention(qq, kk, vv, mod, bm)
+
+    ref = run(lambda qq, kk, vv, mod: dense(qq, kk, vv, mod, causal)[0], torch.float64)
+    base = run(lambda qq, kk, vv, mod: flex_attention(qq, kk, vv, mod, bm), torch.bfloat16)
+    torch._dynamo.reset()
+    got = run(torch.compile(fused, backend="hintbackend", options={"dump_dir": str(tmp_path / "out")}), torch.bfloat16)
+    for name, g, b_, r in zip(["out", "dq", "dk", "dv"], got, base, ref):
+        assert rel(g, r) <= 2 * rel(b_, r) + 1e-4, f"{name}: {rel(g, r):.3g} vs eager {rel(b_, r):.3g}"
+    assert ref[4].norm() < 1e-9 * bias.numel() and (got[4] == 0).all()  # zero in exact arithmetic; exactly here
+    assert kernels_text(tmp_path / "out").count("run once per row (a row shift)") == 2
+
+
+def test_cuda_fused_row_shift_of_minus_infinity_masks_the_row(tmp_path):
+    """A row shift of -inf (score + where(q % 7 == 0, -inf, bias[q])) leaves nothing to attend to in those
+    rows: out 0 and logsumexp -inf, as eager flex gives; the other rows match float64."""
+    torch.manual_seed(5)
+    B, H, S, D = 1, 2, 200, 64
+    q, k, v = (torch.randn(B, H, S, D, dtype=torch.float64, device="cuda") for _ in range(3))
+    bias = torch.randn(S, dtype=torch.float64, device="cuda")
+
+    def mod(buf):
+        return lambda s, b, h, qi, kv: s + torch.where(qi % 7 == 0, float("-inf"), buf[qi])
+
+    def f(qq, kk, vv, buf):
+        with hinted_context(kernel="fused"):
+            return flex_attention(qq, kk, vv, mod(buf), return_lse=True)
+
+    lo = [t.bfloat16() for t in (q, k, v)]
+    with torch.no_grad():
+        out, lse = torch.compile(f, backend="hintbackend", options={"dump_dir": str(tmp_path)})(*lo, bias.float())
+        base_out, base_lse = flex_attention(*lo, mod(bias.float()), return_lse=True)
+    dead = torch.arange(S, device="cuda") % 7 == 0
+    assert (out[:, :, dead] == 0).all() and (lse[:, :, dead] == float("-inf")).all()
+    assert (base_out[:, :, dead] == 0).all() and (base_lse[:, :, dead] == float("-inf")).all()
+    ref_out, ref_lse = dense(q, k, v, mod(bias))
+    live = ~dead
+    assert rel(out[:, :, live], ref_out[:, :, live]) <= 2 * rel(base_out[:, :, live], ref_out[:, :, live]) + 1e-4
+    assert rel(lse[:, :, live], ref_lse[:, :, live]) <= 2 * rel(base_lse[:, :, live], ref_lse[:, :, live]) + 1e-4
+    assert "run once per row (a row shift)" in kernels_text(tmp_path)
+
+
 def test_cuda_fused_bf16_buffer_and_logsumexp_gradient(tmp_path):
     run_case(tmp_path, "relative", "causal", buf_dtype=torch.bfloat16)
     run_case(tmp_path, "head", "none", with_lse_grad=True)

@@ -557,6 +557,49 @@ TEST(flex_kernel_gen, a_float_buffer_gradient_goes_to_the_generated_backward) {
   EXPECT_EQ(select_kernel(*g, fb, target).kind, KernelKind::FlexCudnnBackward);
 }
 
+// A per-query bias, score + lb[q, h], only shifts each softmax row: the CUDA kernels run the identity and
+// call score_mod once per row (HB_ROW_SHIFT), the backward (no logsumexp gradient) without the joint or a
+// scatter; nvcc builds it where CUTLASS's headers are named.
+TEST(flex_kernel_gen, a_row_shift_runs_once_per_row) {
+  std::string ir = cuda_backward_ir();
+  for (const char* line : {"  %div: f32[] = aten::div.Tensor(%s, 30)\n", "  %tanh: f32[] = aten::tanh.default(%div)\n",
+                           "  %mul: f32[] = aten::mul.Tensor(%tanh, 30)\n", "  %mul_1: f32[] = aten::mul.Tensor(%g, 30)\n",
+                           "  %tb: f32[] = aten::tanh_backward.default(%mul_1, %tanh)\n",
+                           "  %div_1: f32[] = aten::div.Tensor(%tb, 30)\n"})
+    ir = replace_all(ir, line, "");
+  ir = replace(ir, "aten::add.Tensor(%mul, %index)", "aten::add.Tensor(%s, %index)");
+  ir = replace(ir, "return [%div_1, none,", "return [%g, none,");
+  ir = replace_all(replace_all(ir, "15, 2]", "200, 2]"), "[%add, %h]", "[%qi, %h]");
+  ir = replace_all(ir, "bf16[1, 2, 200, 64]", "bf16[1, 2, 200, 64]@cuda:0");
+  auto g = parse_graph(ir);
+  const int fb = g->find("fb");
+  std::string why;
+  const std::optional<FlexKernelSource> s = generate_flex_kernel(*g, fb, &why, FlexKernelDevice::Cuda);
+  ASSERT_TRUE(s.has_value()) << why;
+  for (const char* line : {"#define HB_SCORE_MOD 1\n", "#define HB_JOINT 0\n", "#define HB_SCATTER 0\n",
+                           "#define HB_ROW_SHIFT 1\n"})
+    EXPECT_NE(s->source.find(line), std::string::npos) << line;
+  EXPECT_TRUE(s->row_shift);
+  EXPECT_NE(s->summary.find("run once per row (a row shift)"), std::string::npos) << s->summary;
+  // A logsumexp gradient asks for the bias's: the backward runs score_mod and the joint per element.
+  auto with_lse = parse_graph(replace(ir, "%lse, %dout, none, @fw0", "%lse, %dout, %lse, @fw0"));
+  const std::optional<FlexKernelSource> j = generate_flex_kernel(*with_lse, fb, &why, FlexKernelDevice::Cuda);
+  ASSERT_TRUE(j.has_value()) << why;
+  EXPECT_EQ(j->source.find("#define HB_ROW_SHIFT 1"), std::string::npos);
+  EXPECT_NE(j->source.find("#define HB_JOINT 1\n"), std::string::npos);
+  EXPECT_FALSE(j->row_shift);
+
+  const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
+  if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
+  Target target;
+  target.cuda = {"nvcc", "90", cutlass, temp_dir()};
+  g->nodes[fb].hints.kernel = KernelPref::Fused;
+  const KernelChoice c = select_kernel(*g, fb, target);
+  EXPECT_EQ(c.kind, KernelKind::FlexFusedBackward) << c.why;
+  ASSERT_NE(c.module, nullptr);
+}
+
 TEST(flex_kernel_gen, selection_on_cuda_builds_the_generated_kernel) {
   const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
   if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
