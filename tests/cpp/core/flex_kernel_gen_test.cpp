@@ -515,6 +515,17 @@ TEST(flex_kernel_gen, nvcc_builds_the_cuda_source) {
             "no CUTLASS headers (pip install nvidia-cutlass, or set HINTBACKEND_CUTLASS_INCLUDE)");
 }
 
+// cuda_backward_ir's (or cuda_relative_ir's) score_mod and joint without the soft cap: score + lb[...].
+std::string without_softcap(std::string ir) {
+  for (const char* line : {"  %div: f32[] = aten::div.Tensor(%s, 30)\n", "  %tanh: f32[] = aten::tanh.default(%div)\n",
+                           "  %mul: f32[] = aten::mul.Tensor(%tanh, 30)\n", "  %mul_1: f32[] = aten::mul.Tensor(%g, 30)\n",
+                           "  %tb: f32[] = aten::tanh_backward.default(%mul_1, %tanh)\n",
+                           "  %div_1: f32[] = aten::div.Tensor(%tb, 30)\n"})
+    ir = replace_all(ir, line, "");
+  ir = replace(ir, "aten::add.Tensor(%mul, %index)", "aten::add.Tensor(%s, %index)");
+  return replace(ir, "return [%div_1, none,", "return [%g, none,");
+}
+
 // Kernel selection on a CUDA node cuDNN cannot run (a buffer gradient through a soft cap): the generated CUDA kernel, built with nvcc, saying why not cuDNN; with
 // deterministic=True and the buffer's gradient, or without CUTLASS's headers, the reference, saying why.
 // cuDNN builds dBias in q's dtype only, so a float32 table's gradient gathered from it would carry bf16
@@ -522,14 +533,7 @@ TEST(flex_kernel_gen, nvcc_builds_the_cuda_source) {
 // dBias, stays on cuDNN). Without CUTLASS's headers, cuDNN runs and the dump says why the rule did not
 // apply; a bf16 table loses nothing to cuDNN's bf16 dBias and stays there.
 TEST(flex_kernel_gen, a_float_buffer_gradient_goes_to_the_generated_backward) {
-  std::string ir = cuda_relative_ir();  // score + lb[q - kv + 199, h]: cuDNN's materialized bias
-  for (const char* line : {"  %div: f32[] = aten::div.Tensor(%s, 30)\n", "  %tanh: f32[] = aten::tanh.default(%div)\n",
-                           "  %mul: f32[] = aten::mul.Tensor(%tanh, 30)\n", "  %mul_1: f32[] = aten::mul.Tensor(%g, 30)\n",
-                           "  %tb: f32[] = aten::tanh_backward.default(%mul_1, %tanh)\n",
-                           "  %div_1: f32[] = aten::div.Tensor(%tb, 30)\n"})
-    ir = replace_all(ir, line, "");
-  ir = replace(ir, "aten::add.Tensor(%mul, %index)", "aten::add.Tensor(%s, %index)");
-  ir = replace(ir, "return [%div_1, none,", "return [%g, none,");
+  std::string ir = without_softcap(cuda_relative_ir());  // score + lb[q - kv + 199, h]: cuDNN's materialized bias
   ir = replace_all(ir, "bf16[1, 2, 200, 64]", "bf16[1, 2, 200, 64]@cuda:0");
   auto g = parse_graph(ir);
   const int fb = g->find("fb");
@@ -561,14 +565,7 @@ TEST(flex_kernel_gen, a_float_buffer_gradient_goes_to_the_generated_backward) {
 // call score_mod once per row (HB_ROW_SHIFT), the backward (no logsumexp gradient) without the joint or a
 // scatter; nvcc builds it where CUTLASS's headers are named.
 TEST(flex_kernel_gen, a_row_shift_runs_once_per_row) {
-  std::string ir = cuda_backward_ir();
-  for (const char* line : {"  %div: f32[] = aten::div.Tensor(%s, 30)\n", "  %tanh: f32[] = aten::tanh.default(%div)\n",
-                           "  %mul: f32[] = aten::mul.Tensor(%tanh, 30)\n", "  %mul_1: f32[] = aten::mul.Tensor(%g, 30)\n",
-                           "  %tb: f32[] = aten::tanh_backward.default(%mul_1, %tanh)\n",
-                           "  %div_1: f32[] = aten::div.Tensor(%tb, 30)\n"})
-    ir = replace_all(ir, line, "");
-  ir = replace(ir, "aten::add.Tensor(%mul, %index)", "aten::add.Tensor(%s, %index)");
-  ir = replace(ir, "return [%div_1, none,", "return [%g, none,");
+  std::string ir = without_softcap(cuda_backward_ir());
   ir = replace_all(replace_all(ir, "15, 2]", "200, 2]"), "[%add, %h]", "[%qi, %h]");
   ir = replace_all(ir, "bf16[1, 2, 200, 64]", "bf16[1, 2, 200, 64]@cuda:0");
   auto g = parse_graph(ir);
