@@ -400,8 +400,8 @@ __device__ __forceinline__ LineStep line_probe(float* tile, long long b, long lo
 // i (row - column = i - (COLS - 1)), 0 where every element shares one key. The CTA walks its steps in
 // a fixed order and the one thread that sums a line adds it into the window (a line's j is its own
 // within a step; steps are ordered by the barriers), so a window's sums are the same in every run.
-// a.scatter_start[w] notes the key at j = 0 (the same at every step); flex_window_sum then adds the
-// windows into the buffer's gradient key by key, in window order.
+// a.scatter_start[w] notes the key at j = 0 (the same at every step); flex_window_rows and flex_window_sum
+// then add the windows into the buffer's gradient in a fixed order.
 template <int ROWS, int COLS, int NT>
 __device__ __forceinline__ void line_reduce(const LineStep& l, const HbFlexCudaArgs& a, long long q0, long long w) {
   __syncthreads();  // every element's value is in the tile
@@ -1295,7 +1295,8 @@ __global__ void flex_window_rows(const __grid_constant__ HbFlexCudaArgs a, long 
       const long long s = starts[n];
       if (s == LLONG_MIN) continue;
       const long long off = kWindowStride == 0 ? 0 : (s - first) / kWindowStride;
-      if (k == 0 && (off < 0 || off + len > merged || (kWindowStride != 0 && (s - first) % kWindowStride != 0)) &&
+      const bool off_row = kWindowStride == 0 ? s != first : off < 0 || off + len > merged || (s - first) % kWindowStride != 0;
+      if (k == 0 && off_row &&
           a.error && atomicCAS((unsigned long long*)a.error, 0ull, 4ull) == 0ull) {
         a.error[1] = row, a.error[2] = n, a.error[3] = s - first;
       }
@@ -1392,12 +1393,12 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
     if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
     long long keys = 1;
     for (int d = 0; d < a->score_buffers[HB_LINE_BUF].rank; ++d) keys *= a->score_buffers[HB_LINE_BUF].sizes[d];
-    const long long rows = a->B * a->Hq, tiles = grid.x, windows = rows * tiles;
+    const long long heads = a->B * a->Hq, tiles = grid.x, windows = heads * tiles;  // a merged row per (b, q head)
     const long long merged = a->scatter_len + 64 * tiles;  // FlexTiledCuda.cpp sizes the merged rows alike
-    hbk::flex_window_rows<<<(unsigned)rows, 256, 0, (cudaStream_t)stream>>>(*a, tiles, merged);
+    hbk::flex_window_rows<<<(unsigned)heads, 256, 0, (cudaStream_t)stream>>>(*a, tiles, merged);
     if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
     const unsigned blocks = (unsigned)((keys + 255) / 256 < 65536 ? (keys + 255) / 256 : 65536);
-    if (keys > 0) hbk::flex_window_sum<<<blocks, 256, 0, (cudaStream_t)stream>>>(*a, keys, rows, windows, merged);
+    if (keys > 0) hbk::flex_window_sum<<<blocks, 256, 0, (cudaStream_t)stream>>>(*a, keys, heads, windows, merged);
   }
 #endif
   return (int)cudaGetLastError();
