@@ -30,12 +30,6 @@ bool same_shape(const TensorType& a, const TensorType& b) {
   return true;
 }
 
-// The same elements in the same order: dtype, element count and the plain row-major layout (a contiguous
-// view of a whole contiguous buffer, such as mm's [2048, 2048] read as [4, 512, 2048]).
-bool same_dense_elements(const TensorType& a, const TensorType& b) {
-  return a.dtype == b.dtype && a.contiguous_static() && b.contiguous_static() && a.numel() && a.numel() == b.numel();
-}
-
 int64_t arena_of(const std::vector<BufferRequest>& reqs, const std::vector<int64_t>& off) {
   int64_t a = 0;
   for (size_t i = 0; i < reqs.size(); ++i) a = std::max(a, off[i] + reqs[i].size);
@@ -107,8 +101,8 @@ MemoryPlan plan_graph(const Graph& g, const MemoryPlanOptions& opt, bool calls) 
         if (reuse >= 0) break;
         if (!plannable[x] || phys[x] < 0 || V.last[x] != j) continue;
         const bool same = y == x ? same_shape(*V.type[x], *V.type[v])
-                                 : same_dense_elements(*V.type[y], *V.type[x]) &&
-                                       same_dense_elements(*V.type[y], *V.type[v]);
+                                 : V.type[y]->same_dense_elements(*V.type[x]) &&
+                                       V.type[y]->same_dense_elements(*V.type[v]);
         if (!same) continue;
         // Every value the op reads from x's storage must be y itself (no second, differently laid out view).
         bool only_y = true;

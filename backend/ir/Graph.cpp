@@ -57,6 +57,11 @@ bool TensorType::contiguous_static() const {
   return true;
 }
 
+bool TensorType::same_dense_elements(const TensorType& o) const {
+  const std::optional<int64_t> n = numel();
+  return dtype == o.dtype && contiguous_static() && o.contiguous_static() && n && n == o.numel();
+}
+
 const char* op_kind_name(OpKind k) {
   switch (k) {
     case OpKind::Placeholder: return "placeholder";

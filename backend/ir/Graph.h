@@ -49,6 +49,9 @@ struct TensorType {
   std::optional<int64_t> numel() const;
   // Static sizes and strides in the plain row-major layout (a size-1 dim's stride does not matter).
   bool contiguous_static() const;
+  // The same elements in the same order as `o`: dtype, element count and both plain row-major (a
+  // contiguous view of a whole contiguous buffer, such as mm's [2048, 2048] read as [4, 512, 2048]).
+  bool same_dense_elements(const TensorType& o) const;
 };
 
 // The value a node produces, from FX's node.meta["val"].

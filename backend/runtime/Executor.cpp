@@ -397,8 +397,7 @@ void Executor::place_results(const std::vector<int>& step_of) {
         bool same = may_write_over_input(node) && first.dtype == t.dtype && first.shape.size() == t.shape.size();
         for (size_t d = 0; same && d < t.shape.size(); ++d)
           same = first.shape[d].value == t.shape[d].value && first.stride[d].value == t.stride[d].value;
-        same = same || (may_write_over_input(node) && first.dtype == t.dtype && first.contiguous_static() &&
-                        t.contiguous_static() && first.numel() && first.numel() == t.numel());
+        same = same || (may_write_over_input(node) && first.same_dense_elements(t));
         HB_INTERNAL_CHECK(same) << describe(g, v.node) << ": in-place reuse of a buffer with another layout";
       }
       const int64_t elem = dtype_bytes(t.dtype);
