@@ -162,7 +162,10 @@ std::vector<int64_t> flex_layout_strides(at::IntArrayRef sizes, at::IntArrayRef 
 }
 
 at::Tensor like_strides_of(const at::Tensor& t, at::IntArrayRef ref_strides) {
-  return at::empty_strided(t.sizes(), flex_layout_strides(t.sizes(), ref_strides), t.options()).copy_(t);
+  const std::vector<int64_t> strides = flex_layout_strides(t.sizes(), ref_strides);
+  bool same = true;  // already laid out so (strides of size-1 dims aside): the tensor itself, no copy
+  for (int64_t d = 0; d < t.dim() && same; ++d) same = t.size(d) == 1 || t.stride(d) == strides[d];
+  return same ? t : at::empty_strided(t.sizes(), strides, t.options()).copy_(t);
 }
 
 std::vector<at::Tensor> flex_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

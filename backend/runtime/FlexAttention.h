@@ -55,8 +55,9 @@ std::vector<at::Tensor> flex_buffer_grads(const SubgraphFn& joint_graph, const a
 // Bq; Hq a multiple of Hkv (GQA).
 void check_flex_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
-// A copy of t whose dims are laid out in the order of ref_strides (flex's fake implementation's layout
-// for out, dq, dk, dv: _permute_strides).
+// t with its dims laid out in the order of ref_strides (flex's fake implementation's layout for out, dq,
+// dk, dv: _permute_strides): t itself where it has that layout already, else a copy. t must be a fresh
+// result (never a view of an input): the kernels return it as their own.
 at::Tensor like_strides_of(const at::Tensor& t, at::IntArrayRef ref_strides);
 // The strides like_strides_of gives a tensor of `sizes` (for kernels that write that layout directly).
 std::vector<int64_t> flex_layout_strides(at::IntArrayRef sizes, at::IntArrayRef ref_strides);
