@@ -550,7 +550,10 @@ __device__ __forceinline__ void store_p_ds(const float (&p)[NC / 8][4], const fl
     }
 }
 
-// dQ rows (qi0, qi0 + 8), columns d0 + [0, NC) of a thread, added into the float accumulator.
+// dQ rows (qi0, qi0 + 8), columns d0 + [0, NC) of a thread, added into the float accumulator, as PTX
+// `red`. atomicAdd, whose result goes unused, compiles to the same fire-and-forget reduction, except in a
+// kernel with a fence after it (deterministic=True: dq_turn_done), where ptxas makes it an atomic that
+// returns, and each thread waits for its round trip (ATOMG instead of REDG in the SASS).
 template <int NC>
 __device__ __forceinline__ void add_dq(const float (&dq)[NC / 8][4], const HbFlexCudaArgs& a, long long row0,
                                        long long qi0, int d0) {
@@ -561,12 +564,15 @@ __device__ __forceinline__ void add_dq(const float (&dq)[NC / 8][4], const HbFle
     if (qi >= a.Sq) continue;
     float* dst = a.dq + (row0 + qi) * D + d0 + 2 * t4;
 #pragma unroll
-    for (int j = 0; j < NC / 8; ++j)
+    for (int j = 0; j < NC / 8; ++j) {
 #if __CUDA_ARCH__ >= 900
-      atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[j][2 * r], dq[j][2 * r + 1]));
+      asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" : : "l"(dst + j * 8), "f"(dq[j][2 * r]),
+                   "f"(dq[j][2 * r + 1]) : "memory");
 #else
-      atomicAdd(dst + j * 8, dq[j][2 * r]), atomicAdd(dst + j * 8 + 1, dq[j][2 * r + 1]);
+      asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" : : "l"(dst + j * 8), "f"(dq[j][2 * r]) : "memory");
+      asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" : : "l"(dst + j * 8 + 1), "f"(dq[j][2 * r + 1]) : "memory");
 #endif
+    }
   }
 }
 
