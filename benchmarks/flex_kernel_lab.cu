@@ -199,8 +199,8 @@ struct Problem {
     // sizes them.
     const long long tiles = (S + 63) / 64;
     windows = B * H * tiles;
-    a.scatter_len = (S + 127) / 128 * 128 + 192;
-    win_floats = windows * a.scatter_len + B * H * (a.scatter_len + 64 * tiles);
+    a.scatter_len = flex_window_len(S);
+    win_floats = flex_window_floats(B * H, tiles, a.scatter_len);
     starts = windows + B * H;
     CK(cudaMalloc(&a.scatter_win, win_floats * sizeof(float)));
     CK(cudaMalloc(&a.scatter_start, starts * sizeof(long long)));

@@ -82,7 +82,15 @@
     /* (FlexTiledKernel.cuh, line_reduce and flex_window_rows); else null */                               \
     float* scatter_win; long long* scatter_start; long long scatter_len;                                 \
     float* row_lse;    /* backward, HB_ROW_SHIFT: [B, Hq, Sq] workspace, the logsumexp less the row shift */ \
-  };
+  };                                                                                                    \
+  /* The deterministic windows' sizes, one rule for the runtime, the launcher and the lab: a window's     */ \
+  /* floats (scatter_len) for Sq query rows: Sq rounded up to 128, plus the diagonals of a 128-row step   */ \
+  /* past the last row; a merged row's for T key tiles (64 keys each); all the floats of B Hq rows.      */ \
+  inline long long flex_window_len(long long sq) { return (sq + 127) / 128 * 128 + 192; }            \
+  inline long long flex_merged_len(long long window_len, long long tiles) { return window_len + 64 * tiles; } \
+  inline long long flex_window_floats(long long rows, long long tiles, long long window_len) {       \
+    return rows * tiles * window_len + rows * flex_merged_len(window_len, tiles);                    \
+  }
 
 /* The generated prelude's CUDA hb_scatter (codegen/FlexKernelGen.cpp says what it does), one text for the */
 /* generator (stringified) and for benchmarks/lab_mods (expanded where HB_FN is defined).               */

@@ -1060,9 +1060,8 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
     }
     const Val gv = tj->value(jo[0]);
     out.joint_grad_zero = gv.kind == K::None;
-    const bool any_grad = std::find(out.buffer_grads.begin(), out.buffer_grads.end(), true) != out.buffer_grads.end();
     // The identity's joint returns its grad: nothing to call.
-    out.joint = out.joint_grad_zero || gv.expr != "grad" || any_grad;
+    out.joint = out.joint_grad_zero || gv.expr != "grad" || out.any_buffer_grad();
     if (out.joint) {
       if (!out.joint_grad_zero && (gv.kind == K::Buffer || gv.kind == K::Scatter)) {
         *why = "joint graph returns no scalar score gradient";
@@ -1114,8 +1113,7 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
     src << "\n#define HB_D " << head_dim << "\n#define HB_HALF " << (half ? 1 : 0) << "\n#define HB_SCORE_MOD "
         << (out.score_mod ? 1 : 0) << "\n#define HB_MASK_MOD " << (out.mask_mod ? 1 : 0) << "\n#define HB_JOINT "
         << (out.joint && !row_shift ? 1 : 0) << "\n#define HB_SCATTER "
-        << (std::find(out.buffer_grads.begin(), out.buffer_grads.end(), true) != out.buffer_grads.end() && !row_shift ? 1 : 0)
-        << "\n";
+        << (out.any_buffer_grad() && !row_shift ? 1 : 0) << "\n";
     if (row_shift) src << "#define HB_ROW_SHIFT 1\n";
     out.row_shift = row_shift;
     if (backward && n.hints.deterministic.value_or(false)) src << "#define HB_DETERMINISTIC 1\n";

@@ -30,6 +30,11 @@ struct FlexKernelSource {
   bool joint = false;          // hb_flex_joint_* exist (backward with a score_mod)
   bool joint_grad_zero = false;  // the joint returns no score gradient (score_mod ignores the score)
   std::vector<bool> buffer_grads;  // per score buffer: the joint scatters a gradient into it
+  bool any_buffer_grad() const {
+    for (bool g : buffer_grads)
+      if (g) return true;
+    return false;
+  }
   bool may_fail = false;       // the code can report an error (a buffer read out of range, a division by 0)
   bool row_shift = false;      // CUDA: score_mod runs once per row (HB_ROW_SHIFT; the backward needs row_lse)
   // Per captured buffer (score buffers, then mask buffers): the sizes and strides the code has as

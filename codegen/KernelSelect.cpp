@@ -1,7 +1,5 @@
 #include "codegen/KernelSelect.h"
 
-#include <algorithm>
-
 #include "backend/ir/Error.h"
 #include "backend/ir/SliceLoop.h"
 #include "codegen/FlexKernelGen.h"
@@ -221,7 +219,7 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
             (backward && n.hints.deterministic.value_or(false)
                  ? (g.tensor_type(n.args[0])->device.rfind("cuda", 0) == 0
                         ? std::string("; deterministic: dQ added in key-tile order") +
-                              (std::find(src.buffer_grads.begin(), src.buffer_grads.end(), true) != src.buffer_grads.end()
+                              (src.any_buffer_grad()
                                    ? ", the buffer gradient's line sums kept per key tile and added in tile order"
                                    : "")
                         : std::string("; deterministic: per-worker sums added in worker order"))

@@ -148,10 +148,11 @@ std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx) 
                                                  ctx.graph().nodes[n.args[2].ref].type.tensor.shape[3].value,
                                                  call->backward);
     call->cuda_fns.reports_errors = src->may_fail;
-    // A row shift's joint is skipped: the score gradient passes through, the buffers' gradients stay zero.
-    call->cuda_fns.run_joint = src->joint && !fused_row_shift(ctx.graph(), ctx.node, analyze_flex(ctx.graph(), ctx.node));
-    call->cuda_fns.deterministic = n.hints.deterministic.value_or(false);
+    // A row shift's joint is skipped: the score gradient passes through, the buffers' gradients stay zero
+    // (the generator decided it: its row_shift is fused_row_shift on a backward node).
     call->cuda_fns.row_shift = src->row_shift;
+    call->cuda_fns.run_joint = src->joint && !src->row_shift;
+    call->cuda_fns.deterministic = n.hints.deterministic.value_or(false);
     return call;
   }
   call->fns.score_f32 = entry<FlexScoreF32>(m, "hb_flex_score_f32", src->score_mod, where);

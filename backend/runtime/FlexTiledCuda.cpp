@@ -234,15 +234,14 @@ FlexBackwardResult flex_cuda_backward(const at::Tensor& q_in, const at::Tensor& 
     a.dq_rank = a.dq_order + counters;
   }
   // deterministic=True with a buffer gradient: the line sums' windows, one per (b, q head, 64-key tile), each
-  // long enough for every row, and for the diagonals of a 128-row step past the last row (FlexTiledKernel.cuh,
-  // line_reduce): B Hq T windows (T = ceil(Skv / 64)) of Sq rounded up to 128, plus 192, floats (about
-  // B Hq Sq Skv / 16 bytes), then the merged rows (flex_window_rows), B Hq of scatter_len + 64 T.
+  // long enough for every row (FlexTiledKernel.cuh, line_reduce; about B Hq Sq Skv / 16 bytes), then the
+  // merged rows (flex_window_rows); flex_window_len and flex_window_floats (FlexKernelAbi.h) size them.
   at::Tensor windows, starts;
   const bool any_grad = std::find(buffer_grads.begin(), buffer_grads.end(), true) != buffer_grads.end();
   if (fns.deterministic && any_grad && fns.run_joint) {
     const int64_t rows = a.B * a.Hq, tiles = (a.Skv + 63) / 64;
-    a.scatter_len = (a.Sq + 127) / 128 * 128 + 192;
-    windows = at::zeros({rows * tiles * a.scatter_len + rows * (a.scatter_len + 64 * tiles)}, f32);
+    a.scatter_len = flex_window_len(a.Sq);
+    windows = at::zeros({flex_window_floats(rows, tiles, a.scatter_len)}, f32);
     starts = at::full({rows * (tiles + 1)}, std::numeric_limits<int64_t>::min(), q.options().dtype(at::kLong));
     a.scatter_win = windows.data_ptr<float>();
     a.scatter_start = reinterpret_cast<long long*>(starts.data_ptr<int64_t>());

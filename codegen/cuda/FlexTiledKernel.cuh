@@ -1400,7 +1400,7 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
     long long keys = 1;
     for (int d = 0; d < a->score_buffers[HB_LINE_BUF].rank; ++d) keys *= a->score_buffers[HB_LINE_BUF].sizes[d];
     const long long heads = a->B * a->Hq, tiles = grid.x, windows = heads * tiles;  // a merged row per (b, q head)
-    const long long merged = a->scatter_len + 64 * tiles;  // FlexTiledCuda.cpp sizes the merged rows alike
+    const long long merged = flex_merged_len(a->scatter_len, tiles);  // as the caller sized them
     hbk::flex_window_rows<<<(unsigned)heads, 256, 0, (cudaStream_t)stream>>>(*a, tiles, merged);
     if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
     const unsigned blocks = (unsigned)((keys + 255) / 256 < 65536 ? (keys + 255) / 256 : 65536);
