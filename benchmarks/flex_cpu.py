@@ -21,7 +21,7 @@ import sys
 import time
 
 VARIANTS = ("eager", "inductor", "hb-reference", "hb-fused")
-CASES = ("none", "causal", "softcap", "alibi", "relbias")
+CASES = ("none", "causal", "softcap", "alibi", "relbias", "logdist", "silu")
 
 
 def one(args) -> dict:
@@ -43,6 +43,9 @@ def one(args) -> dict:
         "softcap": lambda s, b, h, qi, ki: 30 * torch.tanh(s / 30),
         "alibi": lambda s, b, h, qi, ki: s + slope[h] * (ki - qi),
         "relbias": lambda s, b, h, qi, ki: s + lb[qi - ki + S - 1, h],
+        # a logarithmic distance penalty, and a score-dependent gate (exp in the forward and backward)
+        "logdist": lambda s, b, h, qi, ki: s - torch.log1p((qi - ki).abs()),
+        "silu": lambda s, b, h, qi, ki: s * torch.sigmoid(s),
     }[case]
     if case in ("causal", "alibi", "relbias"):
         bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, S, S, device="cpu")

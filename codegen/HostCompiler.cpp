@@ -18,7 +18,14 @@ namespace hb {
 
 namespace {
 
-constexpr const char* kFlags = "-O3 -march=native -fPIC -shared -std=c++17 -fno-math-errno -w";
+// -fno-math-errno and -fno-trapping-math change no value (the code reads neither errno nor the floating-point
+// exception flags) but let the compiler if-convert and vectorize the tile loops: without the second it
+// will not compute a float operation that one side of a select guards (codegen/FlexMath.h's logarithms).
+constexpr const char* kFlags = "-O3 -march=native -fPIC -shared -std=c++17 -fno-math-errno -fno-trapping-math -w";
+// On a CPU with AVX-512, vectors of 512 bits: -march=native alone keeps GCC at 256 (its tuning for the
+// cores that slow their clock on wide vectors); with it a log or sigmoid score_mod ran 1.04-1.09x faster on
+// the 2-core development machine, forward and backward (docs/flex-attention.md).
+constexpr const char* kWideVectorFlag = " -mprefer-vector-width=512";
 
 uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
   for (unsigned char c : s) {
@@ -84,16 +91,22 @@ std::string compiler_version(const std::string& compiler) {
   return memo[compiler] = version;
 }
 
-// What a host kernel's key must change with besides the source: the compiler and the CPU's features.
-std::string machine_identity(const std::string& compiler) {
-  std::string cpu, line;
+// The CPU's feature line of /proc/cpuinfo ("flags" on x86, "Features" on Arm), or "".
+std::string cpu_features() {
+  std::string line;
   std::ifstream info("/proc/cpuinfo");
   while (std::getline(info, line))
-    if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) {
-      cpu = line;
-      break;
-    }
-  return compiler_version(compiler) + "\n" + cpu;
+    if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) return line;
+  return "";
+}
+
+// What a host kernel's key must change with besides the source: the compiler and the CPU's features.
+std::string machine_identity(const std::string& compiler) { return compiler_version(compiler) + "\n" + cpu_features(); }
+
+// The flags for this machine: kFlags, and wide vectors where the CPU has AVX-512.
+std::string host_flags() {
+  const std::string f = cpu_features();
+  return std::string(kFlags) + (f.rfind("flags", 0) == 0 && f.find(" avx512f") != std::string::npos ? kWideVectorFlag : "");
 }
 
 // Libraries this process loaded, by path: a second graph with the same kernel shares it.
@@ -195,7 +208,7 @@ HostBuild build_host_module(const std::string& source, const HostCompileSettings
     r.error = "no host C++ compiler is configured";
     return r;
   }
-  return build_cached(source, s.cache_dir, s.compiler + " " + kFlags, machine_identity(s.compiler), ".cpp", s.compiler);
+  return build_cached(source, s.cache_dir, s.compiler + " " + host_flags(), machine_identity(s.compiler), ".cpp", s.compiler);
 }
 
 std::string CudaCompileSettings::why_not() const {

@@ -86,4 +86,9 @@ SCORE_MODS = {
     "two_reads": (lambda B, H, S: (S,), True, lambda buf, S: lambda s, b, h, q, kv: s + buf[q] * buf[kv]),
     # a multiplicative, score-dependent use of a buffer: its gradient depends on the score
     "scaled": (lambda B, H, S: (H,), True, lambda buf, S: lambda s, b, h, q, kv: s * torch.sigmoid(buf[h])),
+    # every exponential and logarithm the generated code has its own float form of (codegen/FlexMath.h), on the
+    # score (so the backward differentiates them) and on the distance
+    "transcendental": (None, False, lambda buf, S: lambda s, b, h, q, kv: (
+        s * torch.sigmoid(s) - torch.log(1 + torch.exp(s * 0.5)) + torch.expm1(s * 0.01)
+        + torch.log1p((q - kv).abs()) * 0.1 + torch.exp2(-torch.log2(1.0 + (q - kv).abs())))),
 }
