@@ -687,6 +687,9 @@ std::string cudnn_why_not(const Graph& g, int node, const FlexAnalysis& a) {
   if (!q || !k || !v || q->shape.size() != 4 || k->shape.size() != 4 || v->shape.size() != 4)
     return "q, k, v are not [B, H, S, D] tensors";
   if (q->device.rfind("cuda", 0) != 0) return "on " + q->device + " (cuDNN runs on CUDA)";
+  const Arg& scale = n.args[backward ? 10 : 5];
+  if (scale.kind != Arg::Kind::Float && scale.kind != Arg::Kind::Int)
+    return "the scale is computed at run time (1 / sqrt of a symbolic head dim); cuDNN's graph takes a constant";
   if (q->dtype != k->dtype || q->dtype != v->dtype || (q->dtype != DType::Float16 && q->dtype != DType::BFloat16))
     return std::string("q, k, v in ") + dtype_name(q->dtype) + " (cuDNN's SDPA takes float16 or bfloat16)";
   for (const TensorType* t : {q, k, v})

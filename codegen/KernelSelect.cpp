@@ -18,7 +18,7 @@ bool is_native_sym_op(const std::string& t) {
       "operator::mod", "operator::neg", "operator::pow", "operator::eq", "operator::ne",
       "operator::lt", "operator::le", "operator::gt", "operator::ge", "operator::and_",
       "operator::or_", "operator::not_", "torch::sym_max", "torch::sym_min", "torch::sym_not",
-      "torch::sym_float", "torch::sym_int", "math::ceil", "math::floor",
+      "torch::sym_float", "torch::sym_int", "math::ceil", "math::floor", "torch::sym_sqrt", "math::sqrt",
       "torch.sym_max", "torch.sym_min"};
   return kOps.count(t) > 0;
 }

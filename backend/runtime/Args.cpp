@@ -252,4 +252,11 @@ double float_arg(const Arg& a, const std::string& where) {
   HB_USER_FAIL() << where << ": expected a constant float scale";
 }
 
+FloatArg float_or_value_arg(const Arg& a, const std::string& where) {
+  FloatArg f;
+  if (a.kind == Arg::Kind::Ref) f.slot = a.ref;
+  else f.value = float_arg(a, where);
+  return f;
+}
+
 }  // namespace hb::rt

@@ -33,6 +33,16 @@ ArgSpec convert(const Graph& g, const Arg& a, const c10::TypePtr& type, const st
 ArgSpec convert_untyped(const Arg& a, const std::string& where);
 // A constant float (a scale), from a Float or Int argument.
 double float_arg(const Arg& a, const std::string& where);
+// A float argument that is a constant or a number computed at run time: flex's scale, which with a
+// symbolic head dim is 1 / sqrt(D) of Dynamo's sym ops (a SymFloat). Read per call with at(slots).
+struct FloatArg {
+  double value = 1.0;
+  int slot = -1;  // >= 0: the value computed in this slot
+  double at(const std::vector<c10::IValue>& slots) const {
+    return slot < 0 ? value : slots[slot].toScalar().toDouble();
+  }
+};
+FloatArg float_or_value_arg(const Arg& a, const std::string& where);
 
 // A Python number passed where a schema wants a Tensor: a 0-dim "wrapped number" tensor, which
 // type promotion treats as a scalar (what eager does for x + 1).

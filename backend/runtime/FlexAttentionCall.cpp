@@ -25,7 +25,7 @@ class FlexAttentionCall : public Call {
   bool backward = false;
   std::vector<ArgSpec> tensors;  // fw: q k v; bw: q k v out lse grad_out grad_lse
   std::shared_ptr<Executor> score_mod, joint, mask_mod;
-  double scale = 1.0;
+  FloatArg scale;  // a constant, or 1 / sqrt(D) computed at run time where D is symbolic
   ArgSpec score_buffers, mask_buffers;
 
   c10::IValue run(const std::vector<c10::IValue>& slots, const at::Tensor&, CallStats&) const override {
@@ -39,6 +39,7 @@ class FlexAttentionCall : public Call {
     FlexMask mask{with_captured(as_fn(mask_mod), 4, values_of(mask_values)), captured_tensors(mask_values)};
     const std::vector<at::Tensor> score_bufs = captured_tensors(score_values);
     const SubgraphFn score_fn = with_captured(as_fn(score_mod), 5, values_of(score_values));
+    const double scale = this->scale.at(slots);
     if (!backward) {
       std::vector<at::Tensor> r = flex_attention_forward(t[0], t[1], t[2], score_fn, mask, scale, score_bufs);
       return c10::ivalue::Tuple::create({r[0], r[1], r[2]});
@@ -95,7 +96,7 @@ std::shared_ptr<const Call> lower_flex_attention(const LowerContext& ctx) {
       << where << ": the block mask must be a tuple ending in the mask_mod graph";
   // torch 2.11 has 13 entries, 2.5 had 11, newer main 17: the mask graph is always the last one.
   call->mask_mod = ctx.subgraph(block_mask.items.back());
-  call->scale = float_arg(n.args[backward ? 10 : 5], where);
+  call->scale = float_or_value_arg(n.args[backward ? 10 : 5], where);
   call->score_buffers = convert_untyped(n.args[backward ? 12 : 7], where);
   call->mask_buffers = convert_untyped(n.args[backward ? 13 : 8], where);
   return call;

@@ -30,7 +30,7 @@ class FlexFusedCall : public Call {
   bool cuda = false;
   FlexCudaFns cuda_fns;
   int64_t q_block = 0, kv_block = 0;
-  double scale = 1.0;
+  FloatArg scale;  // a constant, or 1 / sqrt(D) computed at run time where D is symbolic
   ArgSpec score_buffers, mask_buffers;
   std::shared_ptr<HostModule> module;  // keeps the generated code loaded
   FlexKernelFns fns;
@@ -78,6 +78,7 @@ class FlexFusedCall : public Call {
     blocks.kv_block = kv_block;
     const std::vector<at::Tensor> sbufs = laid_out(captured_tensors(build_arg(score_buffers, slots)), 0);
     const std::vector<at::Tensor> mbufs = laid_out(captured_tensors(build_arg(mask_buffers, slots)), sbufs.size());
+    const double scale = this->scale.at(slots);
     if (!backward) {
       std::vector<at::Tensor> r = cuda ? flex_cuda_forward(t[0], t[1], t[2], cuda_fns, blocks, scale, sbufs, mbufs)
                                        : flex_tiled_forward(t[0], t[1], t[2], fns, blocks, scale, sbufs, mbufs);
@@ -132,7 +133,7 @@ std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx) 
       call->block_lists.push_back(convert_untyped(bm.items[i], where));
   call->q_block = layout->q_block;
   call->kv_block = layout->kv_block;
-  call->scale = float_arg(n.args[call->backward ? 10 : 5], where);
+  call->scale = float_or_value_arg(n.args[call->backward ? 10 : 5], where);
   call->score_buffers = convert_untyped(n.args[call->backward ? 12 : 7], where);
   call->mask_buffers = convert_untyped(n.args[call->backward ? 13 : 8], where);
   call->module = choice.module;

@@ -14,7 +14,8 @@ SymCode sym_code(const std::string& t, const std::string& where) {
       {"operator::or_", SymCode::Or}, {"torch::sym_max", SymCode::Max}, {"torch.sym_max", SymCode::Max},
       {"torch::sym_min", SymCode::Min}, {"torch.sym_min", SymCode::Min}, {"operator::neg", SymCode::Neg},
       {"operator::not_", SymCode::Not}, {"torch::sym_not", SymCode::Not}, {"torch::sym_float", SymCode::Float},
-      {"torch::sym_int", SymCode::Int}, {"math::ceil", SymCode::Ceil}, {"math::floor", SymCode::Floor}};
+      {"torch::sym_int", SymCode::Int}, {"math::ceil", SymCode::Ceil}, {"math::floor", SymCode::Floor},
+      {"torch::sym_sqrt", SymCode::Sqrt}, {"math::sqrt", SymCode::Sqrt}};
   auto it = kCodes.find(t);
   HB_INTERNAL_CHECK(it != kCodes.end()) << where << ": sym op '" << t << "' has no runtime opcode";
   return it->second;

@@ -17,7 +17,7 @@ namespace hb::rt {
 // A sym op (Python operators on int/float/bool values), resolved from its target at plan time.
 enum class SymCode {
   Add, Sub, Mul, FloorDiv, Mod, TrueDiv, Pow, Eq, Ne, Lt, Le, Gt, Ge, And, Or, Max, Min,  // binary
-  Neg, Not, Float, Int, Ceil, Floor,                                                      // unary
+  Neg, Not, Float, Int, Ceil, Floor, Sqrt,                                                // unary
 };
 
 // Resolved from the target when the executor is built.
@@ -78,6 +78,11 @@ c10::IValue sym_unary(SymCode op, const c10::IValue& a, Where where) {
     case SymCode::Int: return a.isInt() ? a.toInt() : static_cast<int64_t>(a.toScalar().toDouble());
     case SymCode::Ceil: return static_cast<int64_t>(std::ceil(a.toScalar().toDouble()));
     case SymCode::Floor: return static_cast<int64_t>(std::floor(a.toScalar().toDouble()));
+    case SymCode::Sqrt: {  // Python's math.sqrt: a float; a negative operand is a domain error
+      const double x = a.toScalar().toDouble();
+      HB_USER_CHECK(!(x < 0)) << where() << ": math domain error (sqrt of " << x << ")";
+      return std::sqrt(x);
+    }
     default: break;
   }
   HB_USER_FAIL() << where() << ": this operator takes two operands";

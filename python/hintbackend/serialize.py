@@ -50,6 +50,8 @@ def target_name(target: Any) -> str:
         return f"math::{name}"
     if module.startswith("torch") and name.startswith("sym_"):
         return f"torch::{name}"
+    if module == "torch" and name == "_sym_sqrt":  # math.sqrt of a SymInt (flex's default scale, dynamic head dim)
+        return "torch::sym_sqrt"
     return f"python::{module}.{name}"
 
 

@@ -9,6 +9,7 @@ host_compiler="" falls back to the reference with the reason."""
 
 import math
 import os
+import warnings
 import zlib
 
 import pytest
@@ -18,6 +19,7 @@ from torch.nn.attention.flex_attention import create_block_mask
 from flex_reference import SCORE_MODS, causal, hop, kernels_text, outputs_and_grads, rel
 from flex_reference import dense as dense_natural
 from hintbackend import hinted_context
+from hintbackend.backend import HintBackendFallbackWarning
 
 pytestmark = pytest.mark.skipif(not (os.environ.get("CXX") or any(
     os.path.exists(os.path.join(p, c)) for p in os.environ.get("PATH", "").split(os.pathsep)
@@ -169,21 +171,36 @@ def test_fused_document_mask_reads_a_buffer(tmp_path):
 
 @pytest.mark.parametrize("kernel", ["auto", "aten"])
 def test_dynamic_shapes_with_captured_sizes(tmp_path, kernel):
-    """dynamic=True: the score_mod's graphs capture symbolic sizes (SymInts) beside its buffers; both the
-    generated kernel and the reference take them, for every sequence length."""
-    table = torch.randn(4)
+    """dynamic=True: the score_mod's graphs capture symbolic sizes (SymInts) beside its buffers, and the
+    scale is 1 / sqrt(D) of a symbolic head dim (torch._sym_sqrt, computed per call); both the generated
+    kernel and the reference take them, forward and backward, for every sequence length and head dim,
+    with no graph left to eager."""
+    table = torch.randn(4, dtype=torch.float64)
+    mod = lambda s, b, h, qi, ki: s + table[h] - 0.01 * (qi - ki).abs()  # noqa: E731
 
     def f(q, k, v):
         with hinted_context(kernel=kernel):
-            return hop(q, k, v, lambda s, b, h, qi, ki: s + table[h] - 0.01 * (qi - ki).abs())[0]
+            return hop(q, k, v, mod)[0]
 
     compiled = torch.compile(f, backend="hintbackend", dynamic=True, options={"dump_dir": str(tmp_path)})
-    for S in (64, 96, 130):
-        q, k, v = (torch.randn(2, 4, S, 16, dtype=torch.float64) for _ in range(3))
-        want = dense(q, k, v, lambda s, b, h, qi, ki: s + table.double()[h] - 0.01 * (qi - ki).abs())[0]
-        torch.testing.assert_close(compiled(q, k, v), want, rtol=1e-9, atol=1e-9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HintBackendFallbackWarning)
+        for S, D in ((64, 16), (96, 16), (130, 24)):
+            q, k, v = (torch.randn(2, 4, S, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+            out = compiled(q, k, v)
+            dout = torch.randn_like(out)
+            out.backward(dout)
+            rq, rk, rv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+            want = dense(rq, rk, rv, mod)[0]
+            want.backward(dout)
+            # 0.01 * |q - kv| is float32 in torch (an int tensor times a Python float), so in the reference;
+            # the generated code computes floats in the working type, here double: about 1e-8 apart
+            for got, ref in ((out, want), (q.grad, rq.grad), (k.grad, rk.grad), (v.grad, rv.grad)):
+                assert rel(got, ref) < 1e-6, (S, D, rel(got, ref))
     kernels = kernels_text(tmp_path)
-    assert ("flex-attention-fused" if kernel == "auto" else "flex-attention-reference") in kernels, kernels
+    assert "torch::sym_sqrt" in kernels, kernels  # the scale, computed natively
+    fused = "flex-attention-fused" if kernel == "auto" else "flex-attention-reference"
+    assert fused in kernels and fused.replace("attention-", "attention-backward-") in kernels, kernels
 
 
 def test_fused_is_deterministic(tmp_path):

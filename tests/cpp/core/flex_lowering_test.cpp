@@ -10,6 +10,7 @@
 #include "backend/importer/JsonImport.h"
 #include "backend/ir/Error.h"
 #include "backend/ir/Parser.h"
+#include "backend/ir/Printer.h"
 #include "codegen/FlexKernelGen.h"
 #include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
@@ -195,6 +196,28 @@ TEST(flex_lowering, selection_picks_cudnn_where_it_computes_flex_exactly) {
   // On the CPU: the reference.
   c = select_kernel(*flex_graph("bf16", ""), flex, with_cudnn());
   EXPECT_NE(c.why.find("on cpu (cuDNN runs on CUDA)"), std::string::npos) << c.why;
+}
+
+// A scale computed at run time (flex's default 1 / sqrt(D) where Dynamo made the head dim symbolic:
+// torch::sym_sqrt and operator::truediv ahead of the node): cuDNN's graph takes a constant, so the node
+// goes to the other kernels, saying why; the sym ops run natively.
+TEST(flex_lowering, a_scale_computed_at_run_time_is_not_cudnns) {
+  std::string text = print_graph(*flex_graph("bf16", "@cuda:0"));
+  const std::string constant = "@mask0), 0.125, {}";
+  ASSERT_NE(text.find(constant), std::string::npos) << text;
+  text.replace(text.find(constant), constant.size(), "@mask0), %scale, {}");
+  const std::string first = "  %q: ";
+  text.insert(text.find(first), "  %d: int = placeholder\n  %root: float = torch::sym_sqrt(%d)\n"
+                                "  %scale: float = operator::truediv(1.0, %root)\n");
+  auto g = parse_graph(text);
+  const int flex = g->find("flex_attention");
+  const FlexAnalysis a = analyze_flex(*g, flex);
+  EXPECT_EQ(cudnn_why_not(*g, flex, a),
+            "the scale is computed at run time (1 / sqrt of a symbolic head dim); cuDNN's graph takes a constant");
+  const KernelChoice c = select_kernel(*g, flex, with_cudnn());
+  EXPECT_NE(c.kind, KernelKind::FlexCudnnForward);
+  EXPECT_NE(c.why.find("not cuDNN: the scale is computed at run time"), std::string::npos) << c.why;
+  EXPECT_EQ(select_kernel(*g, g->find("root"), with_cudnn()).kind, KernelKind::SymOp);
 }
 
 // Whether generated code can report an error at run time (the CUDA runtime reads the report back only

@@ -3,6 +3,7 @@
 // returned as outputs, sym arithmetic, constants, errors that name the node, and a slice loop summing
 // its slices.
 #include <ATen/ATen.h>
+#include <cmath>
 #include <gtest/gtest.h>
 
 #include "backend/importer/JsonImport.h"
@@ -176,6 +177,26 @@ TEST(Executor, RuntimeErrorsNameTheNode) {
     EXPECT_NE(msg.find("hintbackend: while running %mm (aten::mm.default) at model.py:7 in forward"), std::string::npos)
         << msg;
     EXPECT_NE(msg.find("mat1 and mat2 shapes cannot be multiplied"), std::string::npos) << msg;
+  }
+}
+
+// flex's default scale with a symbolic head dim: 1 / sqrt(float(D)) as Dynamo's sym ops, run natively;
+// the square root of a negative number is Python's math domain error, naming the node.
+TEST(Executor, SymSqrtIsPythonsMathSqrt) {
+  const std::string g = doc(ph("d") + "," + call("f", "torch::sym_float", R"({"ref": "d"})") + "," +
+                            call("root", "torch::sym_sqrt", R"({"ref": "f"})") + "," +
+                            call("scale", "operator::truediv", R"({"float": 1.0}, {"ref": "root"})") + "," +
+                            out(R"({"ref": "scale"})"));
+  auto r = run(g, {c10::IValue(static_cast<int64_t>(128))});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].toDouble(), 1.0 / std::sqrt(128.0));
+  try {
+    run(g, {c10::IValue(static_cast<int64_t>(-4))});
+    FAIL() << "sqrt of a negative number must raise";
+  } catch (const UserError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("%root (torch::sym_sqrt)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("math domain error (sqrt of -4)"), std::string::npos) << msg;
   }
 }
 
