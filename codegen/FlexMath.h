@@ -3,7 +3,8 @@
 // that call them (with -fno-trapping-math: codegen/HostCompiler.cpp), where the C library's expf and logf
 // keep a loop scalar (no -ffast-math there, so no vector math library is substituted). Accuracy: within 2 ulp of the correctly rounded result on normal
 // arguments, with the C library's special values (inf, NaN, 0, negative arguments of the logs, overflow
-// to inf and underflow to 0 through the subnormals); tests/cpp/core/flex_math_test.cpp sweeps them.
+// to inf and underflow to 0 through the subnormals); tests/cpp/core/flex_math_test.cpp sweeps them, and
+// checks that a loop calling each one vectorizes with the kernels' flags.
 //
 // Not a header this build compiles into the core: CMake embeds the text in the generated kernels'
 // prelude (codegen/FlexKernelGen.cpp, after HB_FN is defined), and the core test includes it with HB_FN

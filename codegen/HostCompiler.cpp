@@ -211,6 +211,10 @@ HostBuild build_host_module(const std::string& source, const HostCompileSettings
   return build_cached(source, s.cache_dir, s.compiler + " " + host_flags(), machine_identity(s.compiler), ".cpp", s.compiler);
 }
 
+std::string host_compile_flags() {
+  return host_flags();
+}
+
 std::string CudaCompileSettings::why_not() const {
   if (nvcc.empty()) return "no nvcc (install the CUDA toolkit, or set HINTBACKEND_NVCC)";
   if (arch.empty()) return "no CUDA device architecture";

@@ -47,6 +47,9 @@ struct HostBuild {
 // Builds (or finds in the cache) and loads `source`. Never throws: failures come back in .error.
 HostBuild build_host_module(const std::string& source, const HostCompileSettings& settings);
 
+// The flags build_host_module gives the compiler on this machine (after the command).
+std::string host_compile_flags();
+
 // How generated CUDA kernels are built: nvcc into a shared library (host launchers and the device code
 // for one architecture, the CUDA runtime linked statically), cached as host modules are, the key also
 // holding nvcc's version and the architecture. python/hintbackend/options.py finds nvcc, the GPU's

@@ -6,11 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
+
+#include "TempDir.h"
+#include "codegen/FlexMathText.h"
+#include "codegen/HostCompiler.h"
 
 namespace flex_math {
 #define HB_FN static inline
@@ -129,6 +135,49 @@ TEST(FlexMath, SpecialValuesAreTheCLibrarys) {
   for (int n = -149; n <= 127; ++n) {
     EXPECT_EQ(flex_math::hb_exp2f(static_cast<float>(n)), std::ldexp(1.0f, n)) << "exp2(" << n << ")";
     EXPECT_EQ(flex_math::hb_log2f(std::ldexp(1.0f, n)), static_cast<float>(n)) << "log2(2^" << n << ")";
+  }
+}
+
+// What the header is for: a loop over a tile calling any of its functions vectorizes under the flags the
+// generated kernels are built with (a branch or a guarded float operation would keep it scalar). GCC
+// says so with -fopt-info-vec; another compiler skips the test.
+TEST(FlexMath, TileLoopsCallingItVectorizeWithTheKernelsFlags) {
+  const std::string dir = hb::test::temp_dir();
+  std::string version;
+  {
+    FILE* p = popen("env -u LD_PRELOAD c++ --version 2>&1", "r");
+    ASSERT_NE(p, nullptr);
+    char buf[256];
+    while (fgets(buf, sizeof buf, p)) version += buf;
+    pclose(p);
+  }
+  if (version.find("Free Software Foundation") == std::string::npos || version.find("clang") != std::string::npos)
+    GTEST_SKIP() << "not GCC: " << version;
+  const char* fns[] = {"hb_expf", "hb_exp2f", "hb_expm1f", "hb_logf", "hb_log2f", "hb_log1pf", "hb_sigmoidf"};
+  std::string src = "#include <cstring>\n#define HB_FN static inline __attribute__((always_inline))\n";
+  src += hb::kFlexMathSource;
+  src += "\n";
+  for (const char* f : fns)  // one loop per line, so a message's line says whose loop it is
+    src += std::string("extern \"C\" void loop_") + f + "(float* s, int n) { for (int j = 0; j < n; ++j) s[j] = " + f +
+           "(s[j]); }\n";
+  { std::ofstream(dir + "/vec.cpp") << src; }
+  std::string out;
+  {
+    const std::string cmd = "cd " + dir + " && env -u LD_PRELOAD c++ " + hb::host_compile_flags() +
+                            " -fopt-info-vec-optimized -c vec.cpp -o vec.o 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char buf[1024];
+    while (fgets(buf, sizeof buf, p)) out += buf;
+    ASSERT_EQ(pclose(p), 0) << out;
+  }
+  int line = 1;
+  for (char c : src) line += c == '\n';
+  line -= 7;  // the first loop's line: the loops are the source's last 7 lines
+  for (const char* f : fns) {
+    EXPECT_NE(out.find("vec.cpp:" + std::to_string(line) + ":"), std::string::npos)
+        << "the loop calling " << f << " (vec.cpp:" << line << ") did not vectorize:\n" << out;
+    ++line;
   }
 }
 
