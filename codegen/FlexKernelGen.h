@@ -63,6 +63,9 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
 std::string flex_cuda_backward_why_not(const Graph& g, int node);
 // The marker line before the CUDA kernel template in a generated source: dumps print what precedes it.
 inline constexpr const char* kFlexTemplateMarker = "// ---- the tiled kernels: codegen/cuda/FlexTiledKernel.cuh";
+// The marker lines around codegen/FlexMath.h's text in a generated CPU source: dumps show it by name.
+inline constexpr const char* kFlexMathMarker = "// ---- codegen/FlexMath.h";
+inline constexpr const char* kFlexMathEndMarker = "// ---- end of codegen/FlexMath.h";
 
 // The block mask's layout in a flex node's block_mask tuple: where kv_num_blocks, kv_indices,
 // full_kv_num_blocks and full_kv_indices sit, and the block sizes. torch 2.11 writes 13 entries

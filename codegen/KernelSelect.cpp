@@ -279,10 +279,15 @@ std::string print_kernel_plan(const Graph& g, const KernelPlan& plan) {
   os << "}\n";
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (!plan.nodes[i].source.empty()) {
-      // A CUDA source ends with the kernel template, the same for every node: shown by name only.
+      // A CUDA source ends with the kernel template, and a CPU source holds codegen/FlexMath.h, the same
+      // for every node: shown by name only.
       std::string shown = plan.nodes[i].source;
       const size_t m = shown.find(kFlexTemplateMarker);
       if (m != std::string::npos) shown = shown.substr(0, m) + kFlexTemplateMarker + " (its text not shown)\n";
+      const size_t a = shown.find(kFlexMathMarker), z = shown.find(kFlexMathEndMarker);
+      if (a != std::string::npos && z != std::string::npos)
+        shown = shown.substr(0, a) + kFlexMathMarker + " (its text not shown)\n" +
+                shown.substr(shown.find('\n', z) + 1);
       os << "source of %" << g.nodes[i].name << " {\n" << shown << "}\n";
     }
   for (const auto& kv : g.subgraphs) {

@@ -101,6 +101,8 @@ def test_fused_matches_float64(tmp_path, score, mask):
     kernels, got = run_case(tmp_path, score, mask)
     assert "flex-attention-fused" in kernels and "flex-attention-backward-fused" in kernels, kernels
     assert "source of %flex_attention" in kernels  # the dumps show the generated code
+    # ... with codegen/FlexMath.h by name only (compiled in, the same in every source)
+    assert "// ---- codegen/FlexMath.h (its text not shown)" in kernels and "hb_log_parts" not in kernels
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
