@@ -46,6 +46,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from hintbackend import hinted_context
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attention_shape import add_shape_args  # noqa: E402
 from memory_models import measure  # noqa: E402  (peak above what was allocated before, median ms)
 
 
@@ -204,9 +205,7 @@ def check(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--b", type=int, default=4)
-    p.add_argument("--h", type=int, default=16)
-    p.add_argument("--s", type=int, default=4096)
+    add_shape_args(p, head_dim=False)  # --dims: the head dims
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--dims", default="64,128")
     p.add_argument("--rows", default="none,causal,softcap,qbias,hbias,relbias,relbias16,dense,dense16,alibi,relpos")

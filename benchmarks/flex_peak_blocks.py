@@ -18,6 +18,8 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from hintbackend import hinted_context
 
+from attention_shape import add_shape_args
+
 
 def frames_of(block: dict) -> str:
     keep = [f"{f['name'][:70]}@{os.path.basename(f['filename'])}:{f['line']}" for f in block.get("frames") or []
@@ -28,10 +30,7 @@ def frames_of(block: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--b", type=int, default=4)
-    p.add_argument("--h", type=int, default=16)
-    p.add_argument("--s", type=int, default=4096)
-    p.add_argument("--d", type=int, default=128)
+    add_shape_args(p)
     p.add_argument("--peers", default="fused,default")
     p.add_argument("--top", type=int, default=12)
     args = p.parse_args()

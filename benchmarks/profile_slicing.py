@@ -15,6 +15,7 @@ import collections
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from attention_shape import add_shape_args
 from slicing import REGIONS, make, make_step
 
 
@@ -64,10 +65,7 @@ def busy_time(spans) -> float:
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--b", type=int, default=4)
-    p.add_argument("--h", type=int, default=16)
-    p.add_argument("--s", type=int, default=4096)
-    p.add_argument("--d", type=int, default=128)
+    add_shape_args(p)
     p.add_argument("--slices", type=int, default=16)
     p.add_argument("--region", default="plain", choices=sorted(REGIONS))
     p.add_argument("--forward-only", action="store_true")

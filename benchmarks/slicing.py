@@ -28,6 +28,8 @@ import torch
 
 from hintbackend import hinted_context
 
+from attention_shape import add_shape_args
+
 
 def attention(q, k, v):
     s = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
@@ -135,10 +137,7 @@ def measure(fn, q, k, v, train: bool, reps: int = 10):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--b", type=int, default=4)
-    p.add_argument("--h", type=int, default=16)
-    p.add_argument("--s", type=int, default=4096)
-    p.add_argument("--d", type=int, default=128)
+    add_shape_args(p)
     p.add_argument("--device", default="cuda", help="cuda (the measurement) or cpu (a smoke check: no peaks)")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],

@@ -91,13 +91,16 @@ std::string compiler_version(const std::string& compiler) {
   return memo[compiler] = version;
 }
 
-// The CPU's feature line of /proc/cpuinfo ("flags" on x86, "Features" on Arm), or "".
-std::string cpu_features() {
-  std::string line;
-  std::ifstream info("/proc/cpuinfo");
-  while (std::getline(info, line))
-    if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) return line;
-  return "";
+// The CPU's feature line of /proc/cpuinfo ("flags" on x86, "Features" on Arm), or "": read once.
+const std::string& cpu_features() {
+  static const std::string features = [] {
+    std::string line;
+    std::ifstream info("/proc/cpuinfo");
+    while (std::getline(info, line))
+      if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) return line;
+    return std::string();
+  }();
+  return features;
 }
 
 // What a host kernel's key must change with besides the source: the compiler and the CPU's features.
@@ -105,7 +108,7 @@ std::string machine_identity(const std::string& compiler) { return compiler_vers
 
 // The flags for this machine: kFlags, and wide vectors where the CPU has AVX-512.
 std::string host_flags() {
-  const std::string f = cpu_features();
+  const std::string& f = cpu_features();
   return std::string(kFlags) + (f.rfind("flags", 0) == 0 && f.find(" avx512f") != std::string::npos ? kWideVectorFlag : "");
 }
 
