@@ -14,7 +14,7 @@
 #        also the mma.sync kernels on a Hopper GPU), then each template copy in $LAB_TEMPLATES (paths from the
 #        repository root) at head dims $LAB_TEMPLATE_DIMS (default 128), each score_mod/joint file in
 #        $LAB_MODS (with $LAB_DEFS; see the lab's HB_LAB_MODS), and with LAB_NCU set the backward under
-#        Nsight Compute)
+#        Nsight Compute; LAB_FLAGS adds nvcc flags to every build, e.g. -DHB_FWD_PP=0)
 set -uo pipefail
 MODE="${1:-all}"
 OUT="${OUT:-/tmp/hb-out}"; mkdir -p "$OUT"
@@ -40,7 +40,7 @@ if [ "$MODE" = lab ]; then
   CC=$($PY -c "import torch; print(''.join(map(str, torch.cuda.get_device_capability())))")
   ARCH="-gencode arch=compute_$CC,code=sm_$CC"
   [ "$CC" = 90 ] && ARCH="-gencode arch=compute_90a,code=sm_90a -DHB_SM90=1"
-  LAB0="nvcc -O3 -std=c++17 -prec-div=false -I$HINTBACKEND_CUTLASS_INCLUDE -I. benchmarks/flex_kernel_lab.cu"
+  LAB0="nvcc -O3 -std=c++17 -prec-div=false -I$HINTBACKEND_CUTLASS_INCLUDE -I. ${LAB_FLAGS:-} benchmarks/flex_kernel_lab.cu"
   LAB="$LAB0 $ARCH"
   for d in ${LAB_DIMS:-128 64}; do
     $LAB -DHB_D=$d -o /tmp/lab$d && /tmp/lab$d ${LAB_ARGS:-}

@@ -941,9 +941,11 @@ __device__ __forceinline__ int pw(int row, int chunk) {
   return (chunk >> 3) * R * 8 + row * 8 + ((chunk & 7) ^ (row & 7));
 }
 
+// Chunks [first, end) of a ROWS x D tile (ROWS * CH in all), thread tid of NT taking every NT-th.
 template <int ROWS, int NT>
-__device__ __forceinline__ void load_panels(uint4* s, const Elem* base, long long row0, long long ld, long long len) {
-  for (int i = threadIdx.x; i < ROWS * CH; i += NT) {
+__device__ __forceinline__ void load_panels(uint4* s, const Elem* base, long long row0, long long ld, long long len,
+                                            int tid = threadIdx.x, int first = 0, int end = ROWS * CH) {
+  for (int i = first + tid; i < end; i += NT) {
     const int r = i / CH, c = i % CH;
     const bool ok = row0 + r < len;
     const Elem* src = base + (ok ? (row0 + r) * ld + c * 8 : 0);
@@ -1034,8 +1036,8 @@ __device__ __forceinline__ void a_frags(const float (&s)[N / 8][4], uint32_t (&f
 }
 
 // Forward: one CTA of 2 warpgroups per 128 query rows (each warpgroup 64), key/value tiles of WFN rows
-// (128 at D 128 where the BlockMask's kv blocks allow, else 64) double-buffered (the next tile loads
-// while this one computes). S = Q K^T and O += P V are wgmma, P from registers. Registers and shared
+// (64; 128-row tiles, at D 128 where the BlockMask's kv blocks allow, go to flex_fwd_pp below, unless
+// HB_FWD_PP=0) double-buffered (the next tile loads while this one computes). S = Q K^T and O += P V are wgmma, P from registers. Registers and shared
 // memory at D 128 (nvcc -Xptxas -v): 198 registers and 160 KiB with 128-row tiles, 162 and 96 KiB with
 // 64; the backward 254 registers and 112 KiB, two CTAs per SM. Measured on the H200 with
 // benchmarks/flex_kernel_lab.cu (D 128, B4 H16 S4096): forward 1.73 ms, backward 5.29 ms (the mma.sync
@@ -1115,6 +1117,141 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ Hb
   }
   fwd_store(o, m, l, a, b, h, q0 + warp * 16 + g, t);
   report(a.error, t);
+}
+
+// The forward at 128-key tiles (D 128), with its two warpgroups out of step ("ping-pong", as
+// FlashAttention-3 schedules them): while one warpgroup's scores go through score_mod and the softmax on
+// the CUDA cores, the other's products run on the tensor cores. Named barriers 1 and 2 pass the turn: a
+// warpgroup issues its MMAs only on its turn and passes it on right after. Each turn issues S = Q K^T of
+// tile i and O += P V of tile i - 1 (P kept in registers), so that P V also runs during the warpgroup's
+// own softmax of tile i. Keys and values move through FNS stages each, guarded by mbarriers instead of a
+// CTA barrier per tile: `full` completes when a tile's copies have landed (each warpgroup copies half of
+// it, each thread's cp.async completion arriving), `empty` when all 256 threads are done reading it (keys
+// after S, values after P V, a tile later). A warpgroup refills key tile i - 1's stage and value tile
+// i - 2's at the end of its tile i, when the other warpgroup (half a tile behind) has released them, so
+// neither waits for the other there, and each refill has a whole tile's time to land. Registers and shared
+// memory at D 128 (nvcc -Xptxas -v): 194 and 224 KiB. Measured on an H100 with benchmarks/flex_kernel_lab.cu
+// (D 128, B4 H16 S4096), forward 1.734 ms -> 1.535 (317 -> 358 TFLOP/s), block-causal 0.978 -> 0.871; one
+// S-only turn with P V right after the softmax gave 1.588. At D 64 (64-key tiles) the same kernel was
+// slower than flex_fwd_wg (1.172 -> 1.477 ms: a 64-key tile is too short to hide the barriers), so 64-key
+// tiles keep flex_fwd_wg. HB_FWD_PP=0 (the lab's baseline) turns it off.
+#ifndef HB_FWD_PP
+#define HB_FWD_PP 1
+#endif
+constexpr int FNS = 3;
+template <int WFN>
+constexpr int kFwdPpSmem = (WFM + 2 * FNS * WFN) * CH * 16 + 4 * FNS * 8;
+
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(WFT) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, %1;" : : "r"(id), "r"(WFT) : "memory"); }
+
+template <int WFN>
+__global__ void __launch_bounds__(WFT, 1) flex_fwd_pp(const __grid_constant__ HbFlexCudaArgs a) {
+  extern __shared__ __align__(1024) uint4 wsmem[];
+  uint4* sQ = wsmem;
+  uint4* sKs = sQ + WFM * CH;           // [FNS] key tiles of WFN rows
+  uint4* sVs = sKs + FNS * WFN * CH;    // [FNS] value tiles
+  uint64_t* bar = reinterpret_cast<uint64_t*>(sVs + FNS * WFN * CH);
+  uint64_t *kfull = bar, *vfull = bar + FNS, *kempty = bar + 2 * FNS, *vempty = bar + 3 * FNS;
+  const int warp = threadIdx.x / 32, wg = warp / 4, g = (threadIdx.x % 32) >> 2, wtid = threadIdx.x % 128;
+  const long long b = blockIdx.y / a.Hq, h = blockIdx.y % a.Hq, hk = h / (a.Hq / a.Hkv), bk = a.Bkv == 1 ? 0 : b;
+  const long long q0 = (long long)blockIdx.x * WFM;
+  const Elem* Q = (const Elem*)a.q + b * a.q_strides[0] + h * a.q_strides[1];
+  const Elem* K = (const Elem*)a.k + bk * a.k_strides[0] + hk * a.k_strides[1];
+  const Elem* V = (const Elem*)a.v + bk * a.v_strides[0] + hk * a.v_strides[1];
+  const Walk walk(a.kv_list, a.kv_full_list, b, h, q0 / a.q_block, a.kv_block, WFN, a.Skv);
+  const int ntiles = walk.count();
+  HbFlexTile t = {};
+  t.b = b, t.h = h, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 4 * FNS; ++s) cutlass::arch::ClusterBarrier::init(&bar[s], WFT);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  constexpr int half = WFN * CH / 2;
+  auto load = [&](const Elem* src, long long ld, uint4* tiles, uint64_t* full, int i) {
+    bool f;
+    const long long k0 = walk.first(i, &f);
+    load_panels<WFN, 128>(tiles + (i % FNS) * WFN * CH, src, k0, ld, a.Skv, wtid, wg * half, (wg + 1) * half);
+    cutlass::arch::cpasync_barrier_arrive_noinc(&full[i % FNS]);
+  };
+  auto wait = [](uint64_t* b_, int i) { cutlass::arch::ClusterBarrier::wait(&b_[i % FNS], (uint32_t)(i / FNS) & 1u); };
+  load_panels<WFM, 128>(sQ, Q, q0, a.q_strides[2], a.Sq, wtid, wg * WFM * CH / 2, (wg + 1) * WFM * CH / 2);
+  if (ntiles == 0) cute::cp_async_wait<0>();
+  for (int i = 0; i < FNS && i < ntiles; ++i) {
+    load(K, a.k_strides[2], sKs, kfull, i);
+    load(V, a.v_strides[2], sVs, vfull, i);
+  }
+  if (wg == 1) named_arrive(1);
+
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  uint32_t pa[WFN / 16][4] = {};  // P of the tile before, as A fragments
+  for (int i = 0; i < ntiles; ++i) {
+    bool full = false;
+    const long long k0 = walk.first(i, &full);
+    wait(kfull, i);
+    wait(vfull, i > 0 ? i - 1 : 0);
+    cutlass::arch::fence_view_async_shared();
+    const uint4* sK = sKs + (i % FNS) * WFN * CH;
+    float s[WFN / 8][4];
+    fence_acc(s);
+    fence_acc(o);
+    named_sync(1 + wg);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) wg_ss<Major::K, Major::K, WFN>(kmajor<WFM>(sQ, wg * 64, kk), kmajor<WFN>(sK, 0, kk), s, kk > 0);
+    cute::warpgroup_commit_batch();
+    {  // at i = 0, P is 0: a product that adds nothing keeps the MMAs' order the same in every step
+      const uint4* sV = sVs + ((i > 0 ? i - 1 : 0) % FNS) * WFN * CH;
+#pragma unroll
+      for (int kk = 0; kk < WFN / 16; ++kk) wg_rs<Major::MN, D>(pa[kk], mnmajor<WFN>(sV, kk), o, true);
+      cute::warpgroup_commit_batch();
+    }
+    named_arrive(2 - wg);
+    cute::warpgroup_wait<1>();
+    fence_acc(s);
+    cutlass::arch::ClusterBarrier::arrive(&kempty[i % FNS]);
+
+    fwd_scores<WFN>(s, a, b, h, q0 + warp * 16 + g, k0, full, k0 + WFN <= a.Skv && q0 + WFM <= a.Sq, t);
+    float corr[2];
+    softmax_tile<WFN>(s, m, l, corr);
+    cute::warpgroup_wait<0>();
+    fence_acc(o);
+    if (i > 0) cutlass::arch::ClusterBarrier::arrive(&vempty[(i - 1) % FNS]);
+    rescale(o, corr);
+    a_frags<WFN>(s, pa);
+    if (i >= 1 && i - 1 + FNS < ntiles) {  // key tile i + 2's copies into key tile i - 1's stage
+      wait(kempty, i - 1);
+      load(K, a.k_strides[2], sKs, kfull, i - 1 + FNS);
+    }
+    if (i >= 2 && i - 2 + FNS < ntiles) {  // value tile i + 1's into value tile i - 2's
+      wait(vempty, i - 2);
+      load(V, a.v_strides[2], sVs, vfull, i - 2 + FNS);
+    }
+  }
+  if (ntiles > 0) {
+    wait(vfull, ntiles - 1);
+    cutlass::arch::fence_view_async_shared();
+    const uint4* sV = sVs + ((ntiles - 1) % FNS) * WFN * CH;
+    fence_acc(o);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < WFN / 16; ++kk) wg_rs<Major::MN, D>(pa[kk], mnmajor<WFN>(sV, kk), o, true);
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+    fence_acc(o);
+  }
+  if (wg == 0) named_sync(1);
+  fwd_store(o, m, l, a, b, h, q0 + warp * 16 + g, t);
+  report(a.error, t);
+}
+template <int WFN>
+int launch_fwd_pp(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
+  cudaError_t e = cudaFuncSetAttribute(flex_fwd_pp<WFN>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdPpSmem<WFN>);
+  if (e != cudaSuccess) return (int)e;
+  flex_fwd_pp<WFN><<<grid, WFT, kFwdPpSmem<WFN>, (cudaStream_t)stream>>>(a);
+  return (int)cudaGetLastError();
 }
 
 // Backward: one CTA of one warpgroup per 64 key rows of one (b, kv head), two CTAs per SM (so that one's
@@ -1348,8 +1485,14 @@ extern "C" int hb_flex_cuda_forward(const HbFlexCudaArgs* a, void* stream) {
 #if HB_WG
   if (a->q_block % hbk::WFM == 0) {  // 128-row CTAs nest in the BlockMask's query blocks
     const dim3 grid((unsigned)((a->Sq + hbk::WFM - 1) / hbk::WFM), (unsigned)(a->B * a->Hq));
-    return HB_D == 128 && a->kv_block % 128 == 0 ? hbk::launch_fwd_wg<128>(*a, grid, stream)
-                                                     : hbk::launch_fwd_wg<64>(*a, grid, stream);
+    if constexpr (HB_D == 128) {
+#if HB_FWD_PP
+      if (a->kv_block % 128 == 0) return hbk::launch_fwd_pp<128>(*a, grid, stream);
+#else
+      if (a->kv_block % 128 == 0) return hbk::launch_fwd_wg<128>(*a, grid, stream);
+#endif
+    }
+    return hbk::launch_fwd_wg<64>(*a, grid, stream);
   }
 #endif
   cudaError_t e = cudaFuncSetAttribute(hbk::flex_fwd, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kFwdSmem);
