@@ -68,6 +68,9 @@
 #ifndef HB_ROW_SHIFT
 #define HB_ROW_SHIFT 0
 #endif
+#ifndef HB_BWD_DQ_FIRST  // flex_bwd_wg's dQ half before dV and dK; 0: after them (the lab's baseline)
+#define HB_BWD_DQ_FIRST 1
+#endif
 // Whether the score_mod runs per score element (a row shift runs once per row instead).
 #define HB_SCORE_ELEM (HB_SCORE_MOD && !HB_ROW_SHIFT)
 #define HB_WG (HB_SM90 && (HB_D == 64 || HB_D == 128))
@@ -1345,6 +1348,15 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
     a_frags<WBN>(dp, da);
     sync_for_wgmma();
 
+#if HB_BWD_DQ_FIRST && !HB_DETERMINISTIC
+    // dQ's first 64 columns go before dV and dK, so that their reductions go out while dV and dK multiply.
+    float dq0[8][4];
+    fence_acc(dq0);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < WBN / 16; ++kk) wg_rs<Major::MN, 64>(da[kk], mnmajor<WBN>(sK, kk), dq0, kk > 0);
+    cute::warpgroup_commit_batch();
+#endif
     fence_acc(dv);
     fence_acc(dk);
     cute::warpgroup_arrive();
@@ -1372,8 +1384,13 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
     for (int x = 0; x < D / 64; ++x) add_dq<64>(dq[x], a, row0, q0 + warp * 16 + g, x * 64);
     dq_turn_done(a, b, h, q0);
 #else
+#if HB_BWD_DQ_FIRST
+    cute::warpgroup_wait<1>();  // dQ's first half done; dV and dK may still run
+    fence_acc(dq0);
+    add_dq<64>(dq0, a, row0, q0 + warp * 16 + g, 0);
+#endif
 #pragma unroll
-    for (int d0 = 0; d0 < D; d0 += 64) {
+    for (int d0 = HB_BWD_DQ_FIRST ? 64 : 0; d0 < D; d0 += 64) {
       float dq[8][4];
       fence_acc(dq);
       cute::warpgroup_arrive();
@@ -1384,6 +1401,7 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
       fence_acc(dq);
       add_dq<64>(dq, a, row0, q0 + warp * 16 + g, d0);
     }
+    cute::warpgroup_wait<0>();  // dV and dK (at D 64 nothing waited for them above)
 #endif
     fence_acc(dv);
     fence_acc(dk);
