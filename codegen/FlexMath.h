@@ -1,7 +1,7 @@
-// Float exp, exp2, log, log2, log1p, expm1 and sigmoid for the generated CPU FlexAttention code: branch-free
-// (no calls, no tables; selects pick among computed values), so that the compiler vectorizes the tile loops
-// that call them (with -fno-trapping-math: codegen/HostCompiler.cpp), where the C library's expf and logf
-// keep a loop scalar (no -ffast-math there, so no vector math library is substituted). Accuracy: within 2 ulp of the correctly rounded result on normal
+// Float exp, exp2, log, log2, log1p, expm1, sigmoid, sin, cos, tan, erf and erfc for the generated CPU
+// FlexAttention code: branch-free (no calls, no tables; selects pick among computed values), so that the
+// compiler vectorizes the tile loops that call them (with -fno-trapping-math: codegen/HostCompiler.cpp),
+// where the C library's expf and logf keep a loop scalar (no -ffast-math there, so no vector math library is substituted). Accuracy: within 2 ulp of the correctly rounded result on normal
 // arguments, with the C library's special values (inf, NaN, 0, negative arguments of the logs, overflow
 // to inf and underflow to 0 through the subnormals); tests/cpp/core/flex_math_test.cpp sweeps them, and
 // checks that a loop calling each one vectorizes with the kernels' flags.
@@ -13,7 +13,9 @@
 // The method is the textbook one (Cody and Waite's range reduction, Cephes' single-precision minimax
 // polynomials): exp(x) = 2^n exp(r), r = x - n ln 2 in [-ln2/2, ln2/2], ln 2 split in two so n ln 2 is
 // exact; log(x) = e ln 2 + log(m), m in [sqrt(1/2), sqrt(2)); log1p and expm1 by the usual corrections
-// of log(1 + x) and exp(x) - 1 near 0 (Goldberg's and Kahan's).
+// of log(1 + x) and exp(x) - 1 near 0 (Goldberg's and Kahan's). sin, cos, tan, erf and erfc work in double
+// (below, with their own accuracy notes): sin, cos and tan are within 2 ulp for |x| <= 2^30 and NaN beyond,
+// where the C library gives a number (the one documented difference).
 
 #ifndef HB_FN
 #error "define HB_FN before including codegen/FlexMath.h"
@@ -139,4 +141,141 @@ HB_FN float hb_expm1f(float x) {
 HB_FN float hb_sigmoidf(float x) {
   const float e = hb_expf(x < 0.0f ? x : -x);
   return (x < 0.0f ? e : 1.0f) / (1.0f + e);
+}
+
+// ---- sin, cos, tan, erf, erfc: in double inside (the float argument converted exactly, the result rounded
+// once), so that the argument reduction and the polynomials add nothing a float result can see. The loops
+// that call them vectorize as the ones above do, with half as many lanes for the double steps.
+
+// Round-to-nearest-even of |v| < 2^51 without a call (the 1.5 * 2^52 trick).
+HB_FN double hb_round_d(double v) { return (v + 6755399441055744.0) - 6755399441055744.0; }
+
+// The largest |x| that sin, cos and tan reduce: beyond it they return NaN (see hb_trig_reduce).
+#define HB_TRIG_MAX 1073741824.0f  // 2^30
+
+// x - n pi/2 (Cody and Waite) and n's low bits (the quadrant) in *q, for |x| <= 2^30: n < 2^30 and pi/2 in
+// four parts, the first three of 23 bits, so n times each is exact and the first subtraction is too
+// (Sterbenz); the later ones round relative to what is left, which is r itself plus n times the parts not
+// yet subtracted (< 2^-17), so r comes out within about 2^-52 of its size, even for the floats nearest a
+// multiple of pi/2. Larger floats would need pi to ~190 bits (Payne and Hanek: a table, or some 60 double
+// operations per element, as costly as the C library's call); hb_sinf and its siblings return NaN for
+// them instead of a wrong value. x is in range here (the callers select 0 for the rest).
+HB_FN double hb_trig_reduce(double x, int* q) {
+  const double n = hb_round_d(x * 0.636619772367581343);  // 2/pi
+  double r = x - n * 0x1.921fb4p+0;  // pi/2 in parts: 23, 23 and 23 bits, then the rest
+  r = r - n * 0x1.4442dp-24;
+  r = r - n * 0x1.846988p-48;
+  r = r - n * 0x1.8cc51701b839ap-72;
+  *q = (int)n;
+  return r;
+}
+
+// sin(r) and cos(r) for |r| <= pi/4 (a little beyond): r (1 + r^2 s(r^2)) within 2^-37 of sin relative (a
+// product, so sin(-0) = -0), and 1 + r^2 c(r^2) within 2^-33 of cos (minimax-fitted, the usual
+// k_sinf/k_cosf degrees).
+HB_FN double hb_sin_poly(double r) {
+  const double z = r * r;
+  double p = 2.718114499894967e-06;
+  p = p * z - 1.9839311532217861e-04;
+  p = p * z + 8.333329302592715e-03;
+  p = p * z - 1.6666666640778158e-01;
+  return r * (1.0 + z * p);
+}
+HB_FN double hb_cos_poly(double r) {
+  const double z = r * r;
+  double p = 2.438348684289715e-05;
+  p = p * z - 1.3886680801024729e-03;
+  p = p * z + 4.1666620330677445e-02;
+  p = p * z - 4.9999999694246533e-01;
+  return 1.0 + z * p;
+}
+
+// sin(x) (cos = 0) or cos(x) (cos = 1) for float x: the reduced argument's sine or cosine by quadrant.
+HB_FN float hb_sincosf(float x, int cos) {
+  const bool in = x <= HB_TRIG_MAX && x >= -HB_TRIG_MAX;  // false for NaN and the infinities too
+  int q;
+  const double r = hb_trig_reduce(in ? (double)x : 0.0, &q);
+  q += cos;
+  const double s = hb_sin_poly(r), c = hb_cos_poly(r);
+  double y = (q & 1) ? c : s;
+  y = (q & 2) ? -y : y;
+  return in ? (float)y : hb_f32_of_bits(0x7fc00000u);
+}
+HB_FN float hb_sinf(float x) { return hb_sincosf(x, 0); }
+HB_FN float hb_cosf(float x) { return hb_sincosf(x, 1); }
+
+// tan(x) = sin(r) / cos(r), or -cos(r) / sin(r) in the odd quadrants (sin(r) is 0 only at x = 0).
+HB_FN float hb_tanf(float x) {
+  const bool in = x <= HB_TRIG_MAX && x >= -HB_TRIG_MAX;
+  int q;
+  const double r = hb_trig_reduce(in ? (double)x : 0.0, &q);
+  const double s = hb_sin_poly(r), c = hb_cos_poly(r);
+  const double y = ((q & 1) ? -c : s) / ((q & 1) ? s : c);
+  return in ? (float)y : hb_f32_of_bits(0x7fc00000u);
+}
+
+// erf(x) for |x| < 1: x p(x^2), within 2^-40 of erf relative (minimax-fitted, degree 17 in x).
+HB_FN double hb_erf_small(double x) {
+  const double z = x * x;
+  double p = 1.0563208718199505e-06;
+  p = p * z - 1.3898799057598448e-05;
+  p = p * z + 1.1954836109990347e-04;
+  p = p * z - 8.542490576040613e-04;
+  p = p * z + 5.223776493286729e-03;
+  p = p * z - 2.6866131435334385e-02;
+  p = p * z + 1.1283791285788947e-01;
+  p = p * z - 3.7612638888533517e-01;
+  p = p * z + 1.1283791670945922;
+  return x * p;
+}
+
+// erfc(a) for a in [1, 10.1]: exp(-a^2) erfcx(a), erfcx(a) = t u(t) with t = 2 / (2 + a), u of degree 9,
+// within 2^-31 of erfcx relative (minimax-fitted). a^2 is exact in double; it is split into a float h
+// and the rest l (|l| <= 2^-18), exp(-a^2) = exp(-h) (1 - l), so exp's argument carries no rounding (an
+// error of d in it is a relative error d in the result, 2^-24 * 100 = 6e-6 at a = 10 unsplit). Past
+// h = 64, exp(-h) = exp(-(h - 64)) e^-64 (h - 64 exact), so the float exp stays normal and exact to its 1
+// ulp where erfc falls through the subnormals to its underflow (10.06).
+HB_FN double hb_erfc_tail(float a) {
+  const double ad = a;
+  const double a2 = ad * ad;
+  const float h = (float)a2;
+  const double l = a2 - (double)h;
+  const bool far = h > 64.0f;
+  const double e = (double)hb_expf(far ? 64.0f - h : -h) * (far ? 1.6038109389511792e-28 : 1.0) * (1.0 - l);
+  const double t = 2.0 / (2.0 + ad);
+  double u = -0x1.20c039e1c5038p-4;
+  u = u * t + 0x1.c562a6581f06bp-3;
+  u = u * t - 0x1.8f7fb38e3ad6ep-3;
+  u = u * t - 0x1.ba93d5fa52882p-6;
+  u = u * t + 0x1.c87cfe493d9a9p-8;
+  u = u * t + 0x1.301ce8cc310f5p-4;
+  u = u * t + 0x1.6f0916e648a82p-3;
+  u = u * t + 0x1.f88895dbe5047p-3;
+  u = u * t + 0x1.20e872d48e021p-2;
+  u = u * t + 0x1.20dd0dee71de1p-2;
+  return e * (t * u);
+}
+
+// |x| clamped to [1, 10.1] for hb_erfc_tail (erfc is 0 in float from 10.06 on; NaN passes).
+HB_FN float hb_erf_tail_arg(float x) {
+  const float a = x < 0.0f ? -x : x;
+  return a > 10.1f ? 10.1f : (a < 1.0f ? 1.0f : a);
+}
+
+// erf: the polynomial below 1 in magnitude, 1 - erfc(|x|) with erfc's sign above (erfc(|x|) <= 0.16 there,
+// so the subtraction loses nothing); +-1 at +-inf, NaN kept.
+HB_FN float hb_erff(float x) {
+  const double tail = 1.0 - hb_erfc_tail(hb_erf_tail_arg(x));
+  const double y = (x < 1.0f && x > -1.0f) ? hb_erf_small(x) : (x < 0.0f ? -tail : tail);
+  return x == x ? (float)y : x;
+}
+
+// erfc: the tail from 1 on, 2 - tail(|x|) to -1, 1 - erf(x) between (in double: erfc(1) = 0.16 leaves the
+// polynomial's 2^-40 at 2^-37); 0 at +inf, 2 at -inf, NaN kept.
+HB_FN float hb_erfcf(float x) {
+  const double tail = hb_erfc_tail(hb_erf_tail_arg(x));
+  double y = 1.0 - hb_erf_small(x);
+  y = x >= 1.0f ? tail : y;
+  y = x <= -1.0f ? 2.0 - tail : y;
+  return x == x ? (float)y : x;
 }
