@@ -24,14 +24,14 @@
 HB_FN float hb_f32_of_bits(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
 HB_FN unsigned int hb_bits_of_f32(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
 
+// c0 + x (c1 + x (c2 + ...)) by Horner's rule: the polynomials below, coefficients from the constant term up.
+template <typename T> HB_FN T hb_horner(T, T c) { return c; }
+template <typename T, typename... C> HB_FN T hb_horner(T x, T c, C... cs) { return hb_horner(x, cs...) * x + c; }
+
 // exp(r) for |r| <= ln2/2 + a little (Cephes expf's coefficients).
 HB_FN float hb_exp_reduced(float r) {
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  const float p = hb_horner(r, 5.0000001201e-1f, 1.6666665459e-1f, 4.1665795894e-2f, 8.3334519073e-3f, 1.3981999507e-3f,
+                            1.9875691500e-4f);
   return p * (r * r) + r + 1.0f;
 }
 
@@ -79,15 +79,8 @@ HB_FN float hb_log_parts(float x, float* e_out) {
   const float e1 = e + 1.0f;
   *e_out = high ? e1 : e;
   const float f = m - 1.0f;  // exact; in [-0.293, 0.415)
-  float p = 7.0376836292e-2f;  // Cephes logf's coefficients
-  p = p * f - 1.1514610310e-1f;
-  p = p * f + 1.1676998740e-1f;
-  p = p * f - 1.2420140846e-1f;
-  p = p * f + 1.4249322787e-1f;
-  p = p * f - 1.6668057665e-1f;
-  p = p * f + 2.0000714765e-1f;
-  p = p * f - 2.4999993993e-1f;
-  p = p * f + 3.3333331174e-1f;
+  const float p = hb_horner(f, 3.3333331174e-1f, -2.4999993993e-1f, 2.0000714765e-1f, -1.6668057665e-1f,  // Cephes logf's
+                            1.4249322787e-1f, -1.2420140846e-1f, 1.1676998740e-1f, -1.1514610310e-1f, 7.0376836292e-2f);
   const float z = f * f;
   return f + (f * z * p - 0.5f * z);
 }
@@ -175,19 +168,13 @@ HB_FN double hb_trig_reduce(double x, int* q) {
 // k_sinf/k_cosf degrees).
 HB_FN double hb_sin_poly(double r) {
   const double z = r * r;
-  double p = 2.718114499894967e-06;
-  p = p * z - 1.9839311532217861e-04;
-  p = p * z + 8.333329302592715e-03;
-  p = p * z - 1.6666666640778158e-01;
-  return r * (1.0 + z * p);
+  return r * (1.0 + z * hb_horner(z, -1.6666666640778158e-01, 8.333329302592715e-03, -1.9839311532217861e-04,
+                                  2.718114499894967e-06));
 }
 HB_FN double hb_cos_poly(double r) {
   const double z = r * r;
-  double p = 2.438348684289715e-05;
-  p = p * z - 1.3886680801024729e-03;
-  p = p * z + 4.1666620330677445e-02;
-  p = p * z - 4.9999999694246533e-01;
-  return 1.0 + z * p;
+  return 1.0 + z * hb_horner(z, -4.9999999694246533e-01, 4.1666620330677445e-02, -1.3886680801024729e-03,
+                             2.438348684289715e-05);
 }
 
 // sin(x) (cos = 0) or cos(x) (cos = 1) for float x: the reduced argument's sine or cosine by quadrant.
@@ -216,17 +203,9 @@ HB_FN float hb_tanf(float x) {
 
 // erf(x) for |x| < 1: x p(x^2), within 2^-40 of erf relative (minimax-fitted, degree 17 in x).
 HB_FN double hb_erf_small(double x) {
-  const double z = x * x;
-  double p = 1.0563208718199505e-06;
-  p = p * z - 1.3898799057598448e-05;
-  p = p * z + 1.1954836109990347e-04;
-  p = p * z - 8.542490576040613e-04;
-  p = p * z + 5.223776493286729e-03;
-  p = p * z - 2.6866131435334385e-02;
-  p = p * z + 1.1283791285788947e-01;
-  p = p * z - 3.7612638888533517e-01;
-  p = p * z + 1.1283791670945922;
-  return x * p;
+  return x * hb_horner(x * x, 1.1283791670945922, -3.7612638888533517e-01, 1.1283791285788947e-01,
+                       -2.6866131435334385e-02, 5.223776493286729e-03, -8.542490576040613e-04, 1.1954836109990347e-04,
+                       -1.3898799057598448e-05, 1.0563208718199505e-06);
 }
 
 // erfc(a) for a in [1, 10.1]: exp(-a^2) erfcx(a), erfcx(a) = t u(t) with t = 2 / (2 + a), u of degree 9,
@@ -243,16 +222,9 @@ HB_FN double hb_erfc_tail(float a) {
   const bool far = h > 64.0f;
   const double e = (double)hb_expf(far ? 64.0f - h : -h) * (far ? 1.6038109389511792e-28 : 1.0) * (1.0 - l);
   const double t = 2.0 / (2.0 + ad);
-  double u = -0x1.20c039e1c5038p-4;
-  u = u * t + 0x1.c562a6581f06bp-3;
-  u = u * t - 0x1.8f7fb38e3ad6ep-3;
-  u = u * t - 0x1.ba93d5fa52882p-6;
-  u = u * t + 0x1.c87cfe493d9a9p-8;
-  u = u * t + 0x1.301ce8cc310f5p-4;
-  u = u * t + 0x1.6f0916e648a82p-3;
-  u = u * t + 0x1.f88895dbe5047p-3;
-  u = u * t + 0x1.20e872d48e021p-2;
-  u = u * t + 0x1.20dd0dee71de1p-2;
+  const double u = hb_horner(t, 0x1.20dd0dee71de1p-2, 0x1.20e872d48e021p-2, 0x1.f88895dbe5047p-3, 0x1.6f0916e648a82p-3,
+                             0x1.301ce8cc310f5p-4, 0x1.c87cfe493d9a9p-8, -0x1.ba93d5fa52882p-6, -0x1.8f7fb38e3ad6ep-3,
+                             0x1.c562a6581f06bp-3, -0x1.20c039e1c5038p-4);
   return e * (t * u);
 }
 
