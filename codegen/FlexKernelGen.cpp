@@ -116,8 +116,7 @@ HB_FN void hb_scatter(HbFlexTile*, int, void* grad, long long off, double v) { (
 
 // The exponentials, logarithms, sin, cos, tan, erf and erfc the generated code calls (unary_math): in double
 // the C library's; in float on the CPU codegen/FlexMath.h's branch-free forms (kFlexMathSource, pasted
-// before this), so the tile loops that call them vectorize (sin, cos and tan of |x| > 2^30 are NaN there,
-// see hb_trig_reduce); on CUDA the device library's.
+// before this), so the tile loops that call them vectorize; on CUDA the device library's.
 constexpr const char* kMathFunctions = R"(
 #ifdef __CUDACC__
 #define HB_MATH_F32(name, cpu) HB_FN float hb_##name(float x) { return std::name(x); }

@@ -127,9 +127,7 @@ TEST(FlexMath, LogIsWithinTwoUlpOverEveryPositiveFloat) {
   expect_within("log1p", flex_math::hb_log1pf, [](double x) { return std::log1p(x); }, -kTiny, -0.99999994f, false);
 }
 
-// sin, cos and tan: their reduction is exact enough for 2 ulp up to 2^30 in magnitude (HB_TRIG_MAX), and
-// NaN beyond (see hb_trig_reduce).
-const float kTrigMax = HB_TRIG_MAX;
+// sin, cos and tan reduce every float exactly enough for 2 ulp (hb_trig_reduce).
 struct Unary {
   const char* name;
   Fn fn;
@@ -139,39 +137,73 @@ const Unary kTrig[] = {{"sin", flex_math::hb_sinf, [](double x) { return std::si
                        {"cos", flex_math::hb_cosf, [](double x) { return std::cos(x); }},
                        {"tan", flex_math::hb_tanf, [](double x) { return std::tan(x); }}};
 
-TEST(FlexMath, SinCosTanAreWithinTwoUlpUpTo2To30) {
-  for (const Unary& f : kTrig) expect_within(f.name, f.fn, f.ref, kTiny, kTrigMax, true);
+TEST(FlexMath, SinCosTanAreWithinTwoUlpOverEveryFloat) {
+  for (const Unary& f : kTrig) expect_within(f.name, f.fn, f.ref, kTiny, std::numeric_limits<float>::max(), true);
 }
 
 // The floats nearest the multiples of pi/2, where x - n pi/2 cancels the most, so where a reduction with
-// too few bits of pi shows (the zeros of sin and cos, tan's zeros and poles): every multiple below 2^21 and
-// every 499th above, up to 2^30, each with its two neighbours.
+// too few bits of pi shows (the zeros of sin and cos, tan's zeros and poles; a stride sweep misses them):
+// the floats next to every multiple below 2^21 and every 499th up to 2^30, and in each binade from 1 to
+// 2^127 the float with the smallest |sin x| and the one with the smallest |cos x| (an exhaustive search
+// with the C library's double sincos; the closest of all, 0x1.f37c8ap+95, is 1.6e-9 from a multiple).
 TEST(FlexMath, SinCosTanAreWithinTwoUlpNearTheMultiplesOfHalfPi) {
-  std::vector<float> xs;
-  for (long long k = 1; k * 1.5707963267948966 < kTrigMax; k += k < (1 << 21) ? 1 : 499) {
+  std::vector<float> xs = {
+    0x1p+0f, 0x1.921fb6p+0f, 0x1.921fb6p+1f, 0x1p+1f, 0x1.921fb6p+2f, 0x1.2d97c8p+2f, 0x1.2d97c8p+3f,
+    0x1.c463acp+3f, 0x1.2d97c8p+4f, 0x1.78fdbap+4f, 0x1.2d97c8p+5f, 0x1.b7d2aep+5f, 0x1.2d97c8p+6f,
+    0x1.e3ce26p+6f, 0x1.2d97c8p+7f, 0x1.f9cbe2p+7f, 0x1.f9cbe2p+8f, 0x1.2298eap+8f, 0x1.f9cbe2p+9f,
+    0x1.8e3266p+9f, 0x1.f9cbe2p+10f, 0x1.c3ff24p+10f, 0x1.f9cbe2p+11f, 0x1.17cc5p+11f, 0x1.17cc5p+12f,
+    0x1.a3b278p+12f, 0x1.17cc5p+13f, 0x1.5dbf64p+13f, 0x1.17cc5p+14f, 0x1.3ac5dap+14f, 0x1.17cc5p+15f,
+    0x1.9a48dep+15f, 0x1.9a48dep+16f, 0x1.019abep+16f, 0x1.9a48dep+17f, 0x1.2af844p+17f, 0x1.9a48dep+18f,
+    0x1.04ccbcp+18f, 0x1.04ccbcp+19f, 0x1.87331ap+19f, 0x1.04ccbcp+20f, 0x1.90bdfcp+20f, 0x1.04ccbcp+21f,
+    0x1.4ac55cp+21f, 0x1.4ac55cp+22f, 0x1.f0280ap+22f, 0x1.4ac55cp+23f, 0x1.dea9e2p+23f, 0x1.4ac55cp+24f,
+    0x1.e768f6p+24f, 0x1.e768f6p+25f, 0x1.4665d2p+25f, 0x1.4665d2p+26f, 0x1.96e764p+26f, 0x1.4665d2p+27f,
+    0x1.c157f2p+27f, 0x1.4665d2p+28f, 0x1.08ecc2p+28f, 0x1.08ecc2p+29f, 0x1.27a94ap+29f, 0x1.27a94ap+30f,
+    0x1.184b06p+30f, 0x1.27a94ap+31f, 0x1.1ffa28p+31f, 0x1.1ffa28p+32f, 0x1.b7a65ep+32f, 0x1.b7a65ep+33f,
+    0x1.ffa4e8p+33f, 0x1.ffa4e8p+34f, 0x1.47d0fep+34f, 0x1.47d0fep+35f, 0x1.c7ba38p+35f, 0x1.47d0fep+36f,
+    0x1.abc4ep+36f, 0x1.47d0fep+37f, 0x1.b9bf8cp+37f, 0x1.47d0fep+38f, 0x1.b2c236p+38f, 0x1.47d0fep+39f,
+    0x1.7d499ap+39f, 0x1.47d0fep+40f, 0x1.628d4cp+40f, 0x1.628d4cp+41f, 0x1.f917a4p+41f, 0x1.628d4cp+42f,
+    0x1.add278p+42f, 0x1.628d4cp+43f, 0x1.882fe2p+43f, 0x1.628d4cp+44f, 0x1.ce01eap+44f, 0x1.628d4cp+45f,
+    0x1.f0eaeep+45f, 0x1.f0eaeep+46f, 0x1.5118cap+46f, 0x1.f0eaeep+47f, 0x1.a101dcp+47f, 0x1.f0eaeep+48f,
+    0x1.705312p+48f, 0x1.705312p+49f, 0x1.b09fp+49f, 0x1.705312p+50f, 0x1.b86d92p+50f, 0x1.b86d92p+51f,
+    0x1.dc7ad2p+51f, 0x1.dc7ad2p+52f, 0x1.ee8172p+52f, 0x1.ee8172p+53f, 0x1.f784c2p+53f, 0x1.f784c2p+54f,
+    0x1.fc066ap+54f, 0x1.fc066ap+55f, 0x1.fe473ep+55f, 0x1.fe473ep+56f, 0x1.ff67a8p+56f, 0x1.ff67a8p+57f,
+    0x1.0f79ap+57f, 0x1.0f79ap+58f, 0x1.97367p+58f, 0x1.0f79ap+59f, 0x1.535808p+59f, 0x1.0f79ap+60f,
+    0x1.3168d4p+60f, 0x1.0f79ap+61f, 0x1.20713ap+61f, 0x1.0f79ap+62f, 0x1.f51874p+62f, 0x1.0f79ap+63f,
+    0x1.f90e4p+63f, 0x1.0f79ap+64f, 0x1.c82258p+64f, 0x1.c82258p+65f, 0x1.06006p+65f, 0x1.c82258p+66f,
+    0x1.5619c2p+66f, 0x1.5619c2p+67f, 0x1.f8aad6p+67f, 0x1.f8aad6p+68f, 0x1.a7624cp+68f, 0x1.a7624cp+69f,
+    0x1.45b9bcp+69f, 0x1.a7624cp+70f, 0x1.d83694p+70f, 0x1.d83694p+71f, 0x1.bfcc7p+71f, 0x1.d83694p+72f,
+    0x1.cc0182p+72f, 0x1.cc0182p+73f, 0x1.5c0e66p+73f, 0x1.5c0e66p+74f, 0x1.9407f4p+74f, 0x1.5c0e66p+75f,
+    0x1.ee18d2p+75f, 0x1.5c0e66p+76f, 0x1.13093p+76f, 0x1.13093p+77f, 0x1.9c8dc8p+77f, 0x1.13093p+78f,
+    0x1.57cb7cp+78f, 0x1.13093p+79f, 0x1.356a56p+79f, 0x1.13093p+80f, 0x1.f4a21cp+80f, 0x1.13093p+81f,
+    0x1.eaf918p+81f, 0x1.13093p+82f, 0x1.e62496p+82f, 0x1.13093p+83f, 0x1.8dc776p+83f, 0x1.8dc776p+84f,
+    0x1.1cd69ap+84f, 0x1.8dc776p+85f, 0x1.32ede2p+85f, 0x1.32ede2p+86f, 0x1.605aacp+86f, 0x1.32ede2p+87f,
+    0x1.e31b38p+87f, 0x1.32ede2p+88f, 0x1.744e28p+88f, 0x1.32ede2p+89f, 0x1.abb4bp+89f, 0x1.abb4bp+90f,
+    0x1.4ea126p+90f, 0x1.abb4bp+91f, 0x1.40c784p+91f, 0x1.40c784p+92f, 0x1.0b50eep+92f, 0x1.0b50eep+93f,
+    0x1.f4f9cp+93f, 0x1.0b50eep+94f, 0x1.d05738p+94f, 0x1.0b50eep+95f, 0x1.f37c8ap+95f, 0x1.f37c8ap+96f,
+    0x1.14799p+96f, 0x1.f37c8ap+97f, 0x1.693fc2p+97f, 0x1.f37c8ap+98f, 0x1.ae5e26p+98f, 0x1.f37c8ap+99f,
+    0x1.d0ed58p+99f, 0x1.f37c8ap+100f, 0x1.0b05dep+100f, 0x1.f37c8ap+101f, 0x1.7f4134p+101f, 0x1.7f4134p+102f,
+    0x1.33dbfp+102f, 0x1.7f4134p+103f, 0x1.598e92p+103f, 0x1.7f4134p+104f, 0x1.cc383p+104f, 0x1.cc383p+105f,
+    0x1.a5bcb2p+105f, 0x1.a5bcb2p+106f, 0x1.32aea6p+106f, 0x1.a5bcb2p+107f, 0x1.df43b8p+107f,
+    0x1.df43b8p+108f, 0x1.2928e2p+108f, 0x1.2928e2p+109f, 0x1.a0f9dp+109f, 0x1.a0f9dp+110f, 0x1.484dd6p+110f,
+    0x1.484dd6p+111f, 0x1.b08c4ap+111f, 0x1.b08c4ap+112f, 0x1.e4ab84p+112f, 0x1.b08c4ap+113f,
+    0x1.2674fcp+113f, 0x1.b08c4ap+114f, 0x1.517106p+114f, 0x1.517106p+115f, 0x1.80fea8p+115f,
+    0x1.80fea8p+116f, 0x1.e262b8p+116f, 0x1.80fea8p+117f, 0x1.20befep+117f, 0x1.20befep+118f,
+    0x1.f99756p+118f, 0x1.f99756p+119f, 0x1.2ceb8p+119f, 0x1.2ceb8p+120f, 0x1.c3614p+120f, 0x1.2ceb8p+121f,
+    0x1.d8660ap+121f, 0x1.d8660ap+122f, 0x1.fe037ap+122f, 0x1.fe037ap+123f, 0x1.eb34c2p+123f,
+    0x1.fe037ap+124f, 0x1.f49c1ep+124f, 0x1.fe037ap+125f, 0x1.f94fccp+125f, 0x1.fe037ap+126f, 0x1.7b9b4p+126f,
+    0x1.7b9b4p+127f, 0x1.fc490ap+127f,
+  };
+  for (long long k = 1; k * 1.5707963267948966 < 1073741824.0; k += k < (1 << 21) ? 1 : 499) {
     const float x = static_cast<float>(k * 1.5707963267948966);
-    for (float y : {std::nextafter(x, 0.0f), x, std::nextafter(x, kInf)})
-      if (y <= kTrigMax) xs.insert(xs.end(), {y, -y});
+    xs.insert(xs.end(), {std::nextafter(x, 0.0f), x, std::nextafter(x, kInf)});
   }
+  for (size_t i = 0, n = xs.size(); i < n; ++i) xs.push_back(-xs[i]);
   for (const Unary& f : kTrig) {
     std::vector<float> copy = xs;
     Worst w;
     check(scalar(f.fn), f.ref, copy, &w);
     EXPECT_LE(w.ulps, 2) << f.name << ": " << w.ulps << " ulp at x = " << w.at << " (got " << w.got << ", want "
                          << static_cast<float>(f.ref(w.at)) << ")";
-  }
-}
-
-// Past 2^30 the reduction would need pi to ~190 bits: NaN there, never a wrong number.
-TEST(FlexMath, SinCosTanBeyond2To30AreNaNNotAWrongNumber) {
-  const float beyond[] = {std::nextafter(kTrigMax, kInf), 2e9f, 1e20f, std::numeric_limits<float>::max(), kInf, kNaN};
-  for (const Unary& f : kTrig) {
-    for (float x : beyond) {
-      EXPECT_TRUE(std::isnan(f.fn(x))) << f.name << "(" << x << ") = " << f.fn(x);
-      EXPECT_TRUE(std::isnan(f.fn(-x))) << f.name << "(" << -x << ") = " << f.fn(-x);
-    }
-    for (float x : {kTrigMax, -kTrigMax})
-      EXPECT_LE(ulps(f.fn(x), static_cast<float>(f.ref(x))), 2) << f.name << "(" << x << ") = " << f.fn(x);
   }
 }
 
@@ -200,7 +232,6 @@ TEST(FlexMath, SpecialValuesAreTheCLibrarys) {
     const char* name;
     Fn fn;
     float (*lib)(float);
-    bool trig = false;  // reduces only |x| <= 2^30
   };
   const Case cases[] = {
       {"exp", flex_math::hb_expf, [](float x) { return std::exp(x); }},
@@ -210,17 +241,17 @@ TEST(FlexMath, SpecialValuesAreTheCLibrarys) {
       {"log2", flex_math::hb_log2f, [](float x) { return std::log2(x); }},
       {"log1p", flex_math::hb_log1pf, [](float x) { return std::log1p(x); }},
       {"sigmoid", flex_math::hb_sigmoidf, [](float x) { return 1.0f / (1.0f + std::exp(-x)); }},
-      {"sin", flex_math::hb_sinf, [](float x) { return std::sin(x); }, true},
-      {"cos", flex_math::hb_cosf, [](float x) { return std::cos(x); }, true},
-      {"tan", flex_math::hb_tanf, [](float x) { return std::tan(x); }, true},
+      {"sin", flex_math::hb_sinf, [](float x) { return std::sin(x); }},
+      {"cos", flex_math::hb_cosf, [](float x) { return std::cos(x); }},
+      {"tan", flex_math::hb_tanf, [](float x) { return std::tan(x); }},
       {"erf", flex_math::hb_erff, [](float x) { return std::erf(x); }},
       {"erfc", flex_math::hb_erfcf, [](float x) { return std::erfc(x); }},
   };
   const float specials[] = {0.0f, -0.0f, kInf, -kInf, kNaN, -1.0f, -2.0f, 1.0f, 2.0f, 0.5f, -0.5f,
-                            1e-30f, -1e-30f, kTiny, 88.0f, 89.0f, -104.0f, 128.0f, -150.0f, 1e30f};
+                            1e-30f, -1e-30f, kTiny, 88.0f, 89.0f, -104.0f, 128.0f, -150.0f, 1e30f, -1e30f,
+                            std::numeric_limits<float>::max(), -std::numeric_limits<float>::max()};
   for (const Case& c : cases) {
     for (float x : specials) {
-      if (c.trig && std::isfinite(x) && std::fabs(x) > kTrigMax) continue;  // NaN there (above)
       const float got = c.fn(x), want = c.lib(x);
       if (std::isnan(want)) {
         EXPECT_TRUE(std::isnan(got)) << c.name << "(" << x << ") = " << got << ", want NaN";
@@ -313,9 +344,9 @@ TEST(FlexMath, TheKernelsBuildOfItIsAsAccurate) {
       {"hb_log2f", [](double x) { return std::log2(x); }, kTiny, std::numeric_limits<float>::max(), false},
       {"hb_log1pf", [](double x) { return std::log1p(x); }, kTiny, std::numeric_limits<float>::max(), false},
       {"hb_log1pf", [](double x) { return std::log1p(x); }, -kTiny, -0.99999994f, false},
-      {"hb_sinf", [](double x) { return std::sin(x); }, kTiny, kTrigMax, true},
-      {"hb_cosf", [](double x) { return std::cos(x); }, kTiny, kTrigMax, true},
-      {"hb_tanf", [](double x) { return std::tan(x); }, kTiny, kTrigMax, true},
+      {"hb_sinf", [](double x) { return std::sin(x); }, kTiny, std::numeric_limits<float>::max(), true},
+      {"hb_cosf", [](double x) { return std::cos(x); }, kTiny, std::numeric_limits<float>::max(), true},
+      {"hb_tanf", [](double x) { return std::tan(x); }, kTiny, std::numeric_limits<float>::max(), true},
       {"hb_erff", [](double x) { return std::erf(x); }, kTiny, 20.0f, true},
       {"hb_erfcf", [](double x) { return std::erfc(x); }, kTiny, 20.0f, true},
   };
