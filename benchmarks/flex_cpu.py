@@ -21,7 +21,7 @@ import sys
 import time
 
 VARIANTS = ("eager", "inductor", "hb-reference", "hb-fused")
-CASES = ("none", "causal", "softcap", "alibi", "relbias", "logdist", "silu")
+CASES = ("none", "causal", "softcap", "alibi", "relbias", "logdist", "silu", "trig")
 
 
 def one(args) -> dict:
@@ -46,6 +46,9 @@ def one(args) -> dict:
         # a logarithmic distance penalty, and a score-dependent gate (exp in the forward and backward)
         "logdist": lambda s, b, h, qi, ki: s - torch.log1p((qi - ki).abs()),
         "silu": lambda s, b, h, qi, ki: s * torch.sigmoid(s),
+        # an erf gate and a periodic (rotary-like) term on the score (sin, erf in the forward; cos, erf, exp in
+        # the backward)
+        "trig": lambda s, b, h, qi, ki: s * torch.erf(s) + 0.1 * torch.sin(s + (qi - ki) * 0.05),
     }[case]
     if case in ("causal", "alibi", "relbias"):
         bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, S, S, device="cpu")

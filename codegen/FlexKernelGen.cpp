@@ -114,9 +114,9 @@ HB_FN void hb_scatter(HbFlexTile*, int, void* grad, long long off, double v) { (
 )" HB_FLEX_STR(HB_FLEX_SCATTER_LINE) R"(
 )";
 
-// The exponentials and logarithms the generated code calls (unary_math): in double the C library's; in
-// float on the CPU codegen/FlexMath.h's branch-free forms (kFlexMathSource, pasted before this), so the
-// tile loops that call them vectorize; on CUDA the device library's.
+// The exponentials, logarithms, sin, cos, tan, erf and erfc the generated code calls (unary_math): in double
+// the C library's; in float on the CPU codegen/FlexMath.h's branch-free forms (kFlexMathSource, pasted
+// before this), so the tile loops that call them vectorize; on CUDA the device library's.
 constexpr const char* kMathFunctions = R"(
 #ifdef __CUDACC__
 #define HB_MATH_F32(name, cpu) HB_FN float hb_##name(float x) { return std::name(x); }
@@ -130,6 +130,11 @@ HB_MATH(expm1, hb_expm1f)
 HB_MATH(log, hb_logf)
 HB_MATH(log2, hb_log2f)
 HB_MATH(log1p, hb_log1pf)
+HB_MATH(sin, hb_sinf)
+HB_MATH(cos, hb_cosf)
+HB_MATH(tan, hb_tanf)
+HB_MATH(erf, hb_erff)
+HB_MATH(erfc, hb_erfcf)
 #undef HB_MATH
 #undef HB_MATH_F32
 HB_FN double hb_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
@@ -297,9 +302,9 @@ const std::map<std::string, std::string>& unary_math() {
   static const std::map<std::string, std::string> m = {
       {"exp", "hb_exp"}, {"exp2", "hb_exp2"}, {"log", "hb_log"}, {"log2", "hb_log2"},
       {"log10", "std::log10"}, {"log1p", "hb_log1p"}, {"expm1", "hb_expm1"}, {"tanh", "hb_tanh"},
-      {"sin", "std::sin"}, {"cos", "std::cos"}, {"tan", "std::tan"}, {"sinh", "std::sinh"},
+      {"sin", "hb_sin"}, {"cos", "hb_cos"}, {"tan", "hb_tan"}, {"sinh", "std::sinh"},
       {"cosh", "std::cosh"}, {"asin", "std::asin"}, {"acos", "std::acos"}, {"atan", "std::atan"},
-      {"sqrt", "std::sqrt"}, {"erf", "std::erf"}, {"erfc", "std::erfc"}, {"floor", "std::floor"},
+      {"sqrt", "std::sqrt"}, {"erf", "hb_erf"}, {"erfc", "hb_erfc"}, {"floor", "std::floor"},
       {"ceil", "std::ceil"}, {"trunc", "std::trunc"}, {"round", "std::nearbyint"}, {"abs", "std::fabs"},
       {"sigmoid", "hb_sigmoid"}};
   return m;

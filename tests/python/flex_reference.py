@@ -91,4 +91,10 @@ SCORE_MODS = {
     "transcendental": (None, False, lambda buf, S: lambda s, b, h, q, kv: (
         s * torch.sigmoid(s) - torch.log(1 + torch.exp(s * 0.5)) + torch.expm1(s * 0.01)
         + torch.log1p((q - kv).abs()) * 0.1 + torch.exp2(-torch.log2(1.0 + (q - kv).abs())))),
+    # sin, cos, tan, erf and erfc (codegen/FlexMath.h's float forms) on the score (the backward differentiates
+    # them: cos, sin, 1 + tan^2, exp(-x^2)) and on the distance, some of it past the quarter period
+    "trig": (None, False, lambda buf, S: lambda s, b, h, q, kv: (
+        torch.sin(s) + torch.cos(s * 0.7) * 0.5 + torch.tan(s * 0.2) * 0.2 + torch.erf(s * 0.5)
+        - torch.erfc(s * 0.3) * 0.25 + torch.sin((q - kv) * 0.1) * 0.3 + torch.cos((q - kv) * 0.05)
+        + torch.erfc((q - kv).abs() * 0.02) - torch.erf((q - kv) * 0.03) * 0.5)),
 }
