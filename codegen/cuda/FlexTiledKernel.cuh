@@ -1040,9 +1040,9 @@ __device__ __forceinline__ void a_frags(const float (&s)[N / 8][4], uint32_t (&f
 
 // Forward: one CTA of 2 warpgroups per 128 query rows (each warpgroup 64), key/value tiles of WFN rows
 // (64; 128-row tiles, at D 128 where the BlockMask's kv blocks allow, go to flex_fwd_pp below, unless
-// HB_FWD_PP=0) double-buffered (the next tile loads while this one computes). S = Q K^T and O += P V are wgmma, P from registers. Registers and shared
-// memory at D 128 (nvcc -Xptxas -v): 198 registers and 160 KiB with 128-row tiles, 162 and 96 KiB with
-// 64; the backward 254 registers and 112 KiB, two CTAs per SM. Measured on the H200 with
+// HB_FWD_PP=0) double-buffered (the next tile loads while this one computes). S = Q K^T and O += P V
+// are wgmma, P from registers. Registers and shared memory at D 128 (nvcc -Xptxas -v): 198 registers and
+// 160 KiB with 128-row tiles, 162 and 96 KiB with 64; the backward 254 registers and 112 KiB, two CTAs per SM. Measured on the H200 with
 // benchmarks/flex_kernel_lab.cu (D 128, B4 H16 S4096): forward 1.73 ms, backward 5.29 ms (the mma.sync
 // forms 2.42 and 7.55). Tried and not kept: an S_{i+1} product in flight during tile i's softmax
 // (2.09 ms: ptxas serialized the warpgroup MMAs around it), a backward of 2 warpgroups per CTA sharing
