@@ -104,6 +104,19 @@ def test_cuda_fused_score_mods_under_a_causal_mask(tmp_path, score):
     run_case(tmp_path, score, "causal")
 
 
+# Head dim 128 with the BlockMask's 128-row blocks: the Hopper forward's ping-pong kernel (flex_fwd_pp:
+# mbarrier stages, warpgroup turns, P V a tile behind) under a row shift, a soft cap, a slope buffer and a
+# partial-block mask, fp16 included; S 700 ends inside a key tile.
+@pytest.mark.parametrize("score,mask,dtype", [
+    ("query", "causal", torch.bfloat16),
+    ("softcap", "window", torch.bfloat16),
+    ("alibi", "none", torch.float16),
+    ("trig", "window", torch.bfloat16),
+])
+def test_cuda_fused_head_dim_128(tmp_path, score, mask, dtype):
+    run_case(tmp_path, score, mask, dtype=dtype, shape=(1, 4, 2, 700, 128))
+
+
 @pytest.mark.parametrize("mask", ["none", "window"])
 @pytest.mark.parametrize("score", ["identity", "relative"])
 def test_cuda_fused_masks(tmp_path, score, mask):
