@@ -63,6 +63,15 @@ class Line {
     pos_ += tok.size();
     return true;
   }
+  // tok as a whole word: followed by a space or the end of the line, so that a call's target that begins
+  // with a keyword (`get_attrx::op(...)`, which the importer accepts) stays a call.
+  bool accept_word(const std::string& tok) {
+    if (s_.compare(here(), tok.size(), tok) != 0) return false;
+    const size_t after = here() + tok.size();
+    if (after < s_.size() && s_[after] != ' ') return false;
+    pos_ = after;
+    return true;
+  }
   void expect(const std::string& tok) {
     if (!accept(tok)) fail("'" + tok + "'");
   }
@@ -344,7 +353,7 @@ Hints parse_hints(Line& l) {
 // One `%name: TYPE = ...` or `return ...` line (print_node).
 Node parse_node(Line& l, const Names& names) {
   Node n;
-  if (l.accept("return")) {
+  if (l.accept_word("return")) {
     n.op = OpKind::Output;
     n.name = "output";
     if (!l.at_end()) n.args.push_back(parse_arg(l, names));
@@ -357,10 +366,10 @@ Node parse_node(Line& l, const Names& names) {
   l.expect(":");
   n.type = parse_type(l);
   l.expect("=");
-  if (l.accept("placeholder")) {
+  if (l.accept_word("placeholder")) {
     n.op = OpKind::Placeholder;
     n.target = n.name;
-  } else if (l.accept("get_attr")) {
+  } else if (l.accept_word("get_attr")) {
     n.op = OpKind::GetAttr;
     n.target = l.until(" ");
     if (l.accept("constant#")) n.constant_index = static_cast<int>(l.integer());

@@ -82,6 +82,27 @@ TEST(parser, reads_every_argument_kind_and_annotation) {
   EXPECT_EQ(g->nodes[g->find("f")].args[0].ref, g->find("x"));
 }
 
+// A call whose target begins with a keyword of the text (the importer takes any `ns::op` name) stays a call:
+// the keywords are whole words. Found by the fuzzer: `get_attraten::view.default(%x)` came back as a get_attr.
+TEST(parser, keywords_are_whole_words_not_prefixes_of_a_target) {
+  const std::string text =
+      "graph g {\n"
+      "  %x: f32[4] = placeholder\n"
+      "  %a: f32[4] = get_attraten::view.default(%x)\n"
+      "  %b: f32[4] = placeholders::op.default(%a)\n"
+      "  %c: f32[4] = returns::op.default(%b)\n"
+      "  return (%c,)\n"
+      "}\n";
+  auto g = parse_graph(text);
+  EXPECT_EQ(print_graph(*g), text);
+  for (const char* name : {"a", "b", "c"}) {
+    const Node& n = g->nodes[g->find(name)];
+    EXPECT_EQ(n.op, OpKind::CallFunction) << name;
+    ASSERT_EQ(n.args.size(), 1u) << name;
+  }
+  EXPECT_EQ(g->nodes[g->find("a")].target, "get_attraten::view.default");
+}
+
 TEST(parser, reads_symbolic_sizes_as_written) {
   // Sizes are expressions (commas and parentheses inside them are theirs); a symbolic shape printed
   // without strides has none recorded, and parses to none.
