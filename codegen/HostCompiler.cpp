@@ -106,12 +106,6 @@ const std::string& cpu_features() {
 // What a host kernel's key must change with besides the source: the compiler and the CPU's features.
 std::string machine_identity(const std::string& compiler) { return compiler_version(compiler) + "\n" + cpu_features(); }
 
-// The flags for this machine: kFlags, and wide vectors where the CPU has AVX-512.
-std::string host_flags() {
-  const std::string& f = cpu_features();
-  return std::string(kFlags) + (f.rfind("flags", 0) == 0 && f.find(" avx512f") != std::string::npos ? kWideVectorFlag : "");
-}
-
 // Libraries this process loaded, by path: a second graph with the same kernel shares it.
 std::mutex g_loaded_mu;
 std::map<std::string, std::weak_ptr<HostModule>> g_loaded;
@@ -133,6 +127,12 @@ std::shared_ptr<HostModule> open(const std::string& path, std::string* error) {
 }
 
 }  // namespace
+
+// The flags for this machine: kFlags, and wide vectors where the CPU has AVX-512.
+std::string host_compile_flags() {
+  const std::string& f = cpu_features();
+  return std::string(kFlags) + (f.rfind("flags", 0) == 0 && f.find(" avx512f") != std::string::npos ? kWideVectorFlag : "");
+}
 
 HostModule::~HostModule() {
   if (handle_) dlclose(handle_);
@@ -211,11 +211,7 @@ HostBuild build_host_module(const std::string& source, const HostCompileSettings
     r.error = "no host C++ compiler is configured";
     return r;
   }
-  return build_cached(source, s.cache_dir, s.compiler + " " + host_flags(), machine_identity(s.compiler), ".cpp", s.compiler);
-}
-
-std::string host_compile_flags() {
-  return host_flags();
+  return build_cached(source, s.cache_dir, s.compiler + " " + host_compile_flags(), machine_identity(s.compiler), ".cpp", s.compiler);
 }
 
 std::string CudaCompileSettings::why_not() const {

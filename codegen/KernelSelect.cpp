@@ -2,26 +2,17 @@
 
 #include "backend/ir/Error.h"
 #include "backend/ir/SliceLoop.h"
+#include "backend/ir/SymOp.h"
 #include "codegen/FlexKernelGen.h"
 #include "codegen/FlexLowering.h"
 #include "codegen/HostCompiler.h"
 #include "codegen/PointwiseProgram.h"
 
-#include <set>
 #include <sstream>
 
 namespace hb {
 
-bool is_native_sym_op(const std::string& t) {
-  static const std::set<std::string> kOps = {
-      "operator::add", "operator::sub", "operator::mul", "operator::floordiv", "operator::truediv",
-      "operator::mod", "operator::neg", "operator::pow", "operator::eq", "operator::ne",
-      "operator::lt", "operator::le", "operator::gt", "operator::ge", "operator::and_",
-      "operator::or_", "operator::not_", "torch::sym_max", "torch::sym_min", "torch::sym_not",
-      "torch::sym_float", "torch::sym_int", "math::ceil", "math::floor", "torch::sym_sqrt", "math::sqrt",
-      "torch.sym_max", "torch.sym_min"};
-  return kOps.count(t) > 0;
-}
+bool is_native_sym_op(const std::string& t) { return sym_op_code(t).has_value(); }
 
 namespace {
 

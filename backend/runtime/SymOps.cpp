@@ -1,24 +1,11 @@
 #include "backend/runtime/SymOps.h"
 
-#include <map>
-
 namespace hb::rt {
 
 SymCode sym_code(const std::string& t, const std::string& where) {
-  static const std::map<std::string, SymCode> kCodes = {
-      {"operator::add", SymCode::Add}, {"operator::sub", SymCode::Sub}, {"operator::mul", SymCode::Mul},
-      {"operator::floordiv", SymCode::FloorDiv}, {"operator::mod", SymCode::Mod},
-      {"operator::truediv", SymCode::TrueDiv}, {"operator::pow", SymCode::Pow}, {"operator::eq", SymCode::Eq},
-      {"operator::ne", SymCode::Ne}, {"operator::lt", SymCode::Lt}, {"operator::le", SymCode::Le},
-      {"operator::gt", SymCode::Gt}, {"operator::ge", SymCode::Ge}, {"operator::and_", SymCode::And},
-      {"operator::or_", SymCode::Or}, {"torch::sym_max", SymCode::Max}, {"torch.sym_max", SymCode::Max},
-      {"torch::sym_min", SymCode::Min}, {"torch.sym_min", SymCode::Min}, {"operator::neg", SymCode::Neg},
-      {"operator::not_", SymCode::Not}, {"torch::sym_not", SymCode::Not}, {"torch::sym_float", SymCode::Float},
-      {"torch::sym_int", SymCode::Int}, {"math::ceil", SymCode::Ceil}, {"math::floor", SymCode::Floor},
-      {"torch::sym_sqrt", SymCode::Sqrt}, {"math::sqrt", SymCode::Sqrt}};
-  auto it = kCodes.find(t);
-  HB_INTERNAL_CHECK(it != kCodes.end()) << where << ": sym op '" << t << "' has no runtime opcode";
-  return it->second;
+  const std::optional<SymCode> c = sym_op_code(t);
+  HB_INTERNAL_CHECK(c.has_value()) << where << ": sym op '" << t << "' has no runtime opcode";
+  return *c;
 }
 
 }  // namespace hb::rt

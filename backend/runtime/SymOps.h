@@ -11,14 +11,11 @@
 #include <string>
 
 #include "backend/ir/Error.h"
+#include "backend/ir/SymOp.h"
 
 namespace hb::rt {
 
-// A sym op (Python operators on int/float/bool values), resolved from its target at plan time.
-enum class SymCode {
-  Add, Sub, Mul, FloorDiv, Mod, TrueDiv, Pow, Eq, Ne, Lt, Le, Gt, Ge, And, Or, Max, Min,  // binary
-  Neg, Not, Float, Int, Ceil, Floor, Sqrt,                                                // unary
-};
+using hb::SymCode;  // backend/ir/SymOp.h: the sym ops' names and codes
 
 // Resolved from the target when the executor is built.
 SymCode sym_code(const std::string& target, const std::string& where);
