@@ -42,6 +42,9 @@ HB_FLEX_KERNEL_ABI  // the generated unit declares these at global scope
 #define HB_LAB_TEMPLATE "codegen/cuda/FlexTiledKernel.cuh"
 #endif
 #include HB_LAB_TEMPLATE
+#if HB_SIMT_FWD || HB_SIMT_BWD  // float32 (-DHB_F32=1), or the backward at D 256: the generator pastes this too
+#include "codegen/cuda/FlexSimtKernel.cuh"
+#endif
 
 #define CK(x)                                                                              \
   do {                                                                                     \
@@ -140,7 +143,9 @@ std::vector<T> download(const T* d, size_t n) {
 }
 
 double to_float_any(float x) { return x; }
+#if !HB_F32  // (float32: Elem is float)
 double to_float_any(Elem x) { return double(float(x)); }
+#endif
 
 struct Problem {
   long long B, H, S;

@@ -143,16 +143,22 @@ inline constexpr const char* kFlexKernelAbiSource =
 constexpr int kFlexMaxCudaBuffers = HB_FLEX_MAX_BUFFERS;
 
 // The head dim the CUDA kernels are built for when q/k have head dim `qk` and v `vd`: the smallest of
-// 16, 32, 64, 128 (and 256 forward only) that holds both; 0 where none does. The runtime pads q, k, v
-// (and the backward's out and dO) with zero columns up to it: zero columns add nothing to q k^T, and
-// give zero columns of the output and of dQ, dK, dV, which it cuts off (FlexTiledCuda.cpp).
+// 16, 32, 64, 128 and 256 that holds both; 0 where none does. The runtime pads q, k, v (and the
+// backward's out and dO) with zero columns up to it: zero columns add nothing to q k^T, and give zero
+// columns of the output and of dQ, dK, dV, which it cuts off (FlexTiledCuda.cpp). (`backward` is kept
+// for the callers: both directions now take the same head dims.)
 constexpr int flex_cuda_head_dim(long long qk, long long vd, bool backward) {
   const long long d = qk > vd ? qk : vd;
   if (qk < 1 || vd < 1) return 0;
   for (int built : {16, 32, 64, 128, 256})
-    if (d <= built) return built == 256 && backward ? 0 : built;
+    if (d <= built) return built;
   return 0;
 }
+
+// Whether a direction runs the SIMT kernels (codegen/cuda/FlexSimtKernel.cuh: CUDA cores, float FMA)
+// rather than the tensor cores' (FlexTiledKernel.cuh): float32 q/k/v both ways (the tensor cores would
+// take float32 as TF32), and the backward at head dim 256. The template's HB_SIMT_FWD / HB_SIMT_BWD.
+constexpr bool flex_cuda_simt(bool f32, int head_dim, bool backward) { return f32 || (backward && head_dim > 128); }
 
 using FlexScoreF32 = void (*)(float* s, HbFlexTile* t);
 using FlexScoreF64 = void (*)(double* s, HbFlexTile* t);

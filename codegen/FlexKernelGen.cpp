@@ -12,6 +12,7 @@
 #include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
 #include "codegen/FlexMathText.h"
+#include "codegen/FlexSimtKernelText.h"
 #include "codegen/FlexTiledKernelText.h"
 
 namespace hb {
@@ -904,12 +905,12 @@ bool wants_ordered_scatter(const Graph& g, int node) {
 
 // Why the CUDA kernels cannot take flex node n ("" = they can): dtypes, head dims, block sizes.
 std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const FlexBlockMaskLayout& l, int nscore,
-                         int nmask, bool ordered_scatter, int* head_dim, bool* half) {
+                         int nmask, bool ordered_scatter, int* head_dim, DType* elem) {
   const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]), *v = g.tensor_type(n.args[2]);
   if (!q || !k || !v || q->shape.size() != 4 || k->shape.size() != 4 || v->shape.size() != 4)
     return "q, k, v are not 4-d tensors";
-  if (q->dtype != DType::BFloat16 && q->dtype != DType::Float16)
-    return std::string("q is ") + dtype_name(q->dtype) + " (the CUDA kernel takes bfloat16 and float16)";
+  if (q->dtype != DType::BFloat16 && q->dtype != DType::Float16 && q->dtype != DType::Float32)
+    return std::string("q is ") + dtype_name(q->dtype) + " (the CUDA kernels take bfloat16, float16 and float32)";
   if (k->dtype != q->dtype || v->dtype != q->dtype) return "q, k and v differ in dtype";
   const Dim& dq = q->shape[3];
   const Dim& dk = k->shape[3];
@@ -920,20 +921,29 @@ std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const Fle
   const int built = flex_cuda_head_dim(dq.value, dv.value, backward);
   if (built == 0)
     return "head dim " + std::to_string(dq.value) + (dv.value != dq.value ? ", value head dim " + std::to_string(dv.value) : "") +
-           (backward ? " (the CUDA backward takes head dims up to 128)" : " (the CUDA forward takes head dims up to 256)");
+           " (the CUDA kernels take head dims up to 256)";
+  // float32 (both ways) and the backward at head dim 256 run the SIMT kernels (FlexSimtKernel.cuh), which
+  // add dQ with atomics in no fixed order.
+  const bool simt = flex_cuda_simt(q->dtype == DType::Float32, built, backward);
+  if (backward && simt && n.hints.deterministic.value_or(false))
+    return std::string("deterministic=True, which the CUDA SIMT backward (") +
+           (q->dtype == DType::Float32 ? "float32" : "head dim " + std::to_string(built)) +
+           ") does not give: it adds dQ with atomics in no fixed order";
   if (backward && ordered_scatter)
     return "deterministic=True with a buffer gradient, which the CUDA backward adds in a fixed order only where the "
            "joint scatters along the tiles' lines (the backward node's joint decides)";
   if (nscore > kFlexMaxCudaBuffers || nmask > kFlexMaxCudaBuffers)
     return "more than " + std::to_string(kFlexMaxCudaBuffers) + " captured buffers";
   // The tiles must nest in the BlockMask's blocks (the forward's 64 query rows and 64 (D 256: 32) key
-  // rows, the backward's 128 query rows and 64 key rows).
-  const int64_t qt = backward ? 128 : 64, kt = backward || built <= 128 ? 64 : 32;
+  // rows; the mma.sync backward's 128 query rows and 64 key rows, the SIMT backward's 64 x 64, 32 x 32 at
+  // D 256).
+  const int64_t qt = backward ? (simt ? (built <= 128 ? 64 : 32) : 128) : 64;
+  const int64_t kt = built <= 128 ? 64 : 32;
   if (l.q_block % qt != 0 || l.kv_block % kt != 0)
     return "block sizes " + std::to_string(l.q_block) + " x " + std::to_string(l.kv_block) + " (the CUDA " +
            (backward ? "backward" : "forward") + " needs multiples of " + std::to_string(qt) + " x " + std::to_string(kt) + ")";
   *head_dim = built;
-  *half = q->dtype == DType::Float16;
+  *elem = q->dtype;
   return "";
 }
 
@@ -950,9 +960,9 @@ std::string flex_cuda_backward_why_not(const Graph& g, int node) {
     return (a.kind == Arg::Kind::Tuple || a.kind == Arg::Kind::List) ? static_cast<int>(a.items.size()) : 0;
   };
   int head_dim = 0;
-  bool half = false;
+  DType elem = DType::BFloat16;
   return cuda_why_not(g, n, /*backward=*/true, *layout, count(n.args[backward ? 12 : 7]),
-                      count(n.args[backward ? 13 : 8]), wants_ordered_scatter(g, node), &head_dim, &half);
+                      count(n.args[backward ? 13 : 8]), wants_ordered_scatter(g, node), &head_dim, &elem);
 }
 
 std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, std::string* why, FlexKernelDevice device) {
@@ -983,11 +993,11 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
   const int nmask = count_tuple(n.args[backward ? 13 : 8]);
   const bool cuda = device == FlexKernelDevice::Cuda;
   int head_dim = 0;
-  bool half = false;
+  DType elem = DType::BFloat16;
   if (cuda) {
     // deterministic=True with a buffer gradient: decided below, once the joint says whether its scatter runs
     // along the tiles' lines.
-    *why = cuda_why_not(g, n, backward, *layout, nscore, nmask, /*ordered_scatter=*/false, &head_dim, &half);
+    *why = cuda_why_not(g, n, backward, *layout, nscore, nmask, /*ordered_scatter=*/false, &head_dim, &elem);
     if (!why->empty()) return std::nullopt;
     if (backward && (layout->q_num_blocks < 0 || bm.items[layout->q_num_blocks].kind != Arg::Kind::Ref ||
                      bm.items[layout->q_indices].kind != Arg::Kind::Ref)) {
@@ -1143,7 +1153,9 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
     row_shift = backward ? fused_row_shift(g, node, fa) : fa.score_row_shift;
   }
   if (cuda) {
-    src << "\n#define HB_D " << head_dim << "\n#define HB_HALF " << (half ? 1 : 0) << "\n#define HB_SCORE_MOD "
+    const bool f32 = elem == DType::Float32;
+    src << "\n#define HB_D " << head_dim << "\n#define HB_HALF " << (elem == DType::Float16 ? 1 : 0)
+        << "\n#define HB_F32 " << (f32 ? 1 : 0) << "\n#define HB_SCORE_MOD "
         << (out.score_mod ? 1 : 0) << "\n#define HB_MASK_MOD " << (out.mask_mod ? 1 : 0) << "\n#define HB_JOINT "
         << (out.joint && !row_shift ? 1 : 0) << "\n#define HB_SCATTER "
         << (out.any_buffer_grad() && !row_shift ? 1 : 0) << "\n";
@@ -1154,6 +1166,9 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
       src << "#define HB_LINE_STATIC 1\n#define HB_LINE_BUF " << tj->line()->buffer << "\n#define HB_LINE_ALPHA "
           << tj->line()->along.q << "LL\n#define HB_LINE_BETA " << tj->line()->along.kv << "LL\n";
     src << kFlexTemplateMarker << "\n" << kFlexCudaKernelTemplate;
+    // The SIMT kernels, where the unit has one (float32; the backward at head dim 256, which every unit of
+    // that head dim holds): codegen/cuda/FlexSimtKernel.cuh, after the template whose entry points call them.
+    if (flex_cuda_simt(f32, head_dim, /*backward=*/true)) src << kFlexSimtKernelTemplate;
   } else {
     src << wrap.str();
   }
@@ -1164,7 +1179,10 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
     sum << "CUDA, head dim " << head_dim;
     if (dqk != head_dim || dv != head_dim)
       sum << " (q/k " << dqk << ", v " << dv << ", padded with zero columns)";
-    sum << ", " << (half ? "float16" : "bfloat16") << "; ";
+    sum << ", " << dtype_name(elem);
+    if (flex_cuda_simt(elem == DType::Float32, head_dim, backward))
+      sum << ", SIMT (CUDA cores, float FMA" << (elem == DType::Float32 ? ", no TF32" : "") << ")";
+    sum << "; ";
   }
   sum << "score_mod: " << (out.score_mod ? plural(ts.ops(), "op") + (row_shift ? " run once per row (a row shift)" : "")
                                          : "identity")

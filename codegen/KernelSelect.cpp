@@ -125,7 +125,7 @@ std::string bias_memory_why(const Graph& g, int node, const FlexAnalysis& a) {
 // backward, at a quarter (D64) to a half (D128) of the peak memory), where the backward's rule will
 // apply: the buffer is marked as getting a gradient, and the generated backward can take the node
 // (flex_cuda_backward_why_not: no deterministic=True, which would have the buffer gradient added in order,
-// head dim up to 128, blocks of multiples of 128 x 64).
+// head dim up to 256, blocks of multiples of 128 x 64, or 64 x 64 on the SIMT backward).
 std::string dbias_precision_why(const Graph& g, int node, const FlexAnalysis& a) {
   const Node& n = g.nodes[node];
   const bool backward = n.target == "higher_order::flex_attention_backward";

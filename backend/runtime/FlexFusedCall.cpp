@@ -148,6 +148,8 @@ std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx) 
     call->cuda_fns.head_dim = flex_cuda_head_dim(ctx.graph().nodes[n.args[0].ref].type.tensor.shape[3].value,
                                                  ctx.graph().nodes[n.args[2].ref].type.tensor.shape[3].value,
                                                  call->backward);
+    call->cuda_fns.elem_bytes =
+        static_cast<int>(dtype_bytes(ctx.graph().nodes[n.args[0].ref].type.tensor.dtype));
     call->cuda_fns.reports_errors = src->may_fail;
     // A row shift's joint is skipped: the score gradient passes through, the buffers' gradients stay zero
     // (the generator decided it: its row_shift is fused_row_shift on a backward node).

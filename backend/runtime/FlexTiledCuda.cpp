@@ -101,6 +101,12 @@ HbFlexCudaArgs common(const at::Tensor& q, const at::Tensor& k, const at::Tensor
               "flex_attention: the CUDA kernel was built for head dim ", fns.head_dim, ", got q ", q.sizes(), ", k ",
               k.sizes(), " and v ", v.sizes());
   TORCH_CHECK(blocks.q_block > 0 && blocks.kv_block > 0, "flex_attention: bad block sizes");
+  // The kernels read q, k, v (and the backward's out and dO, converted to q's dtype) as the element type
+  // they were built for: float32 (the SIMT kernels) or a 2-byte one.
+  TORCH_CHECK(fns.elem_bytes == 0 || (q.element_size() == fns.elem_bytes && k.scalar_type() == q.scalar_type() &&
+                                      v.scalar_type() == q.scalar_type()),
+              "flex_attention: the CUDA kernel was built for ", fns.elem_bytes, "-byte q/k/v, got ", q.scalar_type(),
+              ", ", k.scalar_type(), ", ", v.scalar_type());
   HbFlexCudaArgs a;
   std::memset(&a, 0, sizeof a);
   a.B = q.size(0), a.Hq = q.size(1), a.Sq = q.size(2);

@@ -25,6 +25,7 @@ struct FlexCudaFns {
   FlexCudaLaunch backward = nullptr;
   FlexCudaErrorString error_string = nullptr;
   int head_dim = 0;           // the head dim the kernels were built for
+  int elem_bytes = 0;         // q/k/v's element size they were built for (2: bf16/fp16, 4: float32); 0 unchecked
   bool reports_errors = true;  // the generated code can report an error (it reads buffers or divides)
   bool run_joint = true;       // false: a row shift's backward, whose buffer gradients are exactly zero
   bool deterministic = false;  // deterministic=True: the backward adds dQ in key-tile order (dq_order)

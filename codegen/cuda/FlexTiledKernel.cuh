@@ -8,7 +8,8 @@
 //
 // The generated part defines, before this text:
 //   HB_D            head dim of q, k and v (16, 32, 64, 128; the forward also 256)
-//   HB_HALF         1: float16 q/k/v, 0: bfloat16
+//   HB_HALF         1: float16 q/k/v, 0: bfloat16 (or float32, with HB_F32)
+//   HB_F32          1: float32 q/k/v: the SIMT kernels (codegen/cuda/FlexSimtKernel.cuh) run both ways
 //   HB_SCORE_MOD    1: hb_score_mod<float>(score, b, h, q, kv, tile) exists (0: the identity)
 //   HB_MASK_MOD     1: hb_mask_mod(b, h, q, kv, tile) exists (0: no mask_mod)
 //   HB_JOINT        1: hb_joint<float, LINE>(score, b, h, q, kv, grad, tile) exists (0: the identity)
@@ -40,7 +41,9 @@
 // along them (LineStep below), else one float atomic per element.
 // Registers and shared memory (nvcc -Xptxas -v, D 128): forward 168 registers, 48 KiB; backward 244
 // registers, 192 KiB (one CTA per SM).
-// The wgmma forms are described at their section below.
+// The wgmma forms are described at their section below. Float32 q/k/v (both ways) and the backward at
+// head dim 256 run the SIMT kernels of codegen/cuda/FlexSimtKernel.cuh instead (CUDA cores, float FMA),
+// pasted after this text; the entry points at the end pick them (HB_SIMT_FWD, HB_SIMT_BWD).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -68,12 +71,19 @@
 #ifndef HB_ROW_SHIFT
 #define HB_ROW_SHIFT 0
 #endif
+#ifndef HB_F32
+#define HB_F32 0
+#endif
+// Which directions run the SIMT kernels (codegen/cuda/FlexSimtKernel.cuh): float32 both ways (the tensor
+// cores would take it as TF32), and the backward at head dim 256 (past the mma.sync backward's registers).
+#define HB_SIMT_FWD HB_F32
+#define HB_SIMT_BWD (HB_F32 || HB_D > 128)
 #ifndef HB_BWD_DQ_FIRST  // flex_bwd_wg's dQ half before dV and dK; 0: after them (the lab's baseline)
 #define HB_BWD_DQ_FIRST 1
 #endif
 // Whether the score_mod runs per score element (a row shift runs once per row instead).
 #define HB_SCORE_ELEM (HB_SCORE_MOD && !HB_ROW_SHIFT)
-#define HB_WG (HB_SM90 && (HB_D == 64 || HB_D == 128))
+#define HB_WG (HB_SM90 && !HB_F32 && (HB_D == 64 || HB_D == 128))
 #if HB_WG
 #include <utility>
 
@@ -85,7 +95,13 @@
 namespace hbk {
 
 constexpr int D = HB_D;
-#if HB_HALF
+#if HB_F32
+// float32: only the SIMT kernels run; Elem2, pack2 and Mma stand in so that the mma.sync helpers compile.
+using Elem = float;
+using Elem2 = float2;
+using Mma = cute::SM80_16x8x16_F32BF16BF16F32_TN;  // (unused)
+__device__ __forceinline__ Elem2 pack2(float x, float y) { return make_float2(x, y); }
+#elif HB_HALF
 using Elem = __half;
 using Elem2 = __half2;
 using Mma = cute::SM80_16x8x16_F32F16F16F32_TN;
@@ -673,6 +689,7 @@ constexpr int FW = 4, FT = FW * 32, FM = FW * 16;  // warps, threads, query rows
 constexpr int FN = D <= 128 ? 64 : 32;             // key rows per tile
 constexpr int kFwdSmem = (FM + 2 * FN) * CH * 16;
 
+#if !HB_SIMT_FWD
 __global__ void __launch_bounds__(FT) flex_fwd(const __grid_constant__ HbFlexCudaArgs a) {
   extern __shared__ uint4 smem[];
   uint4* sQ = smem;
@@ -744,9 +761,10 @@ __global__ void __launch_bounds__(FT) flex_fwd(const __grid_constant__ HbFlexCud
   fwd_store(o, m, l, a, b, h, q0 + warp * 16 + g, t);
   report(a.error, t);
 }
+#endif  // !HB_SIMT_FWD
 
 // --------------------------------------------------------------------------------------------- backward
-#if HB_D <= 128
+// (every head dim: the SIMT backward, FlexSimtKernel.cuh, takes 256 and float32, with flex_bwd_pre below)
 constexpr int BW = 8, BT = BW * 32;  // warps, threads
 constexpr int BM = BW * 16;          // query rows per step
 constexpr int BN = 64;               // key rows per CTA
@@ -783,7 +801,7 @@ __global__ void flex_bwd_pre(const __grid_constant__ HbFlexCudaArgs a) {
   }
 }
 
-#if !HB_WG  // (the Hopper kernels have their own backward)
+#if !HB_WG && !HB_SIMT_BWD  // (the Hopper and SIMT kernels have their own backward)
 __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlexCudaArgs a) {
   extern __shared__ uint4 smem[];
   uint4* sK = smem;
@@ -927,8 +945,7 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
   // broadcast over the batch).
   store_rows(acc, (Elem*)(dk_warp ? a.dk : a.dv) + ((b * a.Hkv + hk) * a.Skv + k0) * D, krow + g, kvalid);
 }
-#endif  // !HB_WG
-#endif
+#endif  // !HB_WG && !HB_SIMT_BWD
 
 // ------------------------------------------------------------------------------ Hopper (sm_90a) kernels
 // The same algorithm and per-element code on warpgroup MMAs (wgmma through CuTe's SM90 GMMA atoms): a
@@ -1495,11 +1512,21 @@ __global__ void flex_window_sum(const __grid_constant__ HbFlexCudaArgs a, long l
 }
 #endif
 
+#if HB_SIMT_FWD || HB_SIMT_BWD
+namespace simt {  // codegen/cuda/FlexSimtKernel.cuh, pasted after this text
+int launch_fwd(const HbFlexCudaArgs& a, void* stream);
+int launch_bwd(const HbFlexCudaArgs& a, void* stream);
+}  // namespace simt
+#endif
+
 }  // namespace hbk
 
 // ------------------------------------------------------------------------------------- entry points
 extern "C" int hb_flex_cuda_forward(const HbFlexCudaArgs* a, void* stream) {
   if (a->B * a->Hq == 0 || a->Sq == 0) return 0;
+#if HB_SIMT_FWD
+  return hbk::simt::launch_fwd(*a, stream);
+#else
 #if HB_WG
   if (a->q_block % hbk::WFM == 0) {  // 128-row CTAs nest in the BlockMask's query blocks
     const dim3 grid((unsigned)((a->Sq + hbk::WFM - 1) / hbk::WFM), (unsigned)(a->B * a->Hq));
@@ -1518,10 +1545,10 @@ extern "C" int hb_flex_cuda_forward(const HbFlexCudaArgs* a, void* stream) {
   const dim3 grid((unsigned)((a->Sq + hbk::FM - 1) / hbk::FM), (unsigned)(a->B * a->Hq));
   hbk::flex_fwd<<<grid, hbk::FT, hbk::kFwdSmem, (cudaStream_t)stream>>>(*a);
   return (int)cudaGetLastError();
+#endif  // HB_SIMT_FWD
 }
 
 extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
-#if HB_D <= 128
   if (a->B * a->Hq == 0 || a->Sq == 0 || a->Skv == 0) return 0;
   const long long rows = a->B * a->Hq * a->Sq;
   const unsigned pre_blocks = (unsigned)((rows + 7) / 8 < 65536 ? (rows + 7) / 8 : 65536);
@@ -1543,7 +1570,10 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
     if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
   }
 #endif
-#if HB_WG
+#if HB_SIMT_BWD
+  e = (cudaError_t)hbk::simt::launch_bwd(main_args, stream);
+  if (e != cudaSuccess) return (int)e;
+#elif HB_WG
   e = cudaFuncSetAttribute(hbk::flex_bwd_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kBwdWgSmem);
   if (e != cudaSuccess) return (int)e;
   const dim3 grid((unsigned)((a->Skv + hbk::WBN - 1) / hbk::WBN), (unsigned)(a->B * a->Hkv));
@@ -1569,9 +1599,6 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
   }
 #endif
   return (int)cudaGetLastError();
-#else
-  return (int)cudaErrorNotSupported;
-#endif
 }
 
 extern "C" const char* hb_flex_cuda_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }

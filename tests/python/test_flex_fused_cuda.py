@@ -275,7 +275,7 @@ def test_cuda_fused_document_mask_reads_a_buffer(tmp_path):
 
 
 def test_cuda_fused_forward_head_dim_256(tmp_path):
-    """D 256 runs forward on the generated kernel (the backward falls back to the reference, saying why)."""
+    """D 256 runs forward on the generated kernel (inference: no backward; test_cuda_fused_simt covers it)."""
     torch.manual_seed(1)
     q, k, v = (torch.randn(1, 2, 200, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     bm = create_block_mask(causal, None, None, 200, 200, device="cuda")
@@ -304,6 +304,64 @@ def test_cuda_fused_out_of_range_read_raises_index_error():
         torch.compile(f, backend="hintbackend")(q, k, v)
     # The GPU is fine afterwards.
     assert torch.isfinite(torch.compile(lambda x: x * 2, backend="hintbackend")(q)).all()
+
+
+# float32 q/k/v (forward and backward on the SIMT kernels, codegen/cuda/FlexSimtKernel.cuh: float FMA, no
+# TF32) at head dims 64, 128, 256 and one padded to 128 (96), and the bf16/fp16 backward at head dim 256 (the
+# SIMT backward, converting as it loads), against float64 within 2x eager's error: a learned relative bias
+# (its gradient: the proven diagonal line sums) under a causal mask, a sliding window (partial blocks), GQA
+# and MQA, S not a multiple of 64 (or 32).
+@pytest.mark.parametrize("score,mask,dtype,shape", [
+    ("relative", "causal", torch.float32, (2, 4, 2, 300, 64)),
+    ("softcap_relative", "window", torch.float32, (1, 4, 4, 333, 128)),
+    ("relative", "causal", torch.float32, (1, 4, 1, 200, 256)),
+    ("wrapped", "none", torch.float32, (1, 2, 2, 130, 96)),
+    ("query", "causal", torch.float32, (2, 2, 2, 100, 16)),
+    ("alibi", "window", torch.float32, (1, 4, 2, 257, 32)),
+    ("relative", "causal", torch.bfloat16, (1, 4, 2, 300, 256)),
+    ("softcap", "window", torch.float16, (1, 2, 1, 333, 200)),
+])
+def test_cuda_fused_simt(tmp_path, score, mask, dtype, shape):
+    kernels = run_case(tmp_path, score, mask, dtype=dtype, shape=shape)
+    assert "SIMT (CUDA cores, float FMA" in kernels, kernels
+
+
+def test_cuda_fused_simt_document_mask_and_logsumexp_gradient(tmp_path):
+    """float32 under a document mask that reads a buffer (partial blocks through mask_mod, full ones
+    without), a learned relative bias and a logsumexp gradient, GQA, S 700: the SIMT kernels against
+    float64, within 2x eager's error."""
+    torch.manual_seed(4)
+    B, Hq, Hkv, S, D = 1, 4, 2, 700, 64
+    doc = torch.sort(torch.randint(0, 4, (S,), device="cuda")).values
+
+    def mask_mod(b, h, q, kv):
+        return (doc[q] == doc[kv]) & (q >= kv)
+
+    bm = create_block_mask(mask_mod, None, None, S, S, device="cuda")
+    q = torch.randn(B, Hq, S, D, dtype=torch.float64, device="cuda")
+    k, v = (torch.randn(B, Hkv, S, D, dtype=torch.float64, device="cuda") for _ in range(2))
+    dout = torch.randn(B, Hq, S, D, dtype=torch.float64, device="cuda")
+    dlse = torch.randn(B, Hq, S, dtype=torch.float64, device="cuda")
+    table = torch.randn(2 * S - 1, Hq, dtype=torch.float64, device="cuda")
+    make_mod = SCORE_MODS["relative"][2]
+
+    def step(fn, dt):
+        return outputs_and_grads(fn, q, k, v, dout, dt, table, dt, make_mod, True, S, dlse)
+
+    def fused(qq, kk, vv, sm):
+        with hinted_context(kernel="fused"):
+            return flex_attention(qq, kk, vv, sm, bm, enable_gqa=True, return_lse=True)
+
+    torch._dynamo.reset()
+    got = step(torch.compile(fused, backend="hintbackend", options={"dump_dir": str(tmp_path)}), torch.float32)
+    base = step(lambda qq, kk, vv, sm: flex_attention(qq, kk, vv, sm, bm, enable_gqa=True, return_lse=True),
+                torch.float32)
+    ref = step(lambda qq, kk, vv, sm: dense(qq, kk, vv, sm, mask_mod), torch.float64)
+    for name, g, b_, r in zip(["out", "lse", "dq", "dk", "dv", "dbuf"], got, base, ref):
+        assert torch.isfinite(g).all(), name
+        assert rel(g, r) <= 2 * rel(b_, r) + 1e-4, f"{name}: {rel(g, r):.3g} vs eager {rel(b_, r):.3g}"
+    kernels = kernels_text(tmp_path)
+    assert "flex-attention-backward-fused" in kernels and "float32, SIMT" in kernels, kernels
 
 
 # deterministic=True: the generated backward adds dQ in key-tile order, so two runs on the same inputs give

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/ir/Parser.h"
@@ -469,14 +470,23 @@ TEST(flex_kernel_gen, cuda_pads_head_dims_up_to_the_next_built_one) {
   EXPECT_EQ(flex_cuda_head_dim(64, 32, true), 64);
   EXPECT_EQ(flex_cuda_head_dim(40, 100, true), 128);
   EXPECT_EQ(flex_cuda_head_dim(200, 200, false), 256);
-  EXPECT_EQ(flex_cuda_head_dim(200, 200, true), 0);
+  EXPECT_EQ(flex_cuda_head_dim(200, 200, true), 256);
   EXPECT_EQ(flex_cuda_head_dim(257, 64, false), 0);
+  EXPECT_EQ(flex_cuda_head_dim(64, 257, true), 0);
 }
 
 TEST(flex_kernel_gen, cuda_refuses_what_its_kernels_do_not_take) {
-  EXPECT_EQ(cuda_refusal(kBackward), "q is float32 (the CUDA kernel takes bfloat16 and float16)");
-  EXPECT_EQ(cuda_refusal(cuda_backward_ir("bf16", 160)), "head dim 160 (the CUDA backward takes head dims up to 128)");
-  EXPECT_EQ(cuda_refusal(cuda_backward_ir("bf16", 256)), "head dim 256 (the CUDA backward takes head dims up to 128)");
+  EXPECT_EQ(cuda_refusal(cuda_backward_ir("f64")), "q is float64 (the CUDA kernels take bfloat16, float16 and float32)");
+  EXPECT_EQ(cuda_refusal(cuda_backward_ir("bf16", 320)), "head dim 320 (the CUDA kernels take head dims up to 256)");
+  // float32 and the backward at head dim 256 run the SIMT kernels, which add dQ with atomics.
+  for (auto [dtype, d, what] : {std::tuple{"f32", 64, "float32"}, {"bf16", 256, "head dim 256"}, {"f16", 160, "head dim 256"}}) {
+    auto g = parse_graph(cuda_backward_ir(dtype, d));
+    g->nodes[g->find("fb")].hints.deterministic = true;
+    std::string why;
+    EXPECT_FALSE(generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda).has_value());
+    EXPECT_EQ(why, std::string("deterministic=True, which the CUDA SIMT backward (") + what +
+                       ") does not give: it adds dQ with atomics in no fixed order");
+  }
   // k's head dim must be q's (flex_attention checks it too); v's may differ.
   EXPECT_EQ(cuda_refusal(replace(cuda_backward_ir("bf16", 64), "%k: bf16[1, 2, 200, 64]", "%k: bf16[1, 2, 200, 32]")),
             "k's head dim 32 differs from q's 64");
@@ -486,6 +496,45 @@ TEST(flex_kernel_gen, cuda_refuses_what_its_kernels_do_not_take) {
   EXPECT_EQ(cuda_refusal(replace(cuda_backward_ir(), "(200, 200, %kvn, %kvi, none, none, %kvn, %kvi,",
                                  "(200, 200, %kvn, %kvi, none, none, none, none,")),
             "the block mask has no q block lists (the CUDA backward walks them)");
+  EXPECT_EQ(cuda_refusal(kBackward), "the block mask has no q block lists (the CUDA backward walks them)");
+  // The SIMT backward's tiles: 64 x 64 (32 x 32 at head dim 256).
+  EXPECT_EQ(cuda_refusal(replace(cuda_backward_ir("f32"), "none, none, %kvn, %kvi, none, none, 128, 128,",
+                                 "none, none, %kvn, %kvi, none, none, 32, 128,")),
+            "block sizes 32 x 128 (the CUDA backward needs multiples of 64 x 64)");
+  EXPECT_EQ(cuda_refusal(replace(cuda_backward_ir("bf16", 256), "none, none, %kvn, %kvi, none, none, 128, 128,",
+                                 "none, none, %kvn, %kvi, none, none, 16, 128,")),
+            "block sizes 16 x 128 (the CUDA backward needs multiples of 32 x 32)");
+}
+
+// float32 q/k/v (both ways) and the backward at head dim 256 (any dtype): the SIMT kernels
+// (codegen/cuda/FlexSimtKernel.cuh, pasted after the template), named in the summary; float32 also takes
+// the BlockMask blocks of 64 x 64 that the mma.sync backward (128 query rows) does not.
+TEST(flex_kernel_gen, cuda_float32_and_the_head_dim_256_backward_run_the_simt_kernels) {
+  auto gen = [](const std::string& ir) {
+    auto g = parse_graph(ir);
+    std::string why;
+    const std::optional<FlexKernelSource> s = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
+    EXPECT_TRUE(s.has_value()) << why;
+    return s ? *s : FlexKernelSource{};
+  };
+  const FlexKernelSource f32 = gen(cuda_backward_ir("f32", 64));
+  EXPECT_EQ(f32.summary.rfind("CUDA, head dim 64, float32, SIMT (CUDA cores, float FMA, no TF32); score_mod: 7 ops;", 0),
+            0u) << f32.summary;
+  for (const char* line : {"#define HB_HALF 0\n#define HB_F32 1\n", "__global__ void __launch_bounds__(NT, 1) flex_bwd_simt(",
+                           "__global__ void __launch_bounds__(NT, 1) flex_fwd_simt("})
+    EXPECT_NE(f32.source.find(line), std::string::npos) << line;
+  EXPECT_LT(f32.source.find(kFlexTemplateMarker), f32.source.find("flex_bwd_simt("));
+  const FlexKernelSource d256 = gen(cuda_backward_ir("bf16", 200));
+  EXPECT_EQ(d256.summary.rfind("CUDA, head dim 256 (q/k 200, v 200, padded with zero columns), bfloat16, SIMT (CUDA "
+                               "cores, float FMA); ", 0), 0u) << d256.summary;
+  EXPECT_NE(d256.source.find("#define HB_F32 0\n"), std::string::npos);
+  EXPECT_NE(d256.source.find("flex_bwd_simt("), std::string::npos);
+  // Tensor cores below 256 in half precision: no SIMT text.
+  const FlexKernelSource bf16 = gen(cuda_backward_ir("bf16", 128));
+  EXPECT_EQ(bf16.source.find("flex_bwd_simt("), std::string::npos);
+  EXPECT_EQ(bf16.summary.find("SIMT"), std::string::npos) << bf16.summary;
+  gen(replace(cuda_backward_ir("f32"), "none, none, %kvn, %kvi, none, none, 128, 128,",
+              "none, none, %kvn, %kvi, none, none, 64, 64,"));
 }
 
 // nvcc builds the generated CUDA unit (no GPU needed) where the environment names CUTLASS's headers:
@@ -513,6 +562,31 @@ TEST(flex_kernel_gen, nvcc_builds_the_cuda_source) {
   EXPECT_NE(ampere.module->symbol("hb_flex_cuda_backward"), nullptr);
   EXPECT_EQ(build_cuda_module(s->source, {"nvcc", "90", "", "/tmp"}).error,
             "no CUTLASS headers (pip install nvidia-cutlass, or set HINTBACKEND_CUTLASS_INCLUDE)");
+}
+
+// nvcc builds the SIMT kernels (FlexSimtKernel.cuh) for sm_90a and sm_80: float32 at head dims 16 (one
+// float per thread and column group), 128 and 256, with the proven line (relative bias) and the run-time
+// probe (the 15-row table), and the bfloat16 backward at head dim 256 (converted as it loads).
+TEST(flex_kernel_gen, nvcc_builds_the_simt_kernels) {
+  const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
+  if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
+  for (auto [ir, archs] : {std::pair{cuda_relative_ir("f32", 128), std::vector<std::string>{"90", "80"}},
+                           {cuda_backward_ir("f32", 16), {"80"}},
+                           {cuda_relative_ir("f32", 256), {"90"}},
+                           {cuda_relative_ir("bf16", 256), {"90", "80"}}}) {
+    auto g = parse_graph(ir);
+    std::string why;
+    const std::optional<FlexKernelSource> s = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
+    ASSERT_TRUE(s.has_value()) << why;
+    ASSERT_NE(s->source.find("flex_bwd_simt("), std::string::npos);
+    for (const std::string& arch : archs) {
+      const HostBuild build = build_cuda_module(s->source, {"nvcc", arch, cutlass, temp_dir()});
+      ASSERT_TRUE(build.module) << s->summary << " sm_" << arch << ": " << build.error;
+      EXPECT_NE(build.module->symbol("hb_flex_cuda_forward"), nullptr);
+      EXPECT_NE(build.module->symbol("hb_flex_cuda_backward"), nullptr);
+    }
+  }
 }
 
 // cuda_backward_ir's (or cuda_relative_ir's) score_mod and joint without the soft cap: score + lb[...].
@@ -643,6 +717,14 @@ TEST(flex_kernel_gen, selection_on_cuda_builds_the_generated_kernel) {
   EXPECT_EQ(c.kind, KernelKind::FlexFusedBackward) << c.why;
   EXPECT_EQ(c.why.rfind("fused: tiled over the block mask, generated code (CUDA, head dim 64, bfloat16; ", 0), 0u) << c.why;
   EXPECT_NE(c.why.find("; deterministic: dQ added in key-tile order"), std::string::npos) << c.why;
+
+  // float32 (which the tensor-core kernels took as TF32, so the reference ran): the SIMT kernels.
+  auto f32 = parse_graph(replace_all(ir, "bf16[1, 2, 200, 64]", "f32[1, 2, 200, 64]"));
+  c = select_kernel(*f32, fb, target);
+  EXPECT_EQ(c.kind, KernelKind::FlexFusedBackward) << c.why;
+  EXPECT_EQ(c.why.rfind("fused: tiled over the block mask, generated code (CUDA, head dim 64, float32, SIMT (CUDA cores, "
+                        "float FMA, no TF32); ", 0), 0u) << c.why;
+  ASSERT_NE(c.module, nullptr);
 
   g->nodes[fb].hints.deterministic.reset();
   target.cuda.cutlass_include = "";
