@@ -4,7 +4,11 @@ process (the issue-13 table). bf16, B4 H16 S4096, D64 and D128; TFLOP/s counted 
 above the inputs.
 
     python benchmarks/flex.py [--s 4096] [--steps 20] [--rows none,causal,...] [--check] [--profile] [--deterministic]
-                              [--fused] [--cudnn]
+                              [--fused] [--cudnn] [--dtype bfloat16|float16|float32]
+
+--dtype: q, k, v and the output gradient's dtype (bfloat16 by default). With float32 hintbackend's default
+runs the generated SIMT kernels (cuDNN and the tensor-core kernels take no float32); choose --peers
+inductor,hintbackend then, as SDPA on cuDNN refuses float32.
 
 --fused adds the column hb-fused: hintbackend with hinted_context(kernel="fused"), the generated tiled CUDA
 kernels (issue 14) instead of cuDNN (with --deterministic also hb-fused-det, those kernels with
@@ -223,6 +227,8 @@ def main() -> None:
                    help='also time hintbackend with options={"cuda_graphs": True} (column hb-cg)')
     p.add_argument("--peers", default="inductor,sdpa-cudnn,cudnn-bias,hintbackend",
                    help="which of the default peers to time")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                   help="q, k, v and the output gradient's dtype")
     args = p.parse_args()
     if args.check:
         check(args)
@@ -231,7 +237,7 @@ def main() -> None:
     for D in (int(d) for d in args.dims.split(",")):
         for row in args.rows.split(","):
             torch.manual_seed(0)
-            q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=getattr(torch, args.dtype)) for _ in range(4))
             q, k, v = (t.requires_grad_(True) for t in (q, k, v))
             bm = create_block_mask(causal, None, None, S, S, device="cuda") if row == "causal" else None
             BIASES["q"] = torch.randn(S, device="cuda", requires_grad=True)
@@ -331,7 +337,7 @@ def main() -> None:
             rows.append((row, D, res))
             print(row, D, res, flush=True)
     for timing, k in (("synced", 0), ("queued", 3)):
-        print(f"\nFlexAttention fwd+bw, bf16, B{B} H{H} S{S}, on {torch.cuda.get_device_name()}, torch "
+        print(f"\nFlexAttention fwd+bw, {args.dtype}, B{B} H{H} S{S}, on {torch.cuda.get_device_name()}, torch "
               f"{torch.__version__}, {timing} steps: TFLOP/s (peak MiB)")
         print(f"{'row':<10}{'D':>5}{'inductor':>16}{'sdpa-cudnn':>16}{'cudnn-bias':>16}{'hintbackend':>16}"
               f"{'hb/inductor':>13}{'hb/sdpa':>9}{'hb/cudnn-bias':>15}")
