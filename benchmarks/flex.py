@@ -4,7 +4,7 @@ process (the issue-13 table). bf16, B4 H16 S4096, D64 and D128; TFLOP/s counted 
 above the inputs.
 
     python benchmarks/flex.py [--s 4096] [--steps 20] [--rows none,causal,...] [--check] [--profile] [--deterministic]
-                              [--fused] [--cudnn] [--dtype bfloat16|float16|float32]
+                              [--fused] [--cudnn] [--reference] [--dtype bfloat16|float16|float32]
 
 --dtype: q, k, v and the output gradient's dtype (bfloat16 by default). With float32 hintbackend's default
 runs the generated SIMT kernels (cuDNN and the tensor-core kernels take no float32); choose --peers
@@ -14,6 +14,7 @@ inductor,hintbackend then, as SDPA on cuDNN refuses float32.
 kernels (issue 14) instead of cuDNN (with --deterministic also hb-fused-det, those kernels with
 deterministic=True: dQ added in key-tile order, for rows whose buffers get no gradient); --cudnn the column hb-cudnn, hinted_context(kernel="cudnn") (the
 default takes some backwards elsewhere: a float32 table's gradient, which cuDNN's dBias would round).
+--reference adds hb-aten, hinted_context(kernel="aten"): the dense reference (S x S scores).
 --cuda-graphs adds hb-cg: hintbackend with options={"cuda_graphs": True} (the compiled forward and backward
 replayed as CUDA graphs: the host time per step mostly gone; its q/k/v gradients are set to None before
 each step, as cudagraph trees require, where the other peers accumulate).
@@ -223,6 +224,8 @@ def main() -> None:
                    help='also time hintbackend with hinted_context(kernel="fused") (column hb-fused)')
     p.add_argument("--cudnn", action="store_true",
                    help='also time hintbackend with hinted_context(kernel="cudnn") (column hb-cudnn)')
+    p.add_argument("--reference", action="store_true",
+                   help='also time hintbackend with hinted_context(kernel="aten") (column hb-aten)')
     p.add_argument("--cuda-graphs", action="store_true",
                    help='also time hintbackend with options={"cuda_graphs": True} (column hb-cg)')
     p.add_argument("--peers", default="inductor,sdpa-cudnn,cudnn-bias,hintbackend",
@@ -288,6 +291,7 @@ def main() -> None:
                     (("hb-fused",) if args.fused else ()) + \
                     (("hb-fused-det",) if args.fused and args.deterministic else ()) + \
                     (("hb-cudnn",) if args.cudnn else ()) + \
+                    (("hb-aten",) if args.reference else ()) + \
                     (("hb-cg",) if args.cuda_graphs else ()):
                 if (peer == "sdpa-cudnn" and score_mod is not None and sdpa_mask is None) or \
                         (peer == "cudnn-bias" and BIASES["mat"] is None):
@@ -311,7 +315,8 @@ def main() -> None:
                     else:
                         f = torch.compile({"hb-det": hinted(deterministic=True), "hb-fused": hinted(kernel="fused"),
                                            "hb-fused-det": hinted(kernel="fused", deterministic=True),
-                                           "hb-cudnn": hinted(kernel="cudnn"), "cudnn-bias": attn_mat}.get(
+                                           "hb-cudnn": hinted(kernel="cudnn"), "hb-aten": hinted(kernel="aten"),
+                                           "cudnn-bias": attn_mat}.get(
                             peer, attn), backend="inductor" if peer == "inductor" else "hintbackend",
                             options={"cuda_graphs": True} if peer == "hb-cg" else None)
 
@@ -326,6 +331,8 @@ def main() -> None:
                     peak, ms = measure(fn, "cuda", args.steps)
                     ms_q = measure_queued(fn, args.steps)
                     res[peer] = (flops / ms / 1e9, peak, ms, flops / ms_q / 1e9)
+                    print(f"  {peer} {row} D{D}: {res[peer][0]:.0f} TFLOP/s synced, {res[peer][3]:.0f} queued, "
+                          f"peak {peak:.0f} MiB", flush=True)
                     if args.profile:
                         profile(f"{peer} {row} D{D}", fn)
                 except Exception as e:  # a peer that cannot run this row: say so in its cell (why: on stderr)
@@ -362,6 +369,8 @@ def main() -> None:
                 extra += f"  hb-fused-det {cell(res['hb-fused-det'])}, {ratio(res['hb-fused-det'], res['hb-fused'])}x hb-fused"
             if "hb-cudnn" in res:
                 extra += f"  hb-cudnn {cell(res['hb-cudnn'])}, {ratio(hb, res['hb-cudnn'])}x hb-cudnn"
+            if "hb-aten" in res:
+                extra += f"  hb-aten {cell(res['hb-aten'])}, {ratio(hb, res['hb-aten'])}x hb-aten"
             if "hb-cg" in res:
                 extra += f"  hb-cg {cell(res['hb-cg'])}, {ratio(res['hb-cg'], res['sdpa-cudnn'])}x sdpa"
             print(f"{row:<10}{D:>5}{cell(res['inductor']):>16}{cell(res['sdpa-cudnn']):>16}"
