@@ -125,8 +125,8 @@ __device__ __forceinline__ float row_sum16(float x) {
   return x;
 }
 
-// Scale, score_mod, mask_mod (partial blocks only), out-of-range rows and columns -inf; then base 2: the
-// forward's score_elems for this layout (s[i][j]: query row q0 + ty R + i, key column k0 + tx + 16 j).
+// The forward's score_elems for this layout (score_elem per score; s[i][j]: query row q0 + ty R + i, key
+// column k0 + tx + 16 j).
 template <int R, int C, bool GUARD>
 __device__ __forceinline__ void fwd_elems(float (&s)[R][C], const HbFlexCudaArgs& a, long long b, long long h, int q0,
                                           int k0, bool full, HbFlexTile& t) {
@@ -137,16 +137,7 @@ __device__ __forceinline__ void fwd_elems(float (&s)[R][C], const HbFlexCudaArgs
 #pragma unroll
     for (int j = 0; j < C; ++j) {
       const int ki = k0 + tx + 16 * j;
-      float x = s[i][j] * a.scale;
-      const bool in = !GUARD || (qi < sq && ki < skv);
-#if HB_SCORE_ELEM
-      if (!GUARD || in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
-#endif
-      bool keep = in;
-#if HB_MASK_MOD
-      if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
-#endif
-      s[i][j] = keep ? x * kLog2e : -INFINITY;
+      s[i][j] = score_elem<GUARD>(s[i][j], a, b, h, qi, ki, !GUARD || (qi < sq && ki < skv), full, t);
     }
   }
 }
@@ -269,21 +260,15 @@ __global__ void __launch_bounds__(NT, 1) flex_fwd_simt(const __grid_constant__ H
       }
     }
   }
-  // Normalize and store (fwd_store): logsumexp and max in base 2, HB_ROW_SHIFT's shift added.
+  // Normalize and store (fwd_store), with the rows' logsumexp and max (row_end).
   Elem* O = (Elem*)a.out + b * a.o_strides[0] + h * a.o_strides[1];
 #pragma unroll
   for (int i = 0; i < FR; ++i) {
-    float sum = row_sum16(l[i]);
+    const float sum = row_sum16(l[i]);
     const long long qi = q0 + ty * FR + i;
     if (qi >= a.Sq) continue;
-    float inv = sum == 0.f ? 0.f : 1.f / sum, shift = 0.f;
-#if HB_ROW_SHIFT
-    shift = hb_score_mod<float>(0.f, b, h, qi, 0, &t) * kLog2e;
-    if (!isfinite(shift)) {
-      inv = shift == -INFINITY ? 0.f : NAN;
-      sum = shift == -INFINITY ? 0.f : sum;
-    }
-#endif
+    const RowEnd end = row_end(m[i], sum, a, b, h, qi, t);
+    const float inv = end.inv;
     Elem* row = O + qi * a.o_strides[2];
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
@@ -299,8 +284,8 @@ __global__ void __launch_bounds__(NT, 1) flex_fwd_simt(const __grid_constant__ H
     }
     if (tx == 0) {
       const long long at = (b * a.Hq + h) * a.Sq + qi;
-      a.lse[at] = sum == 0.f ? -INFINITY : m[i] + log2f(sum) + shift;
-      a.max_scores[at] = sum == 0.f ? -INFINITY : m[i] + shift;
+      a.lse[at] = end.lse;
+      a.max_scores[at] = end.max;
     }
   }
   report(a.error, t);
@@ -327,8 +312,8 @@ constexpr int PCH = BM / 4;             // chunks per row of the [BN][BM] P^T an
 static_assert(!HB_SCATTER || BM * (BN + 1) <= 2 * BN * BM, "line tile");
 constexpr int kBwdSmem = (2 * BN * D + 2 * BM * D + 2 * BN * BM) * 4;
 
-// P and dS per element (p_ds_elems for this layout): s becomes P = exp(score - logsumexp), dp becomes
-// dS = P (dP - delta) through the joint, times the scale; masked and out-of-range elements 0.
+// P and dS per element (p_ds_elems for this layout, p_ds_elem each): s becomes P, dp becomes dS times the
+// scale.
 template <bool GUARD, bool LINE>
 __device__ __forceinline__ void p_ds_simt(float (&s)[RQ][CK], float (&dp)[RQ][CK], const HbFlexCudaArgs& a, long long b,
                                           long long h, int q0, int k0, bool full, long long row0, HbFlexTile& t,
@@ -343,31 +328,8 @@ __device__ __forceinline__ void p_ds_simt(float (&s)[RQ][CK], float (&dp)[RQ][CK
 #pragma unroll
     for (int j = 0; j < CK; ++j) {
       const int ki = k0 + tx + 16 * j;
-      const float s0 = s[i][j] * a.scale;
-      float x = s0;
-      const bool in = !GUARD || (qin && ki < skv);
-#if HB_SCORE_ELEM
-      if (!GUARD || in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
-#endif
-      bool keep = in && lse != -INFINITY;
-#if HB_MASK_MOD
-      if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
-#endif
-      const float p = keep ? exp2f(x * kLog2e - lse) : 0.f;
-      float ds = p * (dp[i][j] - delta);
-#if HB_SCATTER
-      const int lr = ty * RQ + i, lc = tx + 16 * j;
-      if (LINE) t.line_val = 0.f;
-      if (LINE && !HB_LINE_STATIC) t.line_taken = 0, t.line_pred = line.key0 + line.alpha * lr + line.beta * lc;
-#endif
-#if HB_JOINT
-      if (keep && a.run_joint) ds = hb_joint<float, LINE && HB_LINE_STATIC ? 1 : 0>(s0, b, h, qi, ki, ds, &t);
-#endif
-#if HB_SCATTER
-      if (LINE) line.tile[lr * (BN + 1) + lc] = t.line_val;
-#endif
-      s[i][j] = p;
-      dp[i][j] = keep ? ds * a.scale : 0.f;
+      p_ds_elem<GUARD, LINE>(s[i][j], dp[i][j], a, b, h, qi, ki, !GUARD || (qin && ki < skv), lse, delta, full,
+                             ty * RQ + i, tx + 16 * j, BN + 1, t, line);
     }
   }
 }

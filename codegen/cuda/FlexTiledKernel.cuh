@@ -213,11 +213,27 @@ struct Walk {
 // (lq = 16 x warp + lane / 4) and key column 8 j + 2 (lane % 4) + c of the tile. mma.sync's m16n8 tiles
 // and wgmma's m64nN accumulators (a warp's 16 rows of its warpgroup's 64) are both this layout.
 
-// Scale, score_mod, mask_mod (partial blocks only), out-of-range rows and columns -inf; then base 2.
-// `inside`: the tile lies inside both sequences. Such a tile with nothing to call per element only
-// scales; with a score_mod it calls it unconditionally (GUARD false), so that the compiler may share
-// the reads every element makes alike (`slope[h]`, `bias[q]`) instead of one guarded load per element.
-// Positions are int: sequence lengths are below 2^31.
+// One score: scaled, through the score_mod and the mask_mod (partial blocks only); -inf where masked or
+// outside both sequences (`in`); then base 2. GUARD false: the tile lies inside both sequences, and the
+// score_mod is called unconditionally, so that the compiler may share the reads every element makes alike
+// (`slope[h]`, `bias[q]`) instead of one guarded load per element. Positions are int: sequence lengths are
+// below 2^31. Every forward kernel's per-element work (score_elems below, the SIMT kernels' fwd_elems).
+template <bool GUARD>
+__device__ __forceinline__ float score_elem(float s, const HbFlexCudaArgs& a, long long b, long long h, int qi, int ki,
+                                            bool in, bool full, HbFlexTile& t) {
+  float x = s * a.scale;
+#if HB_SCORE_ELEM
+  if (!GUARD || in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
+#endif
+  bool keep = in;
+#if HB_MASK_MOD
+  if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
+#endif
+  return keep ? x * kLog2e : -INFINITY;
+}
+
+// A thread's scores of a tile (score_elem each). `inside`: the tile lies inside both sequences. Such a
+// tile with nothing to call per element only scales (fwd_scores).
 template <int NC, bool GUARD>
 __device__ __forceinline__ void score_elems(float (&s)[NC / 8][4], const HbFlexCudaArgs& a, long long b, long long h,
                                             int qi0, int k0, bool full, HbFlexTile& t) {
@@ -230,16 +246,7 @@ __device__ __forceinline__ void score_elems(float (&s)[NC / 8][4], const HbFlexC
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int ki = k0 + j * 8 + 2 * t4 + c;
-        float x = s[j][2 * r + c] * a.scale;
-        const bool in = !GUARD || (qi < sq && ki < skv);
-#if HB_SCORE_ELEM
-        if (!GUARD || in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
-#endif
-        bool keep = in;
-#if HB_MASK_MOD
-        if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
-#endif
-        s[j][2 * r + c] = keep ? x * kLog2e : -INFINITY;
+        s[j][2 * r + c] = score_elem<GUARD>(s[j][2 * r + c], a, b, h, qi, ki, !GUARD || (qi < sq && ki < skv), full, t);
       }
   }
 }
@@ -293,10 +300,28 @@ __device__ __forceinline__ void rescale(float (&o)[D / 8][4], const float (&corr
   for (int j = 0; j < D / 8; ++j) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
 }
 
-// Normalize and store a thread's two output rows (qi0, qi0 + 8); logsumexp and max in base 2. HB_ROW_SHIFT:
-// the row's shift t = score_mod(0, b, h, q, 0) moves both by t (natural units); where t is -inf every score
-// of the row is (out 0, logsumexp -inf, as a row that attends to nothing), where it is +inf or NaN they
-// are NaN, as the softmax of such scores is.
+// A query row's end, from its running max m and its sum (over all the row's threads): the factor of its
+// outputs (1 / sum) and its logsumexp and max, in base 2. HB_ROW_SHIFT: the row's shift t = score_mod(0, b,
+// h, q, 0) moves both by t (natural units); where t is -inf every score of the row is (out 0, logsumexp
+// -inf, as a row that attends to nothing), where it is +inf or NaN they are NaN, as the softmax of such
+// scores is.
+struct RowEnd {
+  float inv, lse, max;
+};
+__device__ __forceinline__ RowEnd row_end(float m, float sum, const HbFlexCudaArgs& a, long long b, long long h,
+                                          long long qi, HbFlexTile& t) {
+  float inv = sum == 0.f ? 0.f : 1.f / sum, shift = 0.f;
+#if HB_ROW_SHIFT
+  shift = hb_score_mod<float>(0.f, b, h, qi, 0, &t) * kLog2e;
+  if (!isfinite(shift)) {
+    inv = shift == -INFINITY ? 0.f : NAN;
+    sum = shift == -INFINITY ? 0.f : sum;
+  }
+#endif
+  return {inv, sum == 0.f ? -INFINITY : m + log2f(sum) + shift, sum == 0.f ? -INFINITY : m + shift};
+}
+
+// Normalize and store a thread's two output rows (qi0, qi0 + 8), with their logsumexp and max (row_end).
 __device__ __forceinline__ void fwd_store(const float (&o)[D / 8][4], const float (&m)[2], const float (&l)[2],
                                           const HbFlexCudaArgs& a, long long b, long long h, long long qi0,
                                           HbFlexTile& t) {
@@ -309,22 +334,15 @@ __device__ __forceinline__ void fwd_store(const float (&o)[D / 8][4], const floa
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const long long qi = qi0 + 8 * r;
     if (qi >= a.Sq) continue;
-    float inv = sum == 0.f ? 0.f : 1.f / sum, shift = 0.f;
-#if HB_ROW_SHIFT
-    shift = hb_score_mod<float>(0.f, b, h, qi, 0, &t) * kLog2e;
-    if (!isfinite(shift)) {
-      inv = shift == -INFINITY ? 0.f : NAN;
-      sum = shift == -INFINITY ? 0.f : sum;
-    }
-#endif
+    const RowEnd e = row_end(m[r], sum, a, b, h, qi, t);
     Elem* row = O + qi * a.o_strides[2];
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<Elem2*>(row + j * 8 + 2 * t4) = pack2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+      *reinterpret_cast<Elem2*>(row + j * 8 + 2 * t4) = pack2(o[j][2 * r] * e.inv, o[j][2 * r + 1] * e.inv);
     if (t4 == 0) {
       const long long at = (b * a.Hq + h) * a.Sq + qi;
-      a.lse[at] = sum == 0.f ? -INFINITY : m[r] + log2f(sum) + shift;
-      a.max_scores[at] = sum == 0.f ? -INFINITY : m[r] + shift;
+      a.lse[at] = e.lse;
+      a.max_scores[at] = e.max;
     }
   }
 }
@@ -468,12 +486,41 @@ __device__ __forceinline__ void line_reduce(const LineStep& l, const HbFlexCudaA
 }
 #endif
 
-// Backward, per element: s (scores) becomes P = exp(score - logsumexp) and dp becomes dS = P (dP - delta)
-// through the joint graph, times the scale; masked and out-of-range elements 0. `row0` is (b, h)'s first
-// logsumexp row. As in the forward, a tile inside both sequences calls the generated functions
-// unguarded, and with nothing to call per element takes the short way. LINE: the step reduces a buffer
-// gradient along lines (`line`, a tile inside both sequences): each element's line value goes to the
-// line tile.
+// One backward element: s (its score) becomes P = exp(score - lse) and dp becomes dS = P (dP - delta)
+// through the joint graph, times the scale; 0 where masked or outside both sequences (`in`). GUARD as in
+// score_elem. LINE: the step reduces a buffer gradient along lines (`line`, a tile inside both sequences),
+// and the element's line value goes to the line tile at (lq, lk), its row and column in the step (row
+// stride `ld`). Every backward kernel's per-element work (p_ds_elems below, the SIMT kernels' p_ds_simt).
+template <bool GUARD, bool LINE>
+__device__ __forceinline__ void p_ds_elem(float& s, float& dp, const HbFlexCudaArgs& a, long long b, long long h, int qi,
+                                          int ki, bool in, float lse, float delta, bool full, int lq, int lk, int ld,
+                                          HbFlexTile& t, const LineStep& line) {
+  const float s0 = s * a.scale;
+  float x = s0;
+#if HB_SCORE_ELEM
+  if (!GUARD || in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
+#endif
+  bool keep = in && lse != -INFINITY;
+#if HB_MASK_MOD
+  if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
+#endif
+  const float p = keep ? exp2f(x * kLog2e - lse) : 0.f;
+  float ds = p * (dp - delta);
+#if HB_SCATTER
+  if (LINE) t.line_val = 0.f;
+  if (LINE && !HB_LINE_STATIC) t.line_taken = 0, t.line_pred = line.key0 + line.alpha * lq + line.beta * lk;
+#endif
+#if HB_JOINT
+  if (keep && a.run_joint) ds = hb_joint<float, LINE && HB_LINE_STATIC ? 1 : 0>(s0, b, h, qi, ki, ds, &t);
+#endif
+#if HB_SCATTER
+  if (LINE) line.tile[lq * ld + lk] = t.line_val;
+#endif
+  s = p;
+  dp = keep ? ds * a.scale : 0.f;
+}
+
+// A thread's elements of a step (p_ds_elem each); `row0` is (b, h)'s first logsumexp row.
 template <int NC, bool GUARD, bool LINE>
 __device__ __forceinline__ void p_ds_elems(float (&s)[NC / 8][4], float (&dp)[NC / 8][4], const HbFlexCudaArgs& a,
                                            long long b, long long h, int q0, int lq, int k0, bool full, long long row0,
@@ -490,35 +537,14 @@ __device__ __forceinline__ void p_ds_elems(float (&s)[NC / 8][4], float (&dp)[NC
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int ki = k0 + j * 8 + 2 * t4 + c;
-        const float s0 = s[j][2 * r + c] * a.scale;
-        float x = s0;
-        const bool in = !GUARD || (qin && ki < skv);
-#if HB_SCORE_ELEM
-        if (!GUARD || in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
-#endif
-        bool keep = in && lse != -INFINITY;
-#if HB_MASK_MOD
-        if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
-#endif
-        const float p = keep ? exp2f(x * kLog2e - lse) : 0.f;
-        float ds = p * (dp[j][2 * r + c] - delta);
-#if HB_SCATTER
-        const int lr = lq + 8 * r, lc = j * 8 + 2 * t4 + c;
-        if (LINE) t.line_val = 0.f;
-        if (LINE && !HB_LINE_STATIC) t.line_taken = 0, t.line_pred = line.key0 + line.alpha * lr + line.beta * lc;
-#endif
-#if HB_JOINT
-        if (keep && a.run_joint) ds = hb_joint<float, LINE && HB_LINE_STATIC ? 1 : 0>(s0, b, h, qi, ki, ds, &t);
-#endif
-#if HB_SCATTER
-        if (LINE) line.tile[lr * (NC + 1) + lc] = t.line_val;
-#endif
-        s[j][2 * r + c] = p;
-        dp[j][2 * r + c] = keep ? ds * a.scale : 0.f;
+        p_ds_elem<GUARD, LINE>(s[j][2 * r + c], dp[j][2 * r + c], a, b, h, qi, ki, !GUARD || (qin && ki < skv), lse,
+                               delta, full, lq + 8 * r, j * 8 + 2 * t4 + c, NC + 1, t, line);
       }
   }
 }
 
+// The step's P and dS (p_ds_elems), or with nothing to call per element on a tile inside both sequences,
+// the short way.
 template <int NC>
 __device__ __forceinline__ void bwd_p_ds(float (&s)[NC / 8][4], float (&dp)[NC / 8][4], const HbFlexCudaArgs& a,
                                          long long b, long long h, long long q0, int lq, long long k0, bool full,
