@@ -59,6 +59,9 @@ struct CudaCompileSettings {
   std::string arch;             // "90" (sm_90), the GPU's compute capability
   std::string cutlass_include;  // the folder holding cute/ and cutlass/
   std::string cache_dir;
+  // The GPU's shared memory per block with opt-in (bytes; 0: unknown, not checked): kernel selection keeps
+  // a generated kernel that asks for more off this GPU. Not part of the build (nor of the cache key).
+  long long smem_per_block = 0;
   bool enabled() const { return !nvcc.empty() && !arch.empty() && !cutlass_include.empty() && !cache_dir.empty(); }
   // Why not enabled ("" when it is), for the kernels dump.
   std::string why_not() const;

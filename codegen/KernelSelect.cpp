@@ -76,6 +76,20 @@ bool fused_row_shift(const Graph& g, int node, const FlexAnalysis& a) {
 
 namespace {
 
+// Why the built CUDA unit cannot launch on this GPU ("" = it can): its kernels ask for more shared memory
+// per block than the GPU gives (hb_flex_cuda_smem against CudaCompileSettings::smem_per_block), e.g. the
+// mma.sync backward's 192 KiB at head dim 128 on an A100 (163 KiB) or an sm_86/sm_89 GPU (99 KiB).
+std::string cuda_smem_why(const HostModule& m, bool backward, const CudaCompileSettings& cuda) {
+  using SmemFn = long long (*)(int);
+  const auto smem = reinterpret_cast<SmemFn>(m.symbol("hb_flex_cuda_smem"));
+  if (cuda.smem_per_block <= 0 || !smem) return "";
+  const long long need = smem(backward ? 1 : 0);
+  if (need <= cuda.smem_per_block) return "";
+  return std::string("the CUDA ") + (backward ? "backward" : "forward") + " needs " + std::to_string(need >> 10) +
+         " KiB of shared memory per block; this GPU (sm_" + cuda.arch + ") gives " +
+         std::to_string(cuda.smem_per_block >> 10) + " KiB";
+}
+
 // Why the tiled kernel with generated score/mask code cannot run this flex node ("" = it can); on
 // success `src` holds the generated source and `build` the built library (the CPU kernel on CPU tensors,
 // the CUDA kernels on CUDA tensors).
@@ -96,6 +110,12 @@ std::string fused_why_not(const Graph& g, int node, const Target& target, FlexKe
   if (!cuda && !target.host.enabled()) return "no host C++ compiler is configured";
   *build = cuda ? build_cuda_module(s->source, target.cuda) : build_host_module(s->source, target.host);
   if (!build->module) return "building the generated kernel failed: " + build->error;
+  if (cuda) {
+    if (std::string why = cuda_smem_why(*build->module, n.target == "higher_order::flex_attention_backward",
+                                        target.cuda);
+        !why.empty())
+      return why;
+  }
   *src = std::move(*s);
   return "";
 }

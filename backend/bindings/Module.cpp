@@ -129,6 +129,7 @@ struct CompileSettings {
   std::string cache_dir;      // the kernel cache's root (<cache_dir>/kernels)
   std::string nvcc;             // builds generated CUDA kernels ("" = none)
   std::string cuda_arch;        // the GPU's compute capability, "90"
+  long long cuda_smem_per_block = 0;  // its shared memory per block with opt-in, bytes (0: unknown)
   std::string cutlass_include;  // CUTLASS's headers (cute/, cutlass/)
 
   PassContext pass_context() const {
@@ -138,7 +139,7 @@ struct CompileSettings {
     ctx.memory.strategy = memory_plan_strategy;
     ctx.memory.in_place = memory_plan_in_place;
     ctx.memory.arena = arena;
-    ctx.memory.target = rt::runtime_target({host_compiler, cache_dir}, {nvcc, cuda_arch, cutlass_include, cache_dir});  // plan exactly what this runtime runs
+    ctx.memory.target = rt::runtime_target({host_compiler, cache_dir}, {nvcc, cuda_arch, cutlass_include, cache_dir, cuda_smem_per_block});  // plan exactly what this runtime runs
     ctx.keep_across_calls = keep_across_calls;
     return ctx;
   }
@@ -263,6 +264,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("cache_dir", &hb::CompileSettings::cache_dir)
       .def_readwrite("nvcc", &hb::CompileSettings::nvcc)
       .def_readwrite("cuda_arch", &hb::CompileSettings::cuda_arch)
+      .def_readwrite("cuda_smem_per_block", &hb::CompileSettings::cuda_smem_per_block)
       .def_readwrite("cutlass_include", &hb::CompileSettings::cutlass_include);
   py::class_<hb::CompiledGraph>(m, "CompiledGraph")
       .def(py::init<const std::string&, std::vector<at::Tensor>, const hb::CompileSettings&>(), py::arg("document"),

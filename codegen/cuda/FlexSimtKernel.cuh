@@ -542,6 +542,17 @@ int launch_bwd(const HbFlexCudaArgs& a, void* stream) {
 }
 #endif  // HB_SIMT_BWD
 
+// The dynamic shared memory the launches above ask for (hb_flex_cuda_smem).
+int smem(bool backward) {
+#if HB_SIMT_BWD
+  if (backward) return kBwdSmem;
+#endif
+#if HB_SIMT_FWD
+  if (!backward) return kFwdSmem;
+#endif
+  return 0;
+}
+
 }  // namespace simt
 }  // namespace hbk
 #endif  // HB_SIMT_FWD || HB_SIMT_BWD

@@ -1542,6 +1542,7 @@ __global__ void flex_window_sum(const __grid_constant__ HbFlexCudaArgs a, long l
 namespace simt {  // codegen/cuda/FlexSimtKernel.cuh, pasted after this text
 int launch_fwd(const HbFlexCudaArgs& a, void* stream);
 int launch_bwd(const HbFlexCudaArgs& a, void* stream);
+int smem(bool backward);
 }  // namespace simt
 #endif
 
@@ -1628,3 +1629,29 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
 }
 
 extern "C" const char* hb_flex_cuda_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
+
+// The most dynamic shared memory per block that a forward (backward) launch of this unit asks for, in
+// bytes, whichever of its kernels the BlockMask's block sizes pick. Kernel selection compares it with the
+// GPU's limit (codegen/KernelSelect.cpp), so that a kernel that cannot launch there is never chosen.
+extern "C" long long hb_flex_cuda_smem(int backward) {
+  const auto most = [](long long x, long long y) { return x > y ? x : y; };
+  if (backward) {
+#if HB_SIMT_BWD
+    return hbk::simt::smem(true);
+#elif HB_WG
+    return hbk::kBwdWgSmem;
+#else
+    return hbk::kBwdSmem;
+#endif
+  }
+#if HB_SIMT_FWD
+  return hbk::simt::smem(false);
+#else
+  long long m = hbk::kFwdSmem;  // flex_fwd (query blocks that are not multiples of 128 on Hopper)
+#if HB_WG
+  m = most(m, hbk::kFwdWgSmem<64>);
+  if constexpr (HB_D == 128) m = most(m, HB_FWD_PP ? hbk::kFwdPpSmem<128> : hbk::kFwdWgSmem<128>);
+#endif
+  return m;
+#endif
+}

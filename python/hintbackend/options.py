@@ -84,6 +84,7 @@ class Options:
         s.nvcc = self.nvcc or ""
         s.cutlass_include = self.cutlass_include or ""
         s.cuda_arch = cuda_arch() if s.nvcc else ""
+        s.cuda_smem_per_block = cuda_smem_per_block() if s.cuda_arch else 0
         return s
 
 
@@ -219,6 +220,16 @@ def default_cutlass_include() -> str:
         if os.path.isfile(os.path.join(path, "cute", "arch", "mma_sm80.hpp")):
             return path
     return ""
+
+
+def cuda_smem_per_block() -> int:
+    """The current CUDA device's shared memory per block with opt-in, in bytes (0 without a GPU): kernel
+    selection keeps generated kernels that need more off it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin)
 
 
 def cuda_arch() -> str:

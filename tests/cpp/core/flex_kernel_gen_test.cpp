@@ -733,5 +733,39 @@ TEST(flex_kernel_gen, selection_on_cuda_builds_the_generated_kernel) {
   EXPECT_NE(c.why.find("not fused: cannot build CUDA kernels: no CUTLASS headers"), std::string::npos) << c.why;
 }
 
+
+// A GPU whose shared memory per block is below what the unit's kernels ask for (hb_flex_cuda_smem) gets the
+// reference, saying why, rather than a kernel that fails to launch: the mma.sync backward at head dim 64
+// asks for 112.5 KiB, which an A100 (163 KiB) gives and an sm_86 GPU (99 KiB) does not.
+TEST(flex_kernel_gen, a_kernel_that_needs_more_shared_memory_than_the_gpu_gives_stays_off_it) {
+  const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
+  if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
+  std::string ir = cuda_backward_ir();
+  const std::string t = "bf16[1, 2, 200, 64]";
+  for (size_t at = 0; (at = ir.find(t, at)) != std::string::npos; at += t.size())
+    ir.insert(at + t.size(), "@cuda:0");
+  auto g = parse_graph(ir);
+  const int fb = g->find("fb");
+  Target target;
+  target.cuda = {"nvcc", "80", cutlass, temp_dir(), 166912};
+  KernelChoice c = select_kernel(*g, fb, target);
+  EXPECT_EQ(c.kind, KernelKind::FlexFusedBackward) << c.why;
+  ASSERT_NE(c.module, nullptr);
+  using SmemFn = long long (*)(int);
+  const auto smem = reinterpret_cast<SmemFn>(c.module->symbol("hb_flex_cuda_smem"));
+  ASSERT_NE(smem, nullptr);
+  // K, V: 2 x 64 rows, Q, dO: 2 x 2 x 128 rows, P, dS: 2 x 128 x 64, in bf16; and the line tile (the joint
+  // scatters: [128][65] floats) reaching 512 bytes past P and dS.
+  EXPECT_EQ(smem(1), (2 * 64 * 64 + 4 * 128 * 64 + 2 * 128 * 64) * 2 + 512);
+
+  target.cuda = {"nvcc", "86", cutlass, temp_dir(), 101376};
+  c = select_kernel(*g, fb, target);
+  EXPECT_EQ(c.kind, KernelKind::FlexBackward);
+  EXPECT_NE(c.why.find("not fused: the CUDA backward needs 112 KiB of shared memory per block; this GPU (sm_86) "
+                       "gives 99 KiB"),
+            std::string::npos) << c.why;
+}
+
 }  // namespace
 }  // namespace hb
