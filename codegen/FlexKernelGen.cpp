@@ -742,7 +742,23 @@ class Translator {
         if (a.size() > 2 && scalar(2)) hi = a[2];
         else if (!hi) hi = kw("max");
       }
-      if (!floating(R)) return fail(i, "clamps integers");
+      if (!floating(R)) {  // as torch: max with the lower bound, then min with the upper (which wins)
+        if (R != K::Int) return fail(i, "clamps into a " + std::string(ctype(R)));
+        std::string e = cast(a[0], C);
+        std::optional<Range> r = a[0].range;
+        auto bound = [&](const std::optional<Val>& v, bool upper) {
+          if (!v || v->kind == K::None) return;
+          const std::string b = cast(*v, C);
+          e = "(" + e + (upper ? " > " : " < ") + b + " ? " + b + " : " + e + ")";
+          if (!r || !v->range) r = std::nullopt;
+          else if (upper) r = Range{std::min(r->lo, v->range->lo), std::min(r->hi, v->range->hi)};
+          else r = Range{std::max(r->lo, v->range->lo), std::max(r->hi, v->range->hi)};
+        };
+        bound(lo, false);
+        bound(hi, true);
+        def(i, R, e, r);
+        return true;
+      }
       std::string e = cast(a[0], R);
       if (lo && lo->kind != K::None) e = "hb_max<" + std::string(ctype(R)) + ">(" + e + ", " + cast(*lo, R) + ")";
       if (hi && hi->kind != K::None) e = "hb_min<" + std::string(ctype(R)) + ">(" + e + ", " + cast(*hi, R) + ")";
@@ -765,9 +781,11 @@ class Translator {
     } else if (op == "relu" && unary) {
       const std::string x = cast(a[0], C);
       def(i, R, wrap("(" + x + " < 0 ? (" + ctype(C) + ")0 : " + x + ")"));
-    } else if (op == "sign" && unary) {
+    } else if ((op == "sign" || op == "sgn") && unary) {  // (sgn: abs's derivative in a joint graph)
       def(i, R, floating(R) ? "hb_sign<" + std::string(ctype(R)) + ">(" + cast(a[0], R) + ")"
                             : wrap("(long long)((" + cast(a[0], K::Int) + " > 0) - (" + cast(a[0], K::Int) + " < 0))"));
+    } else if (op == "threshold_backward" && binary && scalar(2) && floating(R)) {  // relu's derivative
+      def(i, R, "(" + cast(a[1], R) + " <= " + cast(a[2], R) + " ? (" + ctype(R) + ")0 : " + cast(a[0], R) + ")");
     } else if ((op == "tanh_backward" || op == "sigmoid_backward") && binary && floating(R)) {
       const std::string gr = cast(a[0], R), y = cast(a[1], R), one = "((" + std::string(ctype(R)) + ")1)";
       def(i, R, op == "tanh_backward" ? gr + " * (" + one + " - " + y + " * " + y + ")"

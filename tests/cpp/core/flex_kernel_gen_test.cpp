@@ -166,6 +166,27 @@ TEST(flex_kernel_gen, writes_each_node_as_a_scalar_statement) {
   EXPECT_EQ(s.buffer_layouts[0]->strides, (std::vector<int64_t>{2, 1}));
 }
 
+// Ops the random score_mods of tests/python/test_flex_random_mods.py found missing: a clamp of integers (its
+// range carried on, so the clamped index still reads the table unchecked), abs's derivative (sgn) and
+// relu's (threshold_backward) in the joint.
+TEST(flex_kernel_gen, clamps_integers_and_writes_the_derivatives_of_abs_and_relu) {
+  std::string ir = replace(kBackward, "  %add: i32[] = aten::add.Tensor(%sub, 7)\n  %index",
+                           "  %cl: i32[] = aten::clamp.default(%sub, -3, 5)\n  %add: i32[] = aten::add.Tensor(%cl, 7)\n"
+                           "  %index");
+  ir = replace(ir, "  %div_1: f32[] = aten::div.Tensor(%tb, 30)",
+               "  %sg: f32[] = aten::sgn.default(%tb)\n  %th: f32[] = aten::threshold_backward.default(%sg, %s, 0)\n"
+               "  %div_1: f32[] = aten::div.Tensor(%th, 30)");
+  const FlexKernelSource s = generate(ir);
+  for (const char* line : {
+           "const int v10 = ((v9 < (-3) ? (-3) : v9) > 5 ? 5 : (v9 < (-3) ? (-3) : v9));  // %cl",
+           "const T v12 = HB_LD((const float*)t->score_buffers[0].data + (v11 * 2 + ((int)h)));  // %index",
+           "const T v14 = hb_sign<T>(v13);  // %sg",
+           "const T v15 = (score <= ((T)(0)) ? (T)0 : v14);  // %th",
+       })
+    EXPECT_NE(s.source.find(line), std::string::npos) << line << "\n" << s.source;
+  EXPECT_FALSE(s.may_fail);  // the clamped index is proven inside the table
+}
+
 // What the range analysis keeps: a symbolic sequence length leaves q and kv 64-bit and the read checked;
 // a product that can leave 32 bits stays 64-bit.
 TEST(flex_kernel_gen, indices_stay_64_bit_and_checked_where_their_range_is_unknown) {
