@@ -1,8 +1,8 @@
 """Random score_mods and mask_mods through the generated CPU kernel (kernel="fused"), against eager flex in
 float64: the generator's translation of each op (types and promotion, integer division and remainder of
 negatives, comparisons, where, clamps, buffer reads and their gradients) checked on expressions nobody
-wrote by hand. Each case is a seeded random tree over the score, b, h, q_idx, kv_idx and two captured
-buffers (one of them learned), forward (out, logsumexp) and backward (q, k, v and the buffer's gradient),
+wrote by hand. Each case is a seeded random tree over the score, b, h, q_idx, kv_idx and three captured
+buffers (a learned float table, a float one, an int64 one that integer expressions and masks read), forward (out, logsumexp) and backward (q, k, v and the buffer's gradient),
 under a random mask_mod; both sides compute in float64, so they agree to rounding (1e-9 relative). The
 buffer's gradient, which eager flex does not give on CPU, is held to attention over the whole score
 matrix with torch's autograd.
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.skipif(not (os.environ.get("CXX") or any(
 
 B, H, S, D = 2, 2, 150, 16  # S not a multiple of the 64-row blocks
 L = 37  # the buffers' length: indices reach it through % and clamp
+DOC = torch.randint(0, 4, (L,), generator=torch.Generator().manual_seed(0))  # an int64 buffer, read by index
 
 
 class Expr:
@@ -50,6 +51,9 @@ class Gen:
 
     def integer(self, depth):
         r = self.r
+        if depth > 0 and r.random() < 0.1:  # an integer buffer read (a document id, say)
+            i = self.index(depth - 1)
+            return Expr(f"doc[{i.text}]", lambda *a: DOC[i.fn(*a)])
         if depth <= 0 or r.random() < 0.3:
             name = self.pick("q", "kv", "h", "b", "q - kv", "kv - q")
             fn = {"q": lambda s, b, h, q, kv, *_: q, "kv": lambda s, b, h, q, kv, *_: kv,
@@ -141,7 +145,7 @@ def case(seed):
     return score_mod_text, body, (mask.text if mask else "none"), mask
 
 
-def run_seed(tmp_path, seed):
+def run_seed(tmp_path, seed, kernel="fused"):
     text, body, mask_text, mask = case(seed)
     torch.manual_seed(seed)
     q, k, v, dout = (torch.randn(B, H, S, D, dtype=torch.float64) for _ in range(4))
@@ -164,7 +168,7 @@ def run_seed(tmp_path, seed):
 
         def f(qq, kk, vv):
             if compiled:
-                with hinted_context(kernel="fused"):
+                with hinted_context(kernel=kernel):
                     return hop(qq, kk, vv, score_mod, bm)
             return hop(qq, kk, vv, score_mod, bm)
 
@@ -212,9 +216,20 @@ def run_seed(tmp_path, seed):
         err = (fx - fw).abs().max().item() / max(fw.abs().max().item(), 1e-30)
         assert err < 1e-9, f"{what}: {name} differs from eager flex by {err:.3g} (relative to its largest value)"
     kernels = kernels_text(tmp_path)
-    assert "flex-attention-fused" in kernels and "flex-attention-backward-fused" in kernels, f"{what}:\n{kernels}"
+    if kernel == "fused":
+        assert "flex-attention-fused" in kernels and "flex-attention-backward-fused" in kernels, f"{what}:\n{kernels}"
 
 
-@pytest.mark.parametrize("seed", range(int(os.environ.get("HINTBACKEND_RANDOM_MODS", "8"))))
+CASES = int(os.environ.get("HINTBACKEND_RANDOM_MODS", "8"))
+
+
+@pytest.mark.parametrize("seed", range(CASES))
 def test_random_score_and_mask_mods_match_eager(tmp_path, seed):
     run_seed(tmp_path, seed)
+
+
+@pytest.mark.parametrize("seed", range(CASES // 2))
+def test_random_score_and_mask_mods_on_the_reference(tmp_path, seed):
+    """The dense reference (kernel="aten": the subgraphs run as ATen ops over the score matrix), which every
+    node falls back to, on the same cases."""
+    run_seed(tmp_path, seed, kernel="aten")
