@@ -42,6 +42,7 @@ class Expr:
 class Gen:
     def __init__(self, seed):
         self.r = random.Random(seed)
+        self.row_only = False  # no kv_idx and no score: a term that only shifts each softmax row
 
     def pick(self, *options):
         return self.r.choice(options)
@@ -55,7 +56,7 @@ class Gen:
             i = self.index(depth - 1)
             return Expr(f"doc[{i.text}]", lambda *a: DOC[i.fn(*a)])
         if depth <= 0 or r.random() < 0.3:
-            name = self.pick("q", "kv", "h", "b", "q - kv", "kv - q")
+            name = self.pick("q", "h", "b") if self.row_only else self.pick("q", "kv", "h", "b", "q - kv", "kv - q")
             fn = {"q": lambda s, b, h, q, kv, *_: q, "kv": lambda s, b, h, q, kv, *_: kv,
                   "h": lambda s, b, h, q, kv, *_: h, "b": lambda s, b, h, q, kv, *_: b,
                   "q - kv": lambda s, b, h, q, kv, *_: q - kv, "kv - q": lambda s, b, h, q, kv, *_: kv - q}[name]
@@ -101,7 +102,7 @@ class Gen:
     def floating(self, depth):
         r = self.r
         if depth <= 0 or r.random() < 0.25:
-            leaf = self.pick("s", "s", "int", "table", "slope")
+            leaf = self.pick("int", "table", "slope") if self.row_only else self.pick("s", "s", "int", "table", "slope")
             if leaf == "s":
                 c = self.const(0.5, 1.5)
                 return Expr(f"s * {c}", lambda s, *a: s * c)
@@ -138,7 +139,11 @@ class Gen:
 
 def case(seed):
     g = Gen(seed)
+    # A sixth of the cases add a row shift, s + t(b, h, q): the kernels may run it once per row, and its
+    # gradient is the logsumexp gradient's (given here) sum.
+    g.row_only = g.r.random() < 1 / 6
     body = g.floating(3)
+    g.row_only = False
     mask = g.boolean(2, ints_only=True) if g.r.random() < 0.6 else None
     # The score always enters (a score_mod that drops it is legal, but says little about the kernel).
     score_mod_text = f"s + {body.text}"
