@@ -762,11 +762,7 @@ TEST(flex_kernel_gen, a_kernel_that_needs_more_shared_memory_than_the_gpu_gives_
   const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
   if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
-  std::string ir = cuda_backward_ir();
-  const std::string t = "bf16[1, 2, 200, 64]";
-  for (size_t at = 0; (at = ir.find(t, at)) != std::string::npos; at += t.size())
-    ir.insert(at + t.size(), "@cuda:0");
-  auto g = parse_graph(ir);
+  auto g = parse_graph(replace_all(cuda_backward_ir(), "bf16[1, 2, 200, 64]", "bf16[1, 2, 200, 64]@cuda:0"));
   const int fb = g->find("fb");
   Target target;
   target.cuda = {"nvcc", "80", cutlass, temp_dir(), 166912};
