@@ -150,7 +150,7 @@ double to_float_any(Elem x) { return double(float(x)); }
 struct Problem {
   long long B, H, S;
   bool causal;
-  Elem *q, *k, *v, *dout, *out, *dk, *dv;
+  Elem *q, *k, *v, *dout, *out, *dk, *dv, *dq_out;
   float *lse, *mx, *delta, *dq;
   int *lists[8];
   int* order = nullptr;  // HB_DETERMINISTIC: the dQ turn counters, then the rank table (FlexTiledKernel.cuh)
@@ -170,10 +170,11 @@ struct Problem {
     CK(cudaMalloc(&out, n * sizeof(Elem)));
     CK(cudaMalloc(&dk, n * sizeof(Elem)));
     CK(cudaMalloc(&dv, n * sizeof(Elem)));
+    CK(cudaMalloc(&dq_out, n * sizeof(Elem)));
     CK(cudaMalloc(&lse, B * H * S * sizeof(float)));
     CK(cudaMalloc(&mx, B * H * S * sizeof(float)));
     CK(cudaMalloc(&delta, B * H * S * sizeof(float)));
-    CK(cudaMalloc(&dq, n * sizeof(float)));
+    CK(cudaMalloc(&dq, n * sizeof(float)));  // room for every pair (dq_pairs = 0: one launch)
     const long long blk = 128, nblk = (S + blk - 1) / blk;
     Lists l = make_lists(nblk, causal);
     std::vector<int> zeros(nblk, 0);
@@ -181,13 +182,14 @@ struct Problem {
     lists[4] = upload(zeros), lists[5] = upload(l.q_idx), lists[6] = upload(l.q_num), lists[7] = upload(l.q_idx);
     std::memset(&a, 0, sizeof a);
     a.q = q, a.k = k, a.v = v, a.out = out, a.dout = dout, a.lse = lse, a.max_scores = mx, a.delta = delta, a.dq = dq;
-    a.dk = dk, a.dv = dv;
+    a.dq_out = dq_out, a.dk = dk, a.dv = dv;
     const long long st[3] = {H * S * HB_D, S * HB_D, HB_D};
     for (int i = 0; i < 3; ++i)
       a.q_strides[i] = a.k_strides[i] = a.v_strides[i] = a.o_strides[i] = a.do_strides[i] = st[i];
     a.B = a.Bkv = B, a.Hq = a.Hkv = H, a.Sq = a.Skv = S;
     a.scale = 1.f / std::sqrt((float)HB_D);
     a.q_block = a.kv_block = blk;
+    a.dq_pairs = flex_dq_pairs(B * H, S);  // as backend/runtime/FlexTiledCuda.cpp sets it
     auto list = [&](int* num, int* idx) { return HbFlexBlockList{num, idx, 1, 1, nblk, nblk}; };
     a.kv_list = list(lists[0], lists[1]), a.kv_full_list = list(lists[2], lists[3]);
     a.q_list = list(lists[4], lists[5]), a.q_full_list = list(lists[6], lists[7]);
@@ -222,7 +224,6 @@ struct Problem {
 
   void forward() { CK((cudaError_t)hb_flex_cuda_forward(&a, nullptr)); }
   void backward() {
-    CK(cudaMemsetAsync(dq, 0, B * H * S * HB_D * sizeof(float)));
     if (order) CK(cudaMemsetAsync(order, 0, counters * sizeof(int)));
     if (windows) {
       static std::vector<long long> unset;
@@ -245,8 +246,9 @@ double rel_err(const std::vector<T>& x, const std::vector<double>& ref) {
   return num / den;
 }
 
-bool check(long long S, bool causal) {
+bool check(long long S, bool causal, long long pairs = 0) {  // pairs: dQ's pairs a launch (0: flex_dq_pairs)
   Problem p(1, 2, S, causal, 1);
+  if (pairs) p.a.dq_pairs = pairs;
   p.forward();
   p.backward();
   CK(cudaDeviceSynchronize());
@@ -260,11 +262,12 @@ bool check(long long S, bool causal) {
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   const double e[5] = {rel_err(download(p.out, n), download(out, n)), rel_err(download(p.lse, rows), download(lse, rows)),
-                       rel_err(download(p.dq, n), download(dq, n)), rel_err(download(p.dk, n), download(dk, n)),
+                       rel_err(download(p.dq_out, n), download(dq, n)), rel_err(download(p.dk, n), download(dk, n)),
                        rel_err(download(p.dv, n), download(dv, n))};
   const bool ok = e[0] < 2e-2 && e[1] < 1e-3 && e[2] < 2e-2 && e[3] < 2e-2 && e[4] < 2e-2;
-  std::printf("check D%d S%lld%s: max rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e: %s\n", HB_D, S,
-              causal ? " block-causal" : "", e[0], e[1], e[2], e[3], e[4], ok ? "ok" : "FAILED");
+  std::printf("check D%d S%lld%s%s: max rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e: %s\n", HB_D, S,
+              causal ? " block-causal" : "", pairs ? ", dQ a pair a launch" : "", e[0], e[1], e[2], e[3], e[4],
+              ok ? "ok" : "FAILED");
   return ok;
 }
 
@@ -297,23 +300,32 @@ int main(int argc, char** argv) {
 #ifdef HB_LAB_MODS
   bool ok = true;
 #else
-  bool ok = check(320, false) && check(384, true);
+  bool ok = check(320, false) && check(384, true) && check(384, true, 1);
 #endif
   Problem p(B, H, S, causal, 2);
   const double flops = 4.0 * B * H * S * S * HB_D * (causal ? 0.5 : 1.0);
   const float f = time_ms([&] { p.forward(); }, iters), b = time_ms([&] { p.backward(); }, iters);
   std::printf("time D%d B%lld H%lld S%lld%s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s), "
-              "both %.0f TFLOP/s\n", HB_D, B, H, S, causal ? " block-causal" : "", f, flops / f * 1e-9, b,
-              2.5 * flops / b * 1e-9, 3.5 * flops / (f + b) * 1e-9);
+              "both %.0f TFLOP/s (dQ summed %lld of %lld pairs a launch)\n", HB_D, B, H, S,
+              causal ? " block-causal" : "", f, flops / f * 1e-9, b, 2.5 * flops / b * 1e-9,
+              3.5 * flops / (f + b) * 1e-9, p.a.dq_pairs, B * H);
+  if (p.a.dq_pairs < B * H) {  // the same backward in one launch, its dQ workspace every pair's
+    const long long pairs = p.a.dq_pairs;
+    p.a.dq_pairs = 0;
+    const float one = time_ms([&] { p.backward(); }, iters);
+    std::printf("time D%d B%lld H%lld S%lld%s: backward in one launch %.3f ms (%.0f TFLOP/s): %.3fx\n", HB_D, B, H,
+                S, causal ? " block-causal" : "", one, 2.5 * flops / one * 1e-9, b / one);
+    p.a.dq_pairs = pairs;
+  }
 #if HB_DETERMINISTIC
   const size_t n = (size_t)B * H * S * HB_D;
   p.backward();
-  const std::vector<float> dq1 = download(p.dq, n);
+  const std::vector<Elem> dq1 = download(p.dq_out, n);
   const std::vector<Elem> dk1 = download(p.dk, n);
   std::vector<float> g1;  // the window sums overwrite the buffer gradient (no accumulation across runs)
   if (p.windows) g1 = download((float*)p.a.score_buffers[0].grad, p.grad_numel());
   p.backward();
-  bool same = std::memcmp(dq1.data(), download(p.dq, n).data(), n * sizeof(float)) == 0 &&
+  bool same = std::memcmp(dq1.data(), download(p.dq_out, n).data(), n * sizeof(Elem)) == 0 &&
               std::memcmp(dk1.data(), download(p.dk, n).data(), n * sizeof(Elem)) == 0;
   if (p.windows)
     same = same && std::memcmp(g1.data(), download((float*)p.a.score_buffers[0].grad, p.grad_numel()).data(),

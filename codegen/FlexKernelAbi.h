@@ -64,7 +64,12 @@
     const void* dout; long long do_strides[3];  /* backward */                                          \
     const float* dlse;                  /* backward: [B, Hq, Sq], or null */                            \
     float* delta;                       /* backward: [B, Hq, Sq] workspace */                           \
-    float* dq;                          /* backward: [B, Hq, Sq, D] float, zeroed */                    \
+    float* dq;      /* backward: float workspace, dQ of dq_pairs (b, kv head) pairs: [dq_pairs Hq/Hkv Sq, D] */ \
+    void* dq_out;   /* backward: dQ, [B, Hq, Sq, D] of q's dtype, contiguous; the launcher rounds dq into it */ \
+    long long dq_pairs; /* backward: (b, kv head) pairs per launch, each launch's dQ summed in dq (flex_dq_pairs) */ \
+    long long bh0, dq_row0; /* backward, set by the launcher: the launch's first (b, kv head) pair (b Hkv + kv  */ \
+                            /* head) and its first query row (b Hq + h) Sq, which is row 0 of dq               */ \
+    int pairs_fast;         /* ... and 1 where its grid has pairs along x (FlexTiledKernel.cuh, bwd_grid)      */ \
     void* dk; void* dv;                 /* backward: [B, Hkv, Skv, D] */                                \
     long long B, Hq, Sq, Bkv, Hkv, Skv;                                                                 \
     float scale;                                                                                        \
@@ -90,6 +95,17 @@
   inline long long flex_merged_len(long long window_len, long long tiles) { return window_len + 64 * tiles; } \
   inline long long flex_window_floats(long long rows, long long tiles, long long window_len) {       \
     return rows * tiles * window_len + rows * flex_merged_len(window_len, tiles);                    \
+  }                                                                                                  \
+  /* The backward's (b, kv head) pairs per launch, of B Hkv pairs with Skv keys: the launcher sums each  */ \
+  /* launch's dQ in a float workspace of that many pairs' rows, rounds it into dQ and reuses it, so the   */ \
+  /* workspace is a fraction of dQ's B Hq Sq D floats. A launch keeps at least flex_dq_launch_ctas CTAs  */ \
+  /* of 64 keys (about four waves of a 132-SM GPU at two CTAs per SM), and the launches are even.        */ \
+  inline long long flex_dq_pairs(long long pairs, long long skv) {                                   \
+    const long long flex_dq_launch_ctas = 1024, tiles = (skv + 63) / 64 > 0 ? (skv + 63) / 64 : 1;    \
+    const long long least = (flex_dq_launch_ctas + tiles - 1) / tiles;                                \
+    if (pairs < 2 * least) return pairs;                                                              \
+    const long long launches = pairs / least;                                                         \
+    return (pairs + launches - 1) / launches;                                                         \
   }
 
 /* The generated prelude's CUDA hb_scatter (codegen/FlexKernelGen.cpp says what it does), one text for the */

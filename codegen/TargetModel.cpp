@@ -8,6 +8,7 @@
 
 #include "backend/ir/Aliasing.h"
 #include "backend/ir/CrossEntropy.h"
+#include "codegen/FlexKernelAbi.h"
 #include "codegen/FlexKernelGen.h"
 #include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
@@ -121,8 +122,12 @@ int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attenti
     if (!d.is_static()) return 0;  // symbolic: counted as 0, like symbolic values
   const TensorType& qt = *qtt;
   std::string why;
-  if (fused_cuda && qt.device.rfind("cuda", 0) == 0 && generate_flex_kernel(g, node, &why, FlexKernelDevice::Cuda))
-    return fw ? 0 : (*q)[0].value * (*q)[1].value * (*q)[2].value * ((*q)[3].value + 1) * 4;
+  if (fused_cuda && qt.device.rfind("cuda", 0) == 0 && generate_flex_kernel(g, node, &why, FlexKernelDevice::Cuda)) {
+    if (fw) return 0;
+    const int64_t b = (*q)[0].value, hq = (*q)[1].value, sq = (*q)[2].value, hkv = (*k)[1].is_static() ? (*k)[1].value : hq;
+    const int64_t pairs = hkv > 0 && hq % hkv == 0 ? flex_dq_pairs(b * hkv, (*k)[2].value) : b;
+    return b * hq * sq * 4 + pairs * (hkv > 0 && hq % hkv == 0 ? hq / hkv : hq) * sq * (*q)[3].value * 4;
+  }
   if (fused_cpu && qt.device.rfind("cpu", 0) == 0 && generate_flex_kernel(g, node, &why)) {
     const int64_t elem = qt.dtype == DType::Float64 ? 8 : 4;
     const int64_t copy = (*q)[0].value * (*q)[1].value * std::max((*q)[2].value, (*k)[2].value) * (*q)[3].value;

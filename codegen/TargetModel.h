@@ -43,8 +43,9 @@ std::string placement_table(const Graph& g, const Target& t);
 // A flex node the generated tiled CPU kernel runs (`fused_cpu`: the target builds generated kernels) takes
 // working copies of q/k/v (and, backward, out/grad_out and the gradients) in float: about
 // kFlexFused{Forward,Backward}Copies [B, Hq, S, D] tensors of 4 bytes (8 for float64), no S^2. One the
-// generated CUDA kernels run (`fused_cuda`) takes nothing forward and, backward, the float dQ accumulator
-// and the delta rows: [B, Hq, Sq] x (D + 1) floats.
+// generated CUDA kernels run (`fused_cuda`) takes nothing forward and, backward, the delta rows ([B, Hq,
+// Sq] floats) and the float dQ workspace of one launch's (b, kv head) pairs (flex_dq_pairs in
+// codegen/FlexKernelAbi.h: a quarter of [B, Hq, Sq, D] at B4 H16 S4096).
 // hintbackend::cross_entropy_forward (passes/FoldCrossEntropyForward.h): its chunk's two temporaries,
 // 2 x rows x C in the result's dtype, rows as the node says. hintbackend::cross_entropy_backward (either
 // form) with a half-precision result off CUDA: one float32 chunk of rows (backend/ir/CrossEntropy.h).

@@ -208,7 +208,11 @@ FlexBackwardResult flex_cuda_backward(const at::Tensor& q_in, const at::Tensor& 
   const at::Tensor dlse = has_dlse ? grad_logsumexp->to(at::kFloat).contiguous() : at::Tensor();
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor delta = at::empty({a.B, a.Hq, a.Sq}, f32);
-  at::Tensor dq = at::zeros({a.B, a.Hq, a.Sq, q.size(3)}, f32);
+  // dQ summed in float a launch of (b, kv head) pairs at a time (flex_dq_pairs), in a workspace the
+  // launcher zeroes before each launch and rounds into dq.
+  a.dq_pairs = flex_dq_pairs(a.B * a.Hkv, a.Skv);
+  at::Tensor dq_acc = at::empty({a.dq_pairs * (a.Hq / a.Hkv) * a.Sq, q.size(3)}, f32);
+  at::Tensor dq = at::empty({a.B, a.Hq, a.Sq, q.size(3)}, q.options());
   at::Tensor dk = at::empty({a.B, a.Hkv, a.Skv, k.size(3)}, q.options());
   at::Tensor dv = at::empty({a.B, a.Hkv, a.Skv, v.size(3)}, q.options());
   std::vector<at::Tensor> grads(score_buffers.size());
@@ -224,7 +228,8 @@ FlexBackwardResult flex_cuda_backward(const at::Tensor& q_in, const at::Tensor& 
   a.lse = const_cast<float*>(lse.data_ptr<float>());
   a.dlse = has_dlse ? dlse.data_ptr<float>() : nullptr;
   a.run_joint = fns.run_joint ? 1 : 0;
-  a.delta = delta.data_ptr<float>(), a.dq = dq.data_ptr<float>(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
+  a.delta = delta.data_ptr<float>(), a.dq = dq_acc.data_ptr<float>(), a.dq_out = dq.data_ptr();
+  a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
   // deterministic=True: a counter per 64 query rows, then each key tile's rank per query block
   // (FlexTiledKernel.cuh, dq_turn_wait).
   at::Tensor order;
@@ -262,7 +267,8 @@ FlexBackwardResult flex_cuda_backward(const at::Tensor& q_in, const at::Tensor& 
     dk = dk.sum(0, /*keepdim=*/true);
     dv = dv.sum(0, /*keepdim=*/true);
   }
-  FlexBackwardResult r{unpadded(dq.to(q.scalar_type()), q_in.size(3), q_in.strides()),
+  dq_acc.reset();
+  FlexBackwardResult r{unpadded(dq, q_in.size(3), q_in.strides()),
                        unpadded(dk, k_in.size(3), k_in.strides()), unpadded(dv, v_in.size(3), v_in.strides()), {}};
   for (size_t i = 0; i < score_buffers.size(); ++i)
     r.buffer_grads.push_back(grads[i].defined() ? grads[i].to(score_buffers[i].scalar_type()) : at::Tensor());

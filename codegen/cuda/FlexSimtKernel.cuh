@@ -361,8 +361,8 @@ __global__ void __launch_bounds__(NT, 1) flex_bwd_simt(const __grid_constant__ H
   float4* sdST = sPT + BN * PCH; // [BN][BM]: dS transposed
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const long long G = a.Hq / a.Hkv;
-  const long long b = blockIdx.y / a.Hkv, hk = blockIdx.y % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
-  const long long k0 = (long long)blockIdx.x * BN;
+  const long long bh = bwd_pair(a) + a.bh0, b = bh / a.Hkv, hk = bh % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
+  const long long k0 = bwd_tile(a) * BN;
   const int kvalid = (int)lmin(BN, a.Skv - k0);
   const Elem* K = (const Elem*)a.k + bk * a.k_strides[0] + hk * a.k_strides[1];
   const Elem* V = (const Elem*)a.v + bk * a.v_strides[0] + hk * a.v_strides[1];
@@ -505,7 +505,7 @@ __global__ void __launch_bounds__(NT, 1) flex_bwd_simt(const __grid_constant__ H
         const long long qi = q0 + ty * RQ + i;
         if (qi >= a.Sq) continue;
 #pragma unroll
-        for (int k = 0; k < NV; ++k) red_dq(a.dq + (row0 + qi) * D + (tx + 16 * k) * VW, dq[i][k]);
+        for (int k = 0; k < NV; ++k) red_dq(a.dq + (row0 - a.dq_row0 + qi) * D + (tx + 16 * k) * VW, dq[i][k]);
       }
     }
   }
@@ -533,11 +533,11 @@ __global__ void __launch_bounds__(NT, 1) flex_bwd_simt(const __grid_constant__ H
   }
 }
 
-int launch_bwd(const HbFlexCudaArgs& a, void* stream) {
+// One launch of (b, kv head) pairs [a.bh0, a.bh0 + pairs).
+int launch_bwd(const HbFlexCudaArgs& a, long long pairs, void* stream) {
   cudaError_t e = cudaFuncSetAttribute(flex_bwd_simt, cudaFuncAttributeMaxDynamicSharedMemorySize, kBwdSmem);
   if (e != cudaSuccess) return (int)e;
-  const dim3 grid((unsigned)((a.Skv + BN - 1) / BN), (unsigned)(a.B * a.Hkv));
-  flex_bwd_simt<<<grid, NT, kBwdSmem, (cudaStream_t)stream>>>(a);
+  flex_bwd_simt<<<bwd_grid((a.Skv + BN - 1) / BN, pairs, a.pairs_fast), NT, kBwdSmem, (cudaStream_t)stream>>>(a);
   return (int)cudaGetLastError();
 }
 #endif  // HB_SIMT_BWD

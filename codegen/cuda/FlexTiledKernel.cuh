@@ -368,9 +368,24 @@ struct LineStep {
   long long key0, alpha, beta;
 };
 
+// The backward's grid. A launch of part of the (b, kv head) pairs (flex_dq_pairs) has its pairs along x
+// and key tiles along y, so that it starts every pair's first key tile before any pair's second: a causal
+// mask's longest CTAs (its first key tiles, which walk every query row) start first and its shortest end
+// the launch, whose tail, paid once per launch, would otherwise be a long CTA's (H200, D128 B4 H16 S4096,
+// block-causal backward in 4 launches: 2.81 ms against 3.31 with key tiles along x). A launch of every
+// pair has key tiles along x: pairs along x would keep every pair's Q and dO in use at once, more than L2
+// holds (6.89 ms against 5.18 without a mask). a.pairs_fast says which; bwd_tile() is a CTA's key tile,
+// bwd_tiles() the launch's key tiles, bwd_pair() its pair less the launch's first.
+__device__ __forceinline__ long long bwd_tile(const HbFlexCudaArgs& a) { return a.pairs_fast ? blockIdx.y : blockIdx.x; }
+__device__ __forceinline__ long long bwd_tiles(const HbFlexCudaArgs& a) { return a.pairs_fast ? gridDim.y : gridDim.x; }
+__device__ __forceinline__ long long bwd_pair(const HbFlexCudaArgs& a) { return a.pairs_fast ? blockIdx.x : blockIdx.y; }
+inline dim3 bwd_grid(long long tiles, long long pairs, bool pairs_fast) {
+  return pairs_fast ? dim3((unsigned)pairs, (unsigned)tiles) : dim3((unsigned)tiles, (unsigned)pairs);
+}
+
 // The deterministic scatter's window (line_reduce) of (b, query head h) and this CTA's key tile.
-__device__ __forceinline__ long long window_of(long long b, long long h, long long Hq) {
-  return (b * Hq + h) * gridDim.x + blockIdx.x;
+__device__ __forceinline__ long long window_of(const HbFlexCudaArgs& a, long long b, long long h) {
+  return (b * a.Hq + h) * bwd_tiles(a) + bwd_tile(a);
 }
 
 template <int ROWS, int COLS>
@@ -607,7 +622,7 @@ __device__ __forceinline__ void add_dq(const float (&dq)[NC / 8][4], const HbFle
   for (int r = 0; r < 2; ++r) {
     const long long qi = qi0 + 8 * r;
     if (qi >= a.Sq) continue;
-    float* dst = a.dq + (row0 + qi) * D + d0 + 2 * t4;
+    float* dst = a.dq + (row0 - a.dq_row0 + qi) * D + d0 + 2 * t4;
 #pragma unroll
     for (int j = 0; j < NC / 8; ++j) {
 #if __CUDA_ARCH__ >= 900
@@ -837,8 +852,8 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
   uint4* sdS = sP + BM * PC;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
   const long long G = a.Hq / a.Hkv;
-  const long long b = blockIdx.y / a.Hkv, hk = blockIdx.y % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
-  const long long k0 = (long long)blockIdx.x * BN;
+  const long long bh = bwd_pair(a) + a.bh0, b = bh / a.Hkv, hk = bh % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
+  const long long k0 = bwd_tile(a) * BN;
   const int kvalid = (int)lmin(BN, a.Skv - k0);
   const Elem* K = (const Elem*)a.k + bk * a.k_strides[0] + hk * a.k_strides[1];
   const Elem* V = (const Elem*)a.v + bk * a.v_strides[0] + hk * a.v_strides[1];
@@ -916,7 +931,7 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
 #endif
       bwd_p_ds<BN>(s, dp, a, b, h, q0, warp * 16 + g, k0, full, inside, row0, t, line);
 #if HB_SCATTER
-      if (line.tile) line_reduce<BM, BN, BT>(line, a, q0, window_of(b, h, a.Hq));
+      if (line.tile) line_reduce<BM, BN, BT>(line, a, q0, window_of(a, b, h));
 #endif
       store_p_ds<BN>(s, dp, sP, sdS, warp * 16 + g, [](int r, int c) { return sw<PC>(r, c); });
       __syncthreads();
@@ -942,7 +957,7 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) ldsm(&sdS[sw<PC>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))], dsa[kk]);
 #if HB_DETERMINISTIC
-      dq_turn_wait(a, b, h, q0, blockIdx.x, t);
+      dq_turn_wait(a, b, h, q0, bwd_tile(a), t);
 #endif
 #pragma unroll
       for (int d0 = 0; d0 < D; d0 += QC) {
@@ -1319,8 +1334,8 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
   uint4* sdS = sP + WBM * 8;
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) >> 2;
   const long long G = a.Hq / a.Hkv;
-  const long long b = blockIdx.y / a.Hkv, hk = blockIdx.y % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
-  const long long k0 = (long long)blockIdx.x * WBN;
+  const long long bh = bwd_pair(a) + a.bh0, b = bh / a.Hkv, hk = bh % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
+  const long long k0 = bwd_tile(a) * WBN;
   const int kvalid = (int)lmin(WBN, a.Skv - k0);
   load_panels<WBN, WBT>(sK, (const Elem*)a.k + bk * a.k_strides[0] + hk * a.k_strides[1], k0, a.k_strides[2], a.Skv);
   load_panels<WBN, WBT>(sV, (const Elem*)a.v + bk * a.v_strides[0] + hk * a.v_strides[1], k0, a.v_strides[2], a.Skv);
@@ -1384,7 +1399,7 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
 #endif
     bwd_p_ds<WBN>(s, dp, a, b, h, q0, warp * 16 + g, k0, full, inside, row0, t, line);
 #if HB_SCATTER
-    if (line.tile) line_reduce<WBM, WBN, WBT>(line, a, q0, window_of(b, h, a.Hq));
+    if (line.tile) line_reduce<WBM, WBN, WBT>(line, a, q0, window_of(a, b, h));
 #endif
     store_p_ds<WBN>(s, dp, sP, sdS, warp * 16 + g, [](int r, int c) { return pw<WBM>(r, c); });
     uint32_t da[WBN / 16][4];
@@ -1422,7 +1437,7 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int x = 0; x < D / 64; ++x) fence_acc(dq[x]);
-    dq_turn_wait(a, b, h, q0, blockIdx.x, t);
+    dq_turn_wait(a, b, h, q0, bwd_tile(a), t);
 #pragma unroll
     for (int x = 0; x < D / 64; ++x) add_dq<64>(dq[x], a, row0, q0 + warp * 16 + g, x * 64);
     dq_turn_done(a, b, h, q0);
@@ -1538,10 +1553,20 @@ __global__ void flex_window_sum(const __grid_constant__ HbFlexCudaArgs a, long l
 }
 #endif
 
+// n floats of dQ's workspace rounded into dQ (q's dtype), four per thread; n is a multiple of 16 (rows
+// of D >= 16 columns) and both ends are 16-byte aligned (the caller's tensors; D Elems per row).
+__global__ void flex_dq_round(const float* __restrict__ acc, Elem* __restrict__ out, long long n) {
+  for (long long i = 4 * ((long long)blockIdx.x * blockDim.x + threadIdx.x); i < n;
+       i += 4 * (long long)gridDim.x * blockDim.x) {
+    const float4 x = *reinterpret_cast<const float4*>(acc + i);
+    out[i] = Elem(x.x), out[i + 1] = Elem(x.y), out[i + 2] = Elem(x.z), out[i + 3] = Elem(x.w);
+  }
+}
+
 #if HB_SIMT_FWD || HB_SIMT_BWD
 namespace simt {  // codegen/cuda/FlexSimtKernel.cuh, pasted after this text
 int launch_fwd(const HbFlexCudaArgs& a, void* stream);
-int launch_bwd(const HbFlexCudaArgs& a, void* stream);
+int launch_bwd(const HbFlexCudaArgs& a, long long pairs, void* stream);
 int smem(bool backward);
 }  // namespace simt
 #endif
@@ -1597,27 +1622,44 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
     if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
   }
 #endif
+  // The main kernel once per dq_pairs (b, kv head) pairs, each launch's dQ summed in the float workspace
+  // and rounded into dq_out before the next reuses it (flex_dq_pairs says why).
+  if (!a->dq || !a->dq_out) return (int)cudaErrorInvalidValue;
+  const long long pairs = a->B * a->Hkv, per = a->dq_pairs > 0 && a->dq_pairs < pairs ? a->dq_pairs : pairs;
+  const long long pair_rows = a->Hq / a->Hkv * a->Sq;
 #if HB_SIMT_BWD
-  e = (cudaError_t)hbk::simt::launch_bwd(main_args, stream);
-  if (e != cudaSuccess) return (int)e;
 #elif HB_WG
   e = cudaFuncSetAttribute(hbk::flex_bwd_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kBwdWgSmem);
   if (e != cudaSuccess) return (int)e;
-  const dim3 grid((unsigned)((a->Skv + hbk::WBN - 1) / hbk::WBN), (unsigned)(a->B * a->Hkv));
-  hbk::flex_bwd_wg<<<grid, hbk::WBT, hbk::kBwdWgSmem, (cudaStream_t)stream>>>(main_args);
+  const long long tiles = (a->Skv + hbk::WBN - 1) / hbk::WBN;
 #else
   e = cudaFuncSetAttribute(hbk::flex_bwd, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kBwdSmem);
   if (e != cudaSuccess) return (int)e;
-  const dim3 grid((unsigned)((a->Skv + hbk::BN - 1) / hbk::BN), (unsigned)(a->B * a->Hkv));
-  hbk::flex_bwd<<<grid, hbk::BT, hbk::kBwdSmem, (cudaStream_t)stream>>>(main_args);
+  const long long tiles = (a->Skv + hbk::BN - 1) / hbk::BN;
 #endif
+  for (long long p0 = 0; p0 < pairs; p0 += per) {
+    const long long n = per < pairs - p0 ? per : pairs - p0, floats = n * pair_rows * HB_D;
+    main_args.bh0 = p0, main_args.dq_row0 = p0 * pair_rows, main_args.pairs_fast = per < pairs;
+    if ((e = cudaMemsetAsync(a->dq, 0, floats * sizeof(float), (cudaStream_t)stream)) != cudaSuccess) return (int)e;
+#if HB_SIMT_BWD
+    if ((e = (cudaError_t)hbk::simt::launch_bwd(main_args, n, stream)) != cudaSuccess) return (int)e;
+#elif HB_WG
+    hbk::flex_bwd_wg<<<hbk::bwd_grid(tiles, n, per < pairs), hbk::WBT, hbk::kBwdWgSmem, (cudaStream_t)stream>>>(main_args);
+#else
+    hbk::flex_bwd<<<hbk::bwd_grid(tiles, n, per < pairs), hbk::BT, hbk::kBwdSmem, (cudaStream_t)stream>>>(main_args);
+#endif
+    const long long blocks = (floats / 4 + 255) / 256;
+    hbk::flex_dq_round<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, (cudaStream_t)stream>>>(
+        a->dq, (hbk::Elem*)a->dq_out + p0 * pair_rows * HB_D, floats);
+    if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
+  }
 #if HB_DETERMINISTIC && HB_SCATTER
   if (a->run_joint && a->score_buffers[HB_LINE_BUF].grad) {
     if (!a->scatter_win || !a->scatter_start) return (int)cudaErrorInvalidValue;  // the caller's windows
     if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
     long long keys = 1;
     for (int d = 0; d < a->score_buffers[HB_LINE_BUF].rank; ++d) keys *= a->score_buffers[HB_LINE_BUF].sizes[d];
-    const long long heads = a->B * a->Hq, tiles = grid.x, windows = heads * tiles;  // a merged row per (b, q head)
+    const long long heads = a->B * a->Hq, windows = heads * tiles;  // a merged row per (b, q head)
     const long long merged = flex_merged_len(a->scatter_len, tiles);  // as the caller sized them
     hbk::flex_window_rows<<<(unsigned)heads, 256, 0, (cudaStream_t)stream>>>(*a, tiles, merged);
     if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;

@@ -134,6 +134,19 @@ def test_cuda_fused_shapes(tmp_path, shape):
     run_case(tmp_path, "relative", "causal", shape=shape)
 
 
+# Enough (b, kv head) pairs that the backward sums dQ in float a launch of pairs at a time
+# (codegen/FlexKernelAbi.h, flex_dq_pairs: B32 H16 S256 is 512 pairs of 4 key tiles, two launches of 256,
+# each with its pairs along the grid's x), its workspace reused between launches: the second launch's rows
+# must not carry the first's sums.
+@pytest.mark.parametrize("score,mask,deterministic", [("alibi", "causal", False), ("softcap", "none", True)])
+def test_cuda_fused_dq_in_launches_of_pairs(tmp_path, score, mask, deterministic):
+    result = run_case(tmp_path, score, mask, shape=(32, 16, 16, 256, 64), deterministic=deterministic)
+    kernels = result[0] if deterministic else result
+    assert "dQ summed in float 256 of 512 (b, kv head) pairs a launch (2 launches, 16 MiB)" in kernels, kernels
+    if deterministic:
+        assert torch.equal(result[1][2], result[2][2]), "dq differs between two deterministic runs"
+
+
 # Head dims between the built ones (16, 32, 64, 128; 256 forward only) run on the next one up, q, k, v,
 # out and dO padded with zero columns; a value head dim unlike q's takes the built one that holds both.
 @pytest.mark.parametrize("shape,value_dim", [((1, 4, 2, 300, 96), None), ((2, 2, 2, 200, 80), None),

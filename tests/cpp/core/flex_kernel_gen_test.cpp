@@ -233,6 +233,33 @@ TEST(flex_kernel_gen, the_memory_model_counts_working_copies_not_scores) {
   EXPECT_EQ(kernel_workspace_bytes(*g, n, false, true), 1 * 2 * 8 * 16 * 4 * kFlexFusedBackwardCopies);
 }
 
+TEST(flex_kernel_gen, the_cuda_backward_sums_dq_a_launch_of_pairs_at_a_time) {
+  // Launches of at least 1024 CTAs of 64 keys, as even as the pairs allow; one launch below two of those.
+  EXPECT_EQ(flex_dq_pairs(64, 4096), 16);  // B4 H16 S4096: 64 key tiles, 16 pairs = 1024 CTAs, 4 launches
+  EXPECT_EQ(flex_dq_pairs(64, 1024), 64);  // 16 key tiles: 64 pairs are one launch's least
+  EXPECT_EQ(flex_dq_pairs(128, 1024), 64);
+  EXPECT_EQ(flex_dq_pairs(100, 4096), 17);  // 6 launches of 16 or 17 pairs (not 16 x 6 + 4)
+  EXPECT_EQ(flex_dq_pairs(16, 32768), 2);  // B1 H16 S32768: 512 key tiles a pair, 8 launches of 2
+  EXPECT_EQ(flex_dq_pairs(3, 0), 3);
+  // The memory model counts one launch's workspace: B4 H16 S4096 D128, 64 pairs in 4 launches: the delta
+  // rows, 4 x 16 x 4096 floats, and a quarter of dQ, 16 x 4096 x 128 floats.
+  std::string ir = kBackward;
+  for (const char* d : {"%q", "%out", "%dout"})
+    ir = replace(ir, std::string("  ") + d + ": f32[1, 2, 8, 16] = placeholder",
+                 std::string("  ") + d + ": bf16[4, 16, 4096, 128]@cuda:0 = placeholder");
+  for (const char* d : {"%k", "%v"})
+    ir = replace(ir, std::string("  ") + d + ": f32[1, 2, 8, 16] = placeholder",
+                 std::string("  ") + d + ": bf16[4, 16, 4096, 128]@cuda:0 = placeholder");
+  ir = replace(ir, "%lse: f32[1, 2, 8] = placeholder", "%lse: f32[4, 16, 4096]@cuda:0 = placeholder");
+  ir = replace(ir, "%kvn, %kvi, none, none, none, none, none, none", "%kvn, %kvi, none, none, %kvn, %kvi, none, none");
+  auto g = parse_graph(ir);
+  const Node& n = g->nodes[g->find("fb")];
+  std::string why;
+  ASSERT_TRUE(generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda)) << why;
+  EXPECT_EQ(kernel_workspace_bytes(*g, n, false, false, /*fused_cuda=*/true),
+            int64_t{4} * 16 * 4096 * 4 + int64_t{16} * 4096 * 128 * 4);
+}
+
 TEST(flex_kernel_gen, refuses_what_it_cannot_express_naming_the_node) {
   EXPECT_EQ(refusal(replace(kBackward, "%tanh: f32[] = aten::tanh.default(%div)\n  %mul",
                             "%tanh: f32[] = aten::special_bessel_j0.default(%div)\n  %mul")),
