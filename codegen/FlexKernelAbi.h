@@ -161,9 +161,9 @@ constexpr int kFlexMaxCudaBuffers = HB_FLEX_MAX_BUFFERS;
 // The head dim the CUDA kernels are built for when q/k have head dim `qk` and v `vd`: the smallest of
 // 16, 32, 64, 128 and 256 that holds both; 0 where none does. The runtime pads q, k, v (and the
 // backward's out and dO) with zero columns up to it: zero columns add nothing to q k^T, and give zero
-// columns of the output and of dQ, dK, dV, which it cuts off (FlexTiledCuda.cpp). (`backward` is kept
-// for the callers: both directions now take the same head dims.)
-constexpr int flex_cuda_head_dim(long long qk, long long vd, bool backward) {
+// columns of the output and of dQ, dK, dV, which it cuts off (FlexTiledCuda.cpp). Both directions take
+// the same head dims.
+constexpr int flex_cuda_head_dim(long long qk, long long vd) {
   const long long d = qk > vd ? qk : vd;
   if (qk < 1 || vd < 1) return 0;
   for (int built : {16, 32, 64, 128, 256})

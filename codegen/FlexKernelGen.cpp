@@ -936,7 +936,7 @@ std::string cuda_why_not(const Graph& g, const Node& n, bool backward, const Fle
   if (!dq.is_static() || !dv.is_static() || !dk.is_static()) return "the head dim is symbolic";
   if (dk.value != dq.value)
     return "k's head dim " + std::to_string(dk.value) + " differs from q's " + std::to_string(dq.value);
-  const int built = flex_cuda_head_dim(dq.value, dv.value, backward);
+  const int built = flex_cuda_head_dim(dq.value, dv.value);
   if (built == 0)
     return "head dim " + std::to_string(dq.value) + (dv.value != dq.value ? ", value head dim " + std::to_string(dv.value) : "") +
            " (the CUDA kernels take head dims up to 256)";

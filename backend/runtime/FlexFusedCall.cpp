@@ -146,8 +146,7 @@ std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx) 
     call->cuda_fns.backward = entry<FlexCudaLaunch>(m, "hb_flex_cuda_backward", true, where);
     call->cuda_fns.error_string = entry<FlexCudaErrorString>(m, "hb_flex_cuda_error_string", true, where);
     call->cuda_fns.head_dim = flex_cuda_head_dim(ctx.graph().nodes[n.args[0].ref].type.tensor.shape[3].value,
-                                                 ctx.graph().nodes[n.args[2].ref].type.tensor.shape[3].value,
-                                                 call->backward);
+                                                 ctx.graph().nodes[n.args[2].ref].type.tensor.shape[3].value);
     call->cuda_fns.elem_bytes =
         static_cast<int>(dtype_bytes(ctx.graph().nodes[n.args[0].ref].type.tensor.dtype));
     call->cuda_fns.reports_errors = src->may_fail;

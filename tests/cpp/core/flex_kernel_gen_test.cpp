@@ -515,12 +515,12 @@ TEST(flex_kernel_gen, cuda_pads_head_dims_up_to_the_next_built_one) {
   const auto src = generate_flex_kernel(*exact, exact->find("fb"), &why, FlexKernelDevice::Cuda);
   ASSERT_TRUE(src.has_value()) << why;
   EXPECT_NE(src->summary.find("CUDA, head dim 64, bfloat16;"), std::string::npos) << src->summary;
-  EXPECT_EQ(flex_cuda_head_dim(64, 32, true), 64);
-  EXPECT_EQ(flex_cuda_head_dim(40, 100, true), 128);
-  EXPECT_EQ(flex_cuda_head_dim(200, 200, false), 256);
-  EXPECT_EQ(flex_cuda_head_dim(200, 200, true), 256);
-  EXPECT_EQ(flex_cuda_head_dim(257, 64, false), 0);
-  EXPECT_EQ(flex_cuda_head_dim(64, 257, true), 0);
+  EXPECT_EQ(flex_cuda_head_dim(64, 32), 64);
+  EXPECT_EQ(flex_cuda_head_dim(40, 100), 128);
+  EXPECT_EQ(flex_cuda_head_dim(200, 200), 256);
+  EXPECT_EQ(flex_cuda_head_dim(16, 16), 16);
+  EXPECT_EQ(flex_cuda_head_dim(257, 64), 0);
+  EXPECT_EQ(flex_cuda_head_dim(64, 257), 0);
 }
 
 TEST(flex_kernel_gen, cuda_refuses_what_its_kernels_do_not_take) {
