@@ -144,6 +144,57 @@ HB_FN float hb_sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 #else
 HB_FN float hb_sigmoid(float x) { return hb_sigmoidf(x); }
 #endif
+// The activations and their derivatives (the joint's *_backward ops), as ATen's CPU kernels define them;
+// both sides of a select are computed, so the tile loops stay branch-free.
+template <typename T> HB_FN T hb_silu(T x) { return x * hb_sigmoid(x); }
+template <typename T> HB_FN T hb_silu_bwd(T g, T x) { const T s = hb_sigmoid(x); return g * s * (T(1) + x * (T(1) - s)); }
+template <typename T> HB_FN T hb_gelu(T x) { return T(0.5) * x * (T(1) + hb_erf(x * T(0.70710678118654752440))); }
+template <typename T> HB_FN T hb_gelu_bwd(T g, T x) {
+  const T cdf = T(0.5) * (T(1) + hb_erf(x * T(0.70710678118654752440)));
+  return g * (cdf + x * T(0.39894228040143267794) * hb_exp(T(-0.5) * x * x));
+}
+template <typename T> HB_FN T hb_gelu_tanh(T x) {
+  return T(0.5) * x * (T(1) + hb_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x)));
+}
+template <typename T> HB_FN T hb_gelu_tanh_bwd(T g, T x) {
+  const T th = hb_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x));
+  const T inner = T(0.79788456080286535588) * (T(1) + T(3) * T(0.044715) * x * x);
+  return g * (T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * inner);
+}
+template <typename T> HB_FN T hb_softplus(T x, T beta, T threshold) {
+  return x * beta > threshold ? x : hb_log1p(hb_exp(x * beta)) / beta;
+}
+template <typename T> HB_FN T hb_softplus_bwd(T g, T x, T beta, T threshold) {
+  const T z = hb_exp(x * beta);
+  return x * beta > threshold ? g : g * z / (z + T(1));
+}
+/* elu(x, alpha, scale, input_scale) with neg = alpha scale, pos = scale, in = input_scale (celu: elu(x,
+   alpha, 1, 1 / alpha)); its derivative from the input, or from the result where is_result. */
+template <typename T> HB_FN T hb_elu(T x, T neg, T pos, T in) { return x <= T(0) ? hb_expm1(x * in) * neg : x * pos; }
+template <typename T> HB_FN T hb_elu_bwd(T g, T x, T neg, T pos, T in, bool is_result) {
+  return x <= T(0) ? (is_result ? g * in * (x + neg) : g * in * neg * hb_exp(x * in)) : g * pos;
+}
+template <typename T> HB_FN T hb_mish(T x) { return x * hb_tanh(hb_log1p(hb_exp(x))); }
+template <typename T> HB_FN T hb_mish_bwd(T g, T x) {
+  const T s = hb_sigmoid(x), ts = hb_tanh(hb_log1p(hb_exp(x)));
+  return g * (ts + x * s * (T(1) - ts * ts));
+}
+template <typename T> HB_FN T hb_logaddexp(T a, T b) {
+  const T m = a > b ? a : b, d = a > b ? a - b : b - a;
+  return (a == b && (a - a) != (a - a)) ? a : m + hb_log1p(hb_exp(-d));  /* equal infinities: themselves */
+}
+template <typename T> HB_FN T hb_logaddexp2(T a, T b) {
+  const T m = a > b ? a : b, d = a > b ? a - b : b - a;
+  return (a == b && (a - a) != (a - a)) ? a : m + hb_log1p(hb_exp2(-d)) * T(1.44269504088896340736);
+}
+template <typename T> HB_FN T hb_xlogy(T x, T y) { return y != y ? y : (x == T(0) ? T(0) : x * hb_log(y)); }
+template <typename T> HB_FN T hb_sinc(T x) {
+  const T p = x * T(3.14159265358979323846);
+  return x == T(0) ? T(1) : hb_sin(p) / p;
+}
+HB_FN float hb_max_finite(float) { return 3.40282346638528859812e+38F; }  /* nan_to_num's default bounds */
+HB_FN double hb_max_finite(double) { return 1.79769313486231570815e+308; }
+template <typename T> HB_FN T hb_lerp(T a, T b, T w) { return w < T(0.5) ? a + w * (b - a) : b - (b - a) * (T(1) - w); }
 )";
 
 // The kind of a scalar value in the generated code.
@@ -299,12 +350,24 @@ std::string op_name(const std::string& target, std::string* overload) {
   return target.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
 }
 
+// The activations, their derivatives and the other float functions the generator writes through the
+// prelude's hb_* forms or the library (emit's activations branch).
+const std::set<std::string>& activations() {
+  static const std::set<std::string> s = {
+      "silu", "silu_backward", "gelu", "gelu_backward", "softplus", "softplus_backward", "mish", "mish_backward",
+      "leaky_relu", "leaky_relu_backward", "hardtanh", "hardtanh_backward", "hardsigmoid", "hardsigmoid_backward",
+      "hardswish", "hardswish_backward", "elu", "celu", "elu_backward", "frac", "rad2deg", "deg2rad", "sinc",
+      "nan_to_num", "atan2", "hypot", "copysign", "logaddexp", "logaddexp2", "xlogy", "lerp"};
+  return s;
+}
+
 const std::map<std::string, std::string>& unary_math() {
   static const std::map<std::string, std::string> m = {
       {"exp", "hb_exp"}, {"exp2", "hb_exp2"}, {"log", "hb_log"}, {"log2", "hb_log2"},
       {"log10", "std::log10"}, {"log1p", "hb_log1p"}, {"expm1", "hb_expm1"}, {"tanh", "hb_tanh"},
       {"sin", "hb_sin"}, {"cos", "hb_cos"}, {"tan", "hb_tan"}, {"sinh", "std::sinh"},
       {"cosh", "std::cosh"}, {"asin", "std::asin"}, {"acos", "std::acos"}, {"atan", "std::atan"},
+      {"asinh", "std::asinh"}, {"acosh", "std::acosh"}, {"atanh", "std::atanh"},
       {"sqrt", "std::sqrt"}, {"erf", "hb_erf"}, {"erfc", "hb_erfc"}, {"floor", "std::floor"},
       {"ceil", "std::ceil"}, {"trunc", "std::trunc"}, {"round", "std::nearbyint"}, {"abs", "std::fabs"},
       {"sigmoid", "hb_sigmoid"}};
@@ -790,6 +853,91 @@ class Translator {
       const std::string gr = cast(a[0], R), y = cast(a[1], R), one = "((" + std::string(ctype(R)) + ")1)";
       def(i, R, op == "tanh_backward" ? gr + " * (" + one + " - " + y + " * " + y + ")"
                                       : gr + " * (" + one + " - " + y + ") * " + y);
+    } else if (activations().count(op) && unary) {
+      if (!floating(R)) return fail(i, "computes " + op + " into an integer");
+      // A scalar argument: positional k, else the keyword, else torch's default.
+      auto arg = [&](size_t k, const char* name, double dflt) {
+        if (k < a.size() && a[k].kind != K::None) return cast(a[k], R);
+        const std::optional<Val> v = kw(name);
+        return v ? cast(*v, R) : cast(Val{K::T, float_literal(dflt)}, R);
+      };
+      auto flag = [&](size_t k, const char* name) {  // a bool argument, a constant in the graph
+        const Arg* x = k < n.args.size() ? &n.args[k] : n.kwarg(name);
+        return x && x->kind == Arg::Kind::Bool && x->b;
+      };
+      const std::string T = ctype(R), x = cast(a[0], R);
+      const bool bwd = op.size() > 9 && op.compare(op.size() - 9, 9, "_backward") == 0;  // (grad, self, ...)
+      const std::string g = x, y = bwd && a.size() > 1 ? cast(a[1], R) : x;
+      if (bwd && !binary) return fail(i, "is " + op + " without a gradient and an input");
+      std::string approximate = "none";
+      if (const Arg* m = n.kwarg("approximate"); m && m->kind == Arg::Kind::Str) approximate = m->s;
+      const size_t ap = bwd ? 2 : 1;
+      if (ap < n.args.size() && n.args[ap].kind == Arg::Kind::Str) approximate = n.args[ap].s;
+      if ((op == "gelu" || op == "gelu_backward") && approximate != "none" && approximate != "tanh")
+        return fail(i, "is gelu with approximate='" + approximate + "'");
+      const std::string gl = approximate == "tanh" ? "hb_gelu_tanh" : "hb_gelu";
+      std::string e;
+      if (op == "silu") e = "hb_silu<" + T + ">(" + x + ")";
+      else if (op == "silu_backward") e = "hb_silu_bwd<" + T + ">(" + g + ", " + y + ")";
+      else if (op == "gelu") e = gl + "<" + T + ">(" + x + ")";
+      else if (op == "gelu_backward") e = gl + "_bwd<" + T + ">(" + g + ", " + y + ")";
+      else if (op == "softplus") e = "hb_softplus<" + T + ">(" + x + ", " + arg(1, "beta", 1) + ", " + arg(2, "threshold", 20) + ")";
+      else if (op == "softplus_backward")
+        e = "hb_softplus_bwd<" + T + ">(" + g + ", " + y + ", " + arg(2, "beta", 1) + ", " + arg(3, "threshold", 20) + ")";
+      else if (op == "mish") e = "hb_mish<" + T + ">(" + x + ")";
+      else if (op == "mish_backward") e = "hb_mish_bwd<" + T + ">(" + g + ", " + y + ")";
+      else if (op == "leaky_relu") e = "(" + x + " > (" + T + ")0 ? " + x + " : " + x + " * " + arg(1, "negative_slope", 0.01) + ")";
+      else if (op == "leaky_relu_backward")
+        e = "(" + y + " > (" + T + ")0 ? " + g + " : " + g + " * " + arg(2, "negative_slope", 0.01) + ")";
+      else if (op == "hardtanh")
+        e = "hb_min<" + T + ">(hb_max<" + T + ">(" + x + ", " + arg(1, "min_val", -1) + "), " + arg(2, "max_val", 1) + ")";
+      else if (op == "hardtanh_backward")
+        e = "((" + y + " <= " + arg(2, "min_val", -1) + " || " + y + " >= " + arg(3, "max_val", 1) + ") ? (" + T + ")0 : " + g + ")";
+      else if (op == "hardsigmoid") e = "(hb_min<" + T + ">(hb_max<" + T + ">(" + x + " + (" + T + ")3, (" + T + ")0), (" + T + ")6) / (" + T + ")6)";
+      else if (op == "hardsigmoid_backward")  // ATen's slope is 1/6 rounded to float, in every dtype
+        e = "((" + y + " > (" + T + ")-3 && " + y + " < (" + T + ")3) ? " + g + " * (" + T + ")(1.0f / 6.0f) : (" + T + ")0)";
+      else if (op == "hardswish") e = "(" + x + " * hb_min<" + T + ">(hb_max<" + T + ">(" + x + " + (" + T + ")3, (" + T + ")0), (" + T + ")6) / (" + T + ")6)";
+      else if (op == "hardswish_backward")
+        e = "(" + y + " < (" + T + ")-3 ? (" + T + ")0 : " + y + " <= (" + T + ")3 ? " + g + " * (" + y + " / (" + T + ")3 + (" + T + ")0.5) : " + g + ")";
+      else if (op == "elu" || op == "celu") {
+        const std::string alpha = arg(1, "alpha", 1);
+        e = op == "celu" ? "hb_elu<" + T + ">(" + x + ", " + alpha + ", (" + T + ")1, (" + T + ")1 / " + alpha + ")"
+                         : "hb_elu<" + T + ">(" + x + ", " + alpha + " * " + arg(2, "scale", 1) + ", " + arg(2, "scale", 1) + ", " +
+                               arg(3, "input_scale", 1) + ")";
+      } else if (op == "elu_backward") {  // (grad, alpha, scale, input_scale, is_result, self_or_result)
+        if (a.size() < 6 || !scalar(5)) return fail(i, "is elu_backward without its input or result");
+        const std::string alpha = arg(1, "alpha", 1), scale = arg(2, "scale", 1);
+        e = "hb_elu_bwd<" + T + ">(" + g + ", " + cast(a[5], R) + ", " + alpha + " * " + scale + ", " + scale + ", " +
+            arg(3, "input_scale", 1) + ", " + (flag(4, "is_result") ? "true" : "false") + ")";
+      } else if (op == "frac") e = "(" + x + " - std::trunc(" + x + "))";
+      else if (op == "rad2deg") e = "(" + x + " * (" + T + ")57.295779513082320876798154814105)";
+      else if (op == "deg2rad") e = "(" + x + " * (" + T + ")0.017453292519943295769236907684886)";
+      else if (op == "sinc") e = "hb_sinc<" + T + ">(" + x + ")";
+      else if (op == "nan_to_num") {
+        auto bound = [&](size_t k, const char* name, const char* lim) {
+          if (k < a.size() && a[k].kind != K::None) return cast(a[k], R);
+          const std::optional<Val> v = kw(name);
+          return v && v->kind != K::None ? cast(*v, R) : std::string(lim) + "hb_max_finite((" + T + ")0)";
+        };
+        e = "(" + x + " != " + x + " ? " + arg(1, "nan", 0) + " : " + x + " == (" + T + ")INFINITY ? " +
+            bound(2, "posinf", "") + " : " + x + " == -(" + T + ")INFINITY ? " + bound(3, "neginf", "-") + " : " + x + ")";
+      } else if (!binary) {
+        return fail(i, "is " + op + " with one operand");
+      } else if (op == "atan2" || op == "hypot" || op == "copysign") {
+        e = "std::" + op + "(" + x + ", " + cast(a[1], R) + ")";
+      } else if (op == "logaddexp" || op == "logaddexp2" || op == "xlogy") {
+        e = "hb_" + op + "<" + T + ">(" + x + ", " + cast(a[1], R) + ")";
+      } else if (op == "lerp") {  // lerp.Scalar and lerp.Tensor: the weight third
+        if (!scalar(2)) return fail(i, "is lerp without a weight");
+        e = "hb_lerp<" + T + ">(" + x + ", " + cast(a[1], R) + ", " + cast(a[2], R) + ")";
+      } else {
+        return fail(i, "is " + op + " with arguments it does not take");
+      }
+      def(i, R, e);
+    } else if ((op == "empty_like" || op == "fill") && (unary || op == "empty_like")) {
+      // fill(x, v) is v (the joint writes `empty_like(x)` then fills it); an unfilled empty_like is 0
+      if (op == "fill" && !(a.size() > 1 && scalar(1))) return fail(i, "is fill without a value");
+      def(i, R, op == "fill" ? cast(a[1], R) : cast(Val{K::Int, "0"}, R));
     } else if ((op == "_to_copy" || op == "to" || op == "convert_element_type" || op == "clone" || op == "alias" ||
                 op == "detach" || op == "lift_fresh_copy" || op == "view" || op == "reshape" || op == "_unsafe_view" ||
                 op == "type_as" || op == "contiguous" || op == "positive") && unary) {

@@ -5,6 +5,7 @@ import math
 import os
 
 import torch
+import torch.nn.functional as F
 from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
 from torch.nn.attention import flex_attention as _fa
 
@@ -97,4 +98,29 @@ SCORE_MODS = {
         torch.sin(s) + torch.cos(s * 0.7) * 0.5 + torch.tan(s * 0.2) * 0.2 + torch.erf(s * 0.5)
         - torch.erfc(s * 0.3) * 0.25 + torch.sin((q - kv) * 0.1) * 0.3 + torch.cos((q - kv) * 0.05)
         + torch.erfc((q - kv).abs() * 0.02) - torch.erf((q - kv) * 0.03) * 0.5)),
+    # the smooth activations (the joint differentiates them with their *_backward ops; elu and celu(1.5)
+    # have a continuous slope), and two-operand and other smooth float functions of the score and the
+    # distance (autograd writes their derivatives from ops above). Kinks are KINKED_SCORE_MODS's, in float64:
+    # in float32 or bf16 a score that rounds across a kink moves a gradient by far more than rounding.
+    "activations": (None, False, lambda buf, S: lambda s, b, h, q, kv: 0.3 * (
+        F.silu(s) + F.gelu(s) * 0.5 + F.gelu(s, approximate="tanh") * 0.5 + F.softplus(s, beta=2.0)
+        + F.elu(s) * 0.5 + F.celu(s, 1.5) * 0.5 + F.mish(s) * 0.5)),
+    "functions": (None, False, lambda buf, S: lambda s, b, h, q, kv: (
+        torch.atan2(s, ((q - kv) * 0.01 + 0.5).to(s.dtype)) + torch.hypot(s, ((q - kv) * 0.02 + 0.3).to(s.dtype)) * 0.5
+        + torch.logaddexp(s, ((q - kv) * 0.01).to(s.dtype)) * 0.5
+        + torch.logaddexp2(-s, ((kv - q) * 0.01).to(s.dtype)) * 0.3
+        + torch.special.xlogy(s * s + 0.1, ((q - kv).abs() + 1).to(s.dtype)) * 0.1
+        + torch.asinh(s) + torch.acosh(s * s + 1.5) * 0.5 + torch.atanh(torch.tanh(s) * 0.5)
+        + torch.sinc(s * 0.3) + torch.nan_to_num(s) * 0.2 + torch.rad2deg(s) * 0.005
+        + torch.deg2rad((q - kv).to(s.dtype)) * 0.1 + torch.lerp(s, ((q - kv) * 0.01).to(s.dtype), 0.3)
+        + torch.lerp(s, s * s * 0.1, 0.7))),
+}
+
+# Score_mods with kinks or jumps (leaky_relu, hardtanh, relu6, selu, hardsigmoid, hardswish, softplus past its
+# threshold, copysign, frac), checked in float64 only (see "activations" above).
+KINKED_SCORE_MODS = {
+    "kinks": (None, False, lambda buf, S: lambda s, b, h, q, kv: 0.3 * (
+        F.leaky_relu(s, 0.1) + F.hardtanh(s, -1.5, 1.0) + F.relu6(s * 3) * 0.2 + F.selu(s) * 0.5
+        + F.hardsigmoid(s * 2) + F.hardswish(s * 2) * 0.5 + F.softplus(s, beta=2.0, threshold=1.0)
+        + torch.copysign(s, (q - kv).to(s.dtype)) + torch.frac(s * 2) * 0.1)),
 }

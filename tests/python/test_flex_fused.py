@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
-from flex_reference import SCORE_MODS, causal, hop, kernels_text, outputs_and_grads, rel
+from flex_reference import KINKED_SCORE_MODS, SCORE_MODS, causal, hop, kernels_text, outputs_and_grads, rel
 from flex_reference import dense as dense_natural
 from hintbackend import hinted_context
 from hintbackend.backend import HintBackendFallbackWarning
@@ -46,7 +46,7 @@ def run_case(tmp_path, score, mask, dtype=torch.float32, shape=(2, 4, 4, 200, 32
     """Compiled hintbackend, the low-precision baselines and the float64 reference for one case; asserts
     the error bound and returns the kernels dump."""
     B, Hq, Hkv, S, D = shape
-    buf_shape, wants_grad, make_mod = SCORE_MODS[score]
+    buf_shape, wants_grad, make_mod = {**SCORE_MODS, **KINKED_SCORE_MODS}[score]
     torch.manual_seed(zlib.crc32(repr((score, mask, dtype, shape, buf_dtype, with_lse_grad)).encode()))
     q = torch.randn(B, Hq, S, D, dtype=torch.float64)
     k, v = (torch.randn(B, Hkv, S, D, dtype=torch.float64) for _ in range(2))
@@ -103,6 +103,15 @@ def test_fused_matches_float64(tmp_path, score, mask):
     assert "source of %flex_attention" in kernels  # the dumps show the generated code
     # ... with codegen/FlexMath.h by name only (compiled in, the same in every source)
     assert "// ---- codegen/FlexMath.h (its text not shown)" in kernels and "hb_log_parts" not in kernels
+
+
+# Kinks and jumps, in float64 (flex_reference.KINKED_SCORE_MODS says why): the generated forms of leaky_relu,
+# hardtanh, relu6, selu, hardsigmoid, hardswish, a softplus past its threshold, copysign and frac, and their
+# derivatives, against the float64 dense reference.
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_fused_kinked_score_mods_in_float64(tmp_path, mask):
+    kernels, _ = run_case(tmp_path, "kinks", mask, dtype=torch.float64)
+    assert "flex-attention-fused" in kernels and "flex-attention-backward-fused" in kernels, kernels
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])

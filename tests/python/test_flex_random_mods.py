@@ -17,6 +17,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask
 
 from flex_reference import hop, kernels_text
@@ -117,12 +118,15 @@ class Gen:
             return Expr(f"slope[{i.text}]", lambda s, b, h, q, kv, t, sl: sl[i.fn(s, b, h, q, kv, t, sl)])
         op = self.pick("+", "-", "*", "/", "max", "min", "where", "tanh", "sigmoid", "sin", "cos", "erf", "exp",
                        "log1p", "sqrt", "neg", "square", "softcap", "atan", "rsqrt", "relu", "cube", "floor", "abs",
-                       "recip", "fmod")
+                       "recip", "fmod", "silu", "gelu", "softplus", "mish", "elu", "leaky", "hardtanh", "hardswish",
+                       "asinh", "atan2", "hypot", "logaddexp", "lerp")
         x = self.floating(depth - 1)
-        if op in ("+", "-", "*", "/", "max", "min"):
+        if op in ("+", "-", "*", "/", "max", "min", "atan2", "hypot", "logaddexp", "lerp"):
             y = self.floating(depth - 1)
             f = {"+": torch.add, "-": torch.sub, "*": torch.mul, "/": lambda u, v: u / (1 + v.abs()),
-                 "max": torch.maximum, "min": torch.minimum}[op]
+                 "max": torch.maximum, "min": torch.minimum, "atan2": lambda u, v: torch.atan2(u, v * v + 0.5),
+                 "hypot": lambda u, v: torch.hypot(u, v * v + 0.25), "logaddexp": torch.logaddexp,
+                 "lerp": lambda u, v: torch.lerp(u, v, 0.3)}[op]
             return Expr(f"{op}({x.text}, {y.text})", lambda *a, f=f: f(x.fn(*a), y.fn(*a)))
         if op == "where":
             c, y = self.boolean(depth - 1), self.floating(depth - 1)
@@ -133,7 +137,10 @@ class Gen:
              "softcap": lambda t: 5 * torch.tanh(t / 5), "atan": torch.atan,
              "rsqrt": lambda t: torch.rsqrt(t * t + 1), "relu": torch.relu, "cube": lambda t: torch.pow(t, 3),
              "floor": torch.floor, "abs": torch.abs, "recip": lambda t: torch.reciprocal(t.abs() + 1),
-             "fmod": lambda t: torch.fmod(t, 1.5)}[op]
+             "fmod": lambda t: torch.fmod(t, 1.5), "silu": F.silu, "gelu": F.gelu,
+             "softplus": lambda t: F.softplus(t, beta=1.5, threshold=3.0), "mish": F.mish,
+             "elu": lambda t: F.elu(t, 0.7), "leaky": lambda t: F.leaky_relu(t, 0.2),
+             "hardtanh": lambda t: F.hardtanh(t, -0.8, 1.2), "hardswish": F.hardswish, "asinh": torch.asinh}[op]
         return Expr(f"{op}({x.text})", lambda *a, f=f: f(x.fn(*a)))
 
 

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -314,6 +315,129 @@ TEST(flex_kernel_gen, the_built_kernel_computes_the_score_mod_its_mask_and_its_g
       want_grad[(i - j + 7) * 2 + 1] += 1.0;         // the incoming gradient, scattered by diagonal
     }
   EXPECT_EQ(grad, want_grad);
+}
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to);
+
+// kBackward with score_mod(s) = the sum of `terms` (IR lines defining %t0, %t1, ... from %s) and a joint
+// whose d/ds is the sum of `grads` (lines defining %d0, %d1, ... from %g and %s), no buffer read or gradient.
+std::string ops_ir(const std::vector<std::string>& terms, const std::vector<std::string>& grads) {
+  auto chain = [](const std::vector<std::string>& lines, const char* v, const char* sum) {
+    std::string body;
+    for (size_t k = 0; k < lines.size(); ++k) {
+      const std::string name = std::string("%") + v + std::to_string(k);
+      body += "  " + name + ": f32[] = " + lines[k] + "\n";
+      const std::string prev = k ? std::string("%") + sum + std::to_string(k - 1) : "";
+      if (k) body += std::string("  %") + sum + std::to_string(k) + ": f32[] = aten::add.Tensor(" + prev + ", " + name + ")\n";
+      else body += std::string("  %") + sum + "0: f32[] = aten::mul.Tensor(" + name + ", 1)\n";
+    }
+    return body + "  return %" + sum + std::to_string(lines.size() - 1) + "\n";
+  };
+  std::string ir = kBackward;
+  const size_t f0 = ir.find("  %div: f32[] = aten::div.Tensor(%s, 30)"), f1 = ir.find("}\ngraph joint0");
+  ir.replace(f0, f1 - f0, chain(terms, "t", "u"));
+  const size_t j0 = ir.find("  %div: f32[] = aten::div.Tensor(%s, 30)", ir.find("graph joint0")), j1 = ir.find("}\ngraph mask0");
+  std::string jb = chain(grads, "d", "e");
+  jb.replace(jb.rfind("  return %"), std::string::npos, "  return [%e" + std::to_string(grads.size() - 1) + ", none, none, none, none, none]\n");
+  ir.replace(j0, j1 - j0, jb);
+  return replace(ir, "(f32[1, 2, 8, 16], f32[1, 2, 8, 16], f32[1, 2, 8, 16], (f32[15, 2]))",
+                 "(f32[1, 2, 8, 16], f32[1, 2, 8, 16], f32[1, 2, 8, 16], (none))");
+}
+
+// The activations and their derivatives (the *_backward ops autograd writes into the joint), and the other
+// float functions, built and run in double: each forward against its definition written out here, each
+// derivative against a central difference of the built forward. nvcc builds the same ops as CUDA code.
+TEST(flex_kernel_gen, writes_the_activations_and_their_derivatives) {
+  const std::vector<std::string> acts = {
+      "aten::silu.default(%s)", "aten::gelu.default(%s)", "aten::gelu.default(%s, approximate=\"tanh\")",
+      "aten::softplus.default(%s, 2.0, 1.0)", "aten::mish.default(%s)", "aten::leaky_relu.default(%s, 0.1)",
+      "aten::hardtanh.default(%s, -1.5, 1.0)", "aten::hardsigmoid.default(%s)", "aten::hardswish.default(%s)",
+      "aten::elu.default(%s, 1.0)", "aten::celu.default(%s, 1.5)",
+      "aten::elu.default(%s, 1.6732632423543772, 1.0507009873554805)"};
+  const std::vector<std::string> grads = {
+      "aten::silu_backward.default(%g, %s)", "aten::gelu_backward.default(%g, %s)",
+      "aten::gelu_backward.default(%g, %s, approximate=\"tanh\")", "aten::softplus_backward.default(%g, %s, 2.0, 1.0)",
+      "aten::mish_backward.default(%g, %s)", "aten::leaky_relu_backward.default(%g, %s, 0.1, false)",
+      "aten::hardtanh_backward.default(%g, %s, -1.5, 1.0)", "aten::hardsigmoid_backward.default(%g, %s)",
+      "aten::hardswish_backward.default(%g, %s)", "aten::elu_backward.default(%g, 1.0, 1, 1, false, %s)",
+      "aten::elu_backward.default(%g, 1.5, 1, 0.66666666666666663, false, %s)",
+      "aten::elu_backward.default(%g, 1.6732632423543772, 1.0507009873554805, 1, false, %s)"};
+  const std::vector<std::string> others = {
+      "aten::atan2.default(%s, 0.7)", "aten::hypot.default(%s, 0.7)", "aten::logaddexp.default(%s, 0.3)",
+      "aten::logaddexp2.default(%s, 0.3)", "aten::copysign.Tensor(%s, -1.0)", "aten::xlogy.Tensor(%s, 1.7)",
+      "aten::sinc.default(%s)", "aten::frac.default(%s)", "aten::nan_to_num.default(%s)", "aten::rad2deg.default(%s)",
+      "aten::deg2rad.default(%s)", "aten::asinh.default(%s)", "aten::lerp.Scalar(%s, 0.3, 0.25)",
+      "aten::lerp.Scalar(%s, 0.3, 0.75)"};
+  const double pi = 3.14159265358979323846;
+  auto sp = [](double x, double beta, double th) { return x * beta > th ? x : std::log1p(std::exp(beta * x)) / beta; };
+  auto elu = [](double x, double alpha, double scale, double in) { return x > 0 ? scale * x : scale * alpha * (std::exp(x * in) - 1); };
+  const std::vector<std::function<double(double)>> act_defs = {
+      [](double x) { return x / (1 + std::exp(-x)); },
+      [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); },
+      [pi](double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / pi) * (x + 0.044715 * x * x * x))); },
+      [sp](double x) { return sp(x, 2.0, 1.0); },
+      [sp](double x) { return x * std::tanh(sp(x, 1, 20)); },
+      [](double x) { return x > 0 ? x : 0.1 * x; },
+      [](double x) { return std::min(std::max(x, -1.5), 1.0); },
+      [](double x) { return std::min(std::max(x + 3, 0.0), 6.0) / 6; },
+      [](double x) { return x * std::min(std::max(x + 3, 0.0), 6.0) / 6; },
+      [elu](double x) { return elu(x, 1, 1, 1); },
+      [elu](double x) { return elu(x, 1.5, 1, 1 / 1.5); },
+      [elu](double x) { return elu(x, 1.6732632423543772, 1.0507009873554805, 1); }};
+  const std::vector<std::function<double(double)>> other_defs = {
+      [](double x) { return std::atan2(x, 0.7); }, [](double x) { return std::sqrt(x * x + 0.49); },
+      [](double x) { return std::log(std::exp(x) + std::exp(0.3)); },
+      [](double x) { return std::log2(std::exp2(x) + std::exp2(0.3)); }, [](double x) { return -std::fabs(x); },
+      [](double x) { return x * std::log(1.7); }, [pi](double x) { return std::sin(pi * x) / (pi * x); },
+      [](double x) { return x - std::trunc(x); }, [](double x) { return x; }, [pi](double x) { return x * 180 / pi; },
+      [pi](double x) { return x * pi / 180; }, [](double x) { return std::log(x + std::sqrt(x * x + 1)); },
+      [](double x) { return x + 0.25 * (0.3 - x); }, [](double x) { return x + 0.75 * (0.3 - x); }};
+  std::vector<std::string> all = acts;
+  all.insert(all.end(), others.begin(), others.end());
+  const FlexKernelSource s = generate(ops_ir(all, grads));
+  EXPECT_FALSE(s.may_fail);
+  if (have_compiler()) {
+    // Off every kink (0, the thresholds, -3 and 3, integers): one score per column of a 1 x 12 tile.
+    const std::vector<double> xs = {-3.7, -2.2, -1.2, -0.4, 0.3, 0.9, 1.6, 2.8, 5.1, -0.05, 0.45, 1.3};
+    const HostBuild build = build_host_module(s.source, {"c++", temp_dir()});
+    ASSERT_TRUE(build.module) << build.error;
+    auto score = reinterpret_cast<FlexScoreF64>(build.module->symbol("hb_flex_score_f64"));
+    auto joint = reinterpret_cast<FlexJointF64>(build.module->symbol("hb_flex_joint_f64"));
+    ASSERT_TRUE(score && joint);
+    const int n = static_cast<int>(xs.size());
+    HbFlexTile t{};
+    t.nq = 1, t.nk = n, t.ld = n;
+    auto f = [&](std::vector<double> v) { score(v.data(), &t); return v; };
+    std::vector<double> ds(n, 1.0);
+    joint(xs.data(), ds.data(), &t);
+    const std::vector<double> y = f(xs);
+    const double h = 1e-6;
+    std::vector<double> up = xs, dn = xs;
+    for (double& v : up) v += h;
+    for (double& v : dn) v -= h;
+    const std::vector<double> yu = f(up), yd = f(dn);
+    for (int e = 0; e < n; ++e) {
+      double want = 0;
+      for (const auto& d : act_defs) want += d(xs[e]);
+      for (const auto& d : other_defs) want += d(xs[e]);
+      EXPECT_NEAR(y[e], want, 1e-9 * (1 + std::fabs(want))) << "score_mod at " << xs[e];
+      // The joint differentiates the activations only: the other functions' slopes come off the difference.
+      double others_slope = 0;
+      for (const auto& d : other_defs) others_slope += (d(xs[e] + h) - d(xs[e] - h)) / (2 * h);
+      EXPECT_NEAR(ds[e], (yu[e] - yd[e]) / (2 * h) - others_slope, 1e-5) << "joint at " << xs[e];
+    }
+  }
+  const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
+  if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0) return;
+  auto g = parse_graph(replace_all(replace_all(ops_ir(all, grads), "f32[1, 2, 8, 16]", "bf16[1, 2, 200, 64]"),
+                                   "(8, 8, %kvn, %kvi, none, none, none, none,", "(200, 200, %kvn, %kvi, none, none, %kvn, %kvi,"));
+  std::string why;
+  const std::optional<FlexKernelSource> cs = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
+  ASSERT_TRUE(cs.has_value()) << why;
+  for (const char* arch : {"90", "80"}) {
+    const HostBuild build = build_cuda_module(cs->source, {"nvcc", arch, cutlass, temp_dir()});
+    EXPECT_TRUE(build.module) << arch << ": " << build.error;
+  }
 }
 
 // The float score_mod's tanh (hb_tanh, a clamped rational so that the tile loops vectorize) against the
