@@ -1,5 +1,7 @@
 #include "codegen/FlexLowering.h"
 
+#include "codegen/FlexKernelAbi.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -489,8 +491,11 @@ bool pointwise_score_mod(const Graph& g, std::string* why) {
       const int bp = b.kind == Arg::Kind::Ref ? ph_pos(b.ref) : -1;
       const int ip = idx.size() == 1 && idx[0].kind == Arg::Kind::Ref ? ph_pos(idx[0].ref) : -1;
       const ValueType& bt = bp >= 0 ? g.nodes[b.ref].type : ValueType{};
-      if (bp < bufs_from || ip < 1 || ip > 4 || bt.kind != ValueType::Kind::Tensor || bt.tensor.shape.size() != 1) {
-        *why = what + " indexes other than a 1-d buffer by b, h, q_idx or kv_idx";
+      if (bp < bufs_from || ip < 2 || ip > 4 || bt.kind != ValueType::Kind::Tensor || bt.tensor.shape.size() != 1) {
+        // buf[b]: cuDNN 9.19 computed a [B, 1, 1, 1] input in its score-modifier subgraph wrongly (an
+        // output error of 0.87 on the H200, 2026-11-27): per-batch reads stay off cuDNN.
+        *why = what + (ip == 1 ? " reads a buffer by the batch index, which cuDNN's score modifier gets wrong"
+                               : " indexes other than a 1-d buffer by h, q_idx or kv_idx");
         return false;
       }
     }
@@ -785,6 +790,64 @@ int64_t cudnn_flex_workspace_bytes(const Graph& g, int node, const FlexAnalysis&
   return cudnn_bias_bytes(g, node, a) + cudnn_sdpa_workspace_bytes(g, node, a);
 }
 
+CudnnBackwardGroup cudnn_backward_group(int64_t B, int64_t Hkv, int64_t Skv) {
+  CudnnBackwardGroup r{B, Hkv, 1};
+  if (B < 1 || Hkv < 1) return r;
+  const int64_t per = flex_dq_pairs(B * Hkv, Skv);
+  if (per >= B * Hkv) return r;
+  auto divisor_at_most = [](int64_t n, int64_t most) {
+    for (int64_t d = std::max<int64_t>(1, std::min(n, most)); d > 1; --d)
+      if (n % d == 0) return d;
+    return int64_t{1};
+  };
+  if (per >= Hkv) {
+    r.batches = divisor_at_most(B, per / Hkv);
+    r.calls = B / r.batches;
+  } else {
+    r.batches = 1;
+    r.kv_heads = divisor_at_most(Hkv, per);
+    r.calls = B * (Hkv / r.kv_heads);
+  }
+  return r;
+}
+
+bool cudnn_backward_grouped(const FlexAnalysis& a) {
+  // CudnnFlexCall's Bias mode: an additive bias that is not run as pointwise nodes.
+  const bool pointwise = !a.score_identity && !a.score_row_shift && a.score_pointwise;
+  return pointwise || !a.score_bias;
+}
+
+CudnnBackwardGroup cudnn_backward_group(const Graph& g, int node, const FlexAnalysis& a) {
+  const Node& n = g.nodes[node];
+  const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]);
+  if (!q || !k || q->shape.size() != 4 || k->shape.size() != 4 || !q->shape[0].is_static() ||
+      !k->shape[1].is_static() || !k->shape[2].is_static())
+    return {};  // symbolic: nothing to group by (the runtime groups by the sizes it gets)
+  const CudnnBackwardGroup whole{q->shape[0].value, k->shape[1].value, 1};
+  if (n.target != "higher_order::flex_attention_backward" || !cudnn_backward_grouped(a)) return whole;
+  return cudnn_backward_group(whole.batches, whole.kv_heads, k->shape[2].value);
+}
+
+std::optional<FlexDqLaunches> flex_cuda_dq_launches(const Graph& g, int node) {
+  const Node& n = g.nodes[node];
+  if (n.args.size() < 3) return std::nullopt;
+  const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]), *v = g.tensor_type(n.args[2]);
+  if (!q || !k || !v || q->device.rfind("cuda", 0) != 0 || q->shape.size() != 4 || k->shape.size() != 4 ||
+      v->shape.size() != 4)
+    return std::nullopt;
+  for (const Dim& d : {q->shape[0], q->shape[1], q->shape[2], q->shape[3], k->shape[1], k->shape[2], v->shape[3]})
+    if (!d.is_static()) return std::nullopt;
+  const int64_t hq = q->shape[1].value, hkv = k->shape[1].value;
+  if (hkv <= 0 || hq % hkv != 0) return std::nullopt;
+  FlexDqLaunches r;
+  r.pairs = q->shape[0].value * hkv;
+  r.per_launch = flex_dq_pairs(r.pairs, k->shape[2].value);
+  r.launches = (r.pairs + r.per_launch - 1) / r.per_launch;
+  const int64_t d = flex_cuda_head_dim(q->shape[3].value, v->shape[3].value);
+  r.workspace_bytes = r.per_launch * (hq / hkv) * q->shape[2].value * (d > 0 ? d : q->shape[3].value) * 4;
+  return r;
+}
+
 int64_t cudnn_sdpa_workspace_bytes(const Graph& g, int node, const FlexAnalysis& a) {
   // Fitted to what cuDNN 9.19 reports on an H200 (benchmarks/cudnn_workspace.py: exact to its 256-byte
   // constant on every case run, docs/flex-attention.md) and to cudnn-frontend's sdpa_backward node.
@@ -795,10 +858,12 @@ int64_t cudnn_sdpa_workspace_bytes(const Graph& g, int node, const FlexAnalysis&
   for (const Dim& d : {q->shape[0], q->shape[1], q->shape[2], q->shape[3], k->shape[1], k->shape[2]})
     if (!d.is_static()) return kEngine;  // symbolic: the rest counted as 0, like symbolic values
   // A kv padding: cudnn-frontend's per-batch sequence-length copies, 8 bytes a batch (not measured).
-  const int64_t padding = a.pad_kv >= 0 ? q->shape[0].value * 8 : 0;
-  if (n.target != "higher_order::flex_attention_backward") return kEngine + padding;
-  const int64_t B = q->shape[0].value, H = q->shape[1].value, S = q->shape[2].value, D = q->shape[3].value,
-                Hkv = k->shape[1].value, Skv = k->shape[2].value;
+  if (n.target != "higher_order::flex_attention_backward") return kEngine + (a.pad_kv >= 0 ? q->shape[0].value * 8 : 0);
+  // One call's: a group of whole batches, or of kv heads with their query heads (cudnn_backward_group).
+  const CudnnBackwardGroup grp = cudnn_backward_group(g, node, a);
+  const int64_t Hq = q->shape[1].value, Hkv = grp.kv_heads, B = grp.batches, H = Hq / k->shape[1].value * Hkv,
+                S = q->shape[2].value, D = q->shape[3].value, Skv = k->shape[2].value;
+  const int64_t padding = a.pad_kv >= 0 ? B * 8 : 0;
   auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
   const bool dbias = a.score_bias && !a.score_pointwise && a.softcap <= 0 && a.buffer_grads > 0;
   const bool deterministic = n.hints.deterministic.value_or(false);
@@ -809,7 +874,7 @@ int64_t cudnn_sdpa_workspace_bytes(const Graph& g, int node, const FlexAnalysis&
   int64_t bytes = kEngine + padding + B * H * S * 4;
   bytes += dbias || deterministic ? B * H * up(S, 128) * up(Skv, 128) * 2 : B * H * S * D * 4;
   if (Hkv != H) bytes += B * H * Skv * D * 4;
-  return bytes;
+  return grp.calls > 1 ? 2 * bytes : bytes;  // calls in groups: two in flight (CudnnFlexCall)
 }
 
 }  // namespace hb

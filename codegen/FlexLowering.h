@@ -141,7 +141,38 @@ int64_t cudnn_flex_workspace_bytes(const Graph& g, int node, const FlexAnalysis&
 // dO * O ([B, H, S]), then dP in q's dtype ([B, H, S, Skv] padded to 128) where dBias is wanted or the
 // algorithm is deterministic, else a float32 dQ accumulator ([B, H, S, D]), and with GQA float32 per-head
 // dK/dV partials ([B, H, Skv, D]); a kv padding adds 8 bytes a batch (cudnn-frontend's sequence-length
-// copies). The constant alone when the sizes are symbolic.
+// copies). A backward in groups (cudnn_backward_group) counts two groups' (the calls in flight). The
+// constant alone when the sizes are symbolic.
 int64_t cudnn_sdpa_workspace_bytes(const Graph& g, int node, const FlexAnalysis& a);
+
+// cuDNN's backward runs one call per group of (b, kv head) pairs, so that its float dQ accumulator (or
+// its dP, deterministic), its row sums and its GQA partials are those of one group, not of every pair:
+// whole batches where a group holds one or more of them, else kv heads (with their query heads) of one
+// batch. The group is flex_dq_pairs' (codegen/FlexKernelAbi.h: at least 1024 CTAs of 64 keys a call,
+// the rule of the generated backward's dQ launches), rounded down to a divisor of B, or of Hkv, so that
+// every call has one shape and one cuDNN graph. Two calls are in flight at a time, on two streams, so
+// the workspace is two calls'. One rule for the runtime (CudnnFlexCall), the memory plan
+// (cudnn_sdpa_workspace_bytes) and the kernels dump.
+struct CudnnBackwardGroup {
+  int64_t batches = 1, kv_heads = 1;  // per call
+  int64_t calls = 1;
+};
+CudnnBackwardGroup cudnn_backward_group(int64_t B, int64_t Hkv, int64_t Skv);
+// Whether flex node's cuDNN backward runs in groups: every form but an additive bias, whose dBias cuDNN
+// sums over a broadcast batch (a [1, H, Sq, Skv] bias) in one call.
+bool cudnn_backward_grouped(const FlexAnalysis& a);
+// The group of flex node `node`: a forward's, or a backward's that runs whole, is one call of every
+// pair; with symbolic sizes, {1, 1, 1} (the runtime groups by the sizes it gets).
+CudnnBackwardGroup cudnn_backward_group(const Graph& g, int node, const FlexAnalysis& a);
+
+// The generated CUDA backward's dQ launches for flex_attention_backward node `node` (flex_dq_pairs):
+// (b, kv head) pairs in all and per launch, the launches, and the float dQ workspace of one launch
+// ([pairs per launch x Hq/Hkv x Sq, D] floats, D padded to the head dim the kernels are built for, as
+// the runtime allocates it). nullopt off CUDA, with symbolic sizes, or where Hq is not a multiple of Hkv.
+// One rule for the memory plan (kernel_workspace_bytes) and the kernels dump.
+struct FlexDqLaunches {
+  int64_t pairs = 0, per_launch = 0, launches = 1, workspace_bytes = 0;
+};
+std::optional<FlexDqLaunches> flex_cuda_dq_launches(const Graph& g, int node);
 
 }  // namespace hb

@@ -3,7 +3,6 @@
 #include "backend/ir/Error.h"
 #include "backend/ir/SliceLoop.h"
 #include "backend/ir/SymOp.h"
-#include "codegen/FlexKernelAbi.h"
 #include "codegen/FlexKernelGen.h"
 #include "codegen/FlexLowering.h"
 #include "codegen/HostCompiler.h"
@@ -159,20 +158,26 @@ std::string dbias_precision_why(const Graph& g, int node, const FlexAnalysis& a)
          "'s float gradient would carry that rounding" + (backward ? "" : " (the backward runs on the generated kernel)");
 }
 
-// The CUDA backward's dQ launches (flex_dq_pairs) where they are more than one: "; dQ summed in float 16
-// of 64 (b, kv head) pairs a launch (4 launches, 32 MiB)". Nothing on the CPU or with symbolic sizes.
-std::string dq_launches_note(const Graph& g, const Node& n) {
-  const TensorType *q = g.tensor_type(n.args[0]), *k = g.tensor_type(n.args[1]);
-  if (!q || !k || q->device.rfind("cuda", 0) != 0 || q->shape.size() != 4 || k->shape.size() != 4) return "";
-  for (const Dim& d : {q->shape[0], q->shape[1], q->shape[2], q->shape[3], k->shape[1], k->shape[2]})
-    if (!d.is_static()) return "";
-  const int64_t hq = q->shape[1].value, hkv = k->shape[1].value;
-  if (hkv <= 0 || hq % hkv != 0) return "";
-  const int64_t pairs = q->shape[0].value * hkv, per = flex_dq_pairs(pairs, k->shape[2].value);
-  if (per >= pairs) return "";
-  const int64_t mib = (per * (hq / hkv) * q->shape[2].value * q->shape[3].value * 4 + (1 << 20) - 1) >> 20;
-  return "; dQ summed in float " + std::to_string(per) + " of " + std::to_string(pairs) + " (b, kv head) pairs a launch (" +
-         std::to_string((pairs + per - 1) / per) + " launches, " + std::to_string(mib) + " MiB)";
+// The CUDA backward's dQ launches (flex_cuda_dq_launches) where they are more than one: "; dQ summed in
+// float 16 of 64 (b, kv head) pairs a launch (4 launches, 32 MiB)". Nothing on the CPU or with symbolic sizes.
+std::string dq_launches_note(const Graph& g, int node) {
+  const std::optional<FlexDqLaunches> l = flex_cuda_dq_launches(g, node);
+  if (!l || l->launches <= 1) return "";
+  return "; dQ summed in float " + std::to_string(l->per_launch) + " of " + std::to_string(l->pairs) +
+         " (b, kv head) pairs a launch (" + std::to_string(l->launches) + " launches, " +
+         std::to_string((l->workspace_bytes + (1 << 20) - 1) >> 20) + " MiB)";
+}
+
+// cuDNN's backward calls (cudnn_backward_group) where they are more than one: "; 4 calls of 1 batch" or
+// "; 8 calls of 2 kv heads".
+std::string cudnn_calls_note(const Graph& g, int node, const FlexAnalysis& a) {
+  const CudnnBackwardGroup grp = cudnn_backward_group(g, node, a);
+  if (grp.calls <= 1) return "";
+  const TensorType* k = g.tensor_type(g.nodes[node].args[1]);
+  const bool whole = k && grp.kv_heads == k->shape[1].value;
+  const int64_t n = whole ? grp.batches : grp.kv_heads;
+  return "; " + std::to_string(grp.calls) + " calls of " + std::to_string(n) +
+         (whole ? (n == 1 ? " batch" : " batches") : (n == 1 ? " kv head" : " kv heads")) + " (cuDNN's workspace one call's)";
 }
 
 // A flex node: cuDNN's SDPA when the target has it and it can run the node as flex defines it (and the
@@ -228,6 +233,7 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
                                        to_string(a.bias_layout) + ")" +
                                        (backward && a.buffer_grads ? "; dBias scattered into its buffers' gradients" : "")) +
             (backward && n.hints.deterministic.value_or(false) ? ", deterministic" : "") +
+            (backward ? cudnn_calls_note(g, node, a) : std::string()) +
             (fused_first.empty() ? "" : " (" + fused_first + ", but the generated kernel cannot run: " + fused_not + ")");
     return;
   }
@@ -252,7 +258,7 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
                                    : "")
                         : std::string("; deterministic: per-worker sums added in worker order"))
                  : "") +
-            (backward ? dq_launches_note(g, n) : std::string()) +
+            (backward ? dq_launches_note(g, node) : std::string()) +
             (build.cache_hit ? "; from the kernel cache" : "; compiled in " + std::to_string(build.seconds).substr(0, 4) + " s") +
             (pref == KernelPref::Fused ? "; kernel=fused hint" : "") +
             (why_not.empty() ? "" : " (not cuDNN: " + why_not + ")");

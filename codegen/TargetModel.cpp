@@ -8,7 +8,6 @@
 
 #include "backend/ir/Aliasing.h"
 #include "backend/ir/CrossEntropy.h"
-#include "codegen/FlexKernelAbi.h"
 #include "codegen/FlexKernelGen.h"
 #include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
@@ -124,9 +123,10 @@ int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attenti
   std::string why;
   if (fused_cuda && qt.device.rfind("cuda", 0) == 0 && generate_flex_kernel(g, node, &why, FlexKernelDevice::Cuda)) {
     if (fw) return 0;
-    const int64_t b = (*q)[0].value, hq = (*q)[1].value, sq = (*q)[2].value, hkv = (*k)[1].is_static() ? (*k)[1].value : hq;
-    const int64_t pairs = hkv > 0 && hq % hkv == 0 ? flex_dq_pairs(b * hkv, (*k)[2].value) : b;
-    return b * hq * sq * 4 + pairs * (hkv > 0 && hq % hkv == 0 ? hq / hkv : hq) * sq * (*q)[3].value * 4;
+    // The delta rows, and one launch's float dQ (flex_cuda_dq_launches; every row where it has none).
+    const std::optional<FlexDqLaunches> l = flex_cuda_dq_launches(g, node);
+    const int64_t rows = (*q)[0].value * (*q)[1].value * (*q)[2].value;
+    return rows * 4 + (l ? l->workspace_bytes : rows * (*q)[3].value * 4);
   }
   if (fused_cpu && qt.device.rfind("cpu", 0) == 0 && generate_flex_kernel(g, node, &why)) {
     const int64_t elem = qt.dtype == DType::Float64 ? 8 : 4;

@@ -29,6 +29,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <ATen/cudnn/Handle.h>
 #include <cudnn_frontend.h>
@@ -431,7 +433,10 @@ class CudnnFlexCall : public Call {
                           m + 1 == 1 ? "the buffers' gradients carry its rounding" : "the bias is rounded to it");
       }
     }
-    execute(handle, x, stats);
+    const CudnnBackwardGroup grp = backward && mod != Mod::Bias ? cudnn_backward_group(B, x.k.size(1), Skv)
+                                                                : CudnnBackwardGroup{B, x.k.size(1), 1};
+    if (grp.calls > 1) execute_in_groups(handle, x, grp, stats);
+    else execute(handle, x, stats);
     if (!backward) {
       if (mod == Mod::RowShift) x.stats.add_(row_shift(slots, x.q));
       at::Tensor lse = x.stats.squeeze(-1).mul_(1.0 / std::log(2.0));  // flex's logsumexp is base 2
@@ -503,6 +508,59 @@ class CudnnFlexCall : public Call {
 
   static SubgraphFn fn_of(const std::shared_ptr<Executor>& e) {
     return [e](std::vector<c10::IValue> in) { return e->run(std::move(in)); };
+  }
+
+  // The backward in calls of grp's (b, kv head) pairs (cudnn_backward_group), so cuDNN's workspace is a
+  // call's, two calls in flight: even calls on the current stream, odd ones on a side stream that waits
+  // for the current one first and that it waits for after. Under a causal mask cuDNN's CTAs of the first
+  // key tiles run longest, so each call ends on a tail of few CTAs; the other stream's call fills it
+  // (B4 H16 S4096 causal on an H100, queued: 4 calls on one stream cost 14% at D128 and 20% at D64, on
+  // two 3% and 2%; docs/flex-attention.md). While a CUDA graph is captured, every call runs on the
+  // current stream.
+  void execute_in_groups(cudnnHandle_t handle, const Operands& x, const CudnnBackwardGroup& grp, CallStats& stats) const {
+    const int64_t Hkv = x.k.size(1), r = x.q.size(1) / Hkv;
+    std::vector<Operands> calls;  // made on the current stream (a head group's contiguous statistics)
+    for (int64_t b0 = 0; b0 < x.q.size(0); b0 += grp.batches)
+      for (int64_t h0 = 0; h0 < Hkv; h0 += grp.kv_heads) calls.push_back(group(x, b0, grp.batches, h0, grp.kv_heads, r));
+    const c10::cuda::CUDAStream main = at::cuda::getCurrentCUDAStream();
+    if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+      for (const Operands& y : calls) execute(handle, y, stats);
+      return;
+    }
+    const c10::cuda::CUDAStream side = at::cuda::getStreamFromPool(false, main.device_index());
+    at::cuda::CUDAEvent ready, done;
+    ready.record(main);
+    ready.block(side);
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const c10::cuda::CUDAStream s = i % 2 ? side : main;
+      const c10::cuda::CUDAStreamGuard on(s);  // the workspace is allocated on, and reused by, this stream
+      HB_INTERNAL_CHECK(fe::detail::set_stream(handle, s) == CUDNN_STATUS_SUCCESS) << where << ": cudnnSetStream failed";
+      execute(handle, calls[i], stats);
+    }
+    HB_INTERNAL_CHECK(fe::detail::set_stream(handle, main) == CUDNN_STATUS_SUCCESS) << where << ": cudnnSetStream failed";
+    done.record(side);
+    done.block(main);
+  }
+
+  // The operands of batches [b0, b0 + nb) and kv heads [h0, h0 + nh) (query heads [h0 r, (h0 + nh) r)):
+  // views of x's tensors, the pointwise score_mod's buf[h] inputs narrowed alike.
+  Operands group(const Operands& x, int64_t b0, int64_t nb, int64_t h0, int64_t nh, int64_t r) const {
+    auto qs = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, b0, nb).narrow(1, h0 * r, nh * r) : t; };
+    auto ks = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, b0, nb).narrow(1, h0, nh) : t; };
+    auto bs = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, b0, nb) : t; };
+    Operands y;
+    // The statistics packed, as cuDNN below 9.26 takes them (a head group's narrowing is not: a copy, B x
+    // H x S floats in all).
+    y.q = qs(x.q), y.o = qs(x.o), y.stats = qs(x.stats).clone(at::MemoryFormat::Contiguous), y.d_o = qs(x.d_o);
+    y.dq = qs(x.dq);
+    y.k = ks(x.k), y.v = ks(x.v), y.dk = ks(x.dk), y.dv = ks(x.dv);
+    y.seq_q = bs(x.seq_q), y.seq_kv = bs(x.seq_kv);
+    HB_INTERNAL_CHECK(!x.bias.defined() && !x.dbias.defined()) << where << ": a bias's backward runs whole";
+    for (const auto& [k, p] : reads) {
+      const at::Tensor& t = x.score_inputs.at(buffer_uid(k, p));
+      y.score_inputs[buffer_uid(k, p)] = p == 2 ? t.narrow(0, h0 * r, nh * r) : t;  // (buf[b]: not on cuDNN)
+    }
+    return y;
   }
 
   // Runs the graph for x with a workspace of the size cuDNN asks for, reported through `stats` (the plan's

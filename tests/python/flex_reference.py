@@ -112,7 +112,7 @@ SCORE_MODS = {
         + torch.special.xlogy(s * s + 0.1, ((q - kv).abs() + 1).to(s.dtype)) * 0.1
         + torch.asinh(s) + torch.acosh(s * s + 1.5) * 0.5 + torch.atanh(torch.tanh(s) * 0.5)
         + torch.sinc(s * 0.3) + torch.nan_to_num(s) * 0.2 + torch.rad2deg(s) * 0.005
-        + torch.deg2rad((q - kv).to(s.dtype)) * 0.1 + torch.lerp(s, ((q - kv) * 0.01).to(s.dtype), 0.3)
+        + torch.deg2rad((q - kv).to(s.dtype)) * 0.1 + torch.lerp(s, s * 0.5 + 0.1, 0.3)
         + torch.lerp(s, s * s * 0.1, 0.7))),
 }
 

@@ -551,3 +551,53 @@ def test_kv_padding_mask_runs_on_cudnn_with_sequence_lengths(tmp_path, with_caus
     kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in graph_dirs(tmp_path))
     assert "flex-attention-cudnn" in kernels and "flex-attention-backward-cudnn" in kernels, kernels
     assert "kv padding (kv_idx < mask buffer 0[b]" in kernels, kernels
+
+
+# cuDNN's backward in calls of whole batches, or of kv heads of one batch (cudnn_backward_group,
+# codegen/FlexLowering.h: at least 1024 key tiles of 64 a call), so its float dQ accumulator is one call's.
+# ALiBi's slope per head is an input that each call's graph gets narrowed to its heads.
+ALIBI = ((lambda B, H: (H,)), lambda buf: lambda s, b, h, q, kv: s - buf[h] * (q - kv).abs())
+GROUPED = {
+    # (B, Hq, Hkv, S, D), mask, score_mod (buffer shape, mod), deterministic, what the dump says
+    "batches": ((8, 16, 16, 1024, 64), "causal", ALIBI, False, "2 calls of 4 batches"),
+    "gqa_deterministic": ((16, 16, 8, 1024, 64), "none", None, True, "2 calls of 8 batches"),
+    "heads": ((1, 32, 32, 4096, 64), "causal", ALIBI, False, "2 calls of 16 kv heads"),
+}
+
+
+@pytest.mark.parametrize("case", list(GROUPED))
+def test_backward_in_calls_of_batches_or_heads_matches_float64(tmp_path, case):
+    (B, Hq, Hkv, S, D), mask, mod, deterministic, calls = GROUPED[case]
+    torch.manual_seed(hash(case) % 2**31)
+    q = torch.randn(B, Hq, S, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn(B, Hq, S, D, device="cuda", dtype=torch.bfloat16)
+    table = torch.rand(mod[0](B, Hq), device="cuda") * 0.1 if mod else None
+    bm = create_block_mask(MASKS[mask], None, None, S, S, device="cuda") if MASKS[mask] else None
+
+    def step(compile_dir, dtype):
+        score_mod = mod[1](table.to(torch.float64 if dtype == torch.float64 else torch.float32)) if mod else None
+
+        def attn(q, k, v, lse):
+            with hinted_context(deterministic=deterministic):
+                return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=Hq != Hkv,
+                                      return_lse=lse)
+
+        fn = attn
+        if compile_dir:
+            torch._dynamo.reset()
+            fn = torch.compile(attn, backend="hintbackend", options={"dump_dir": compile_dir})
+        return run(fn, q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype))
+
+    got = step(str(tmp_path), torch.bfloat16)
+    kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in graph_dirs(tmp_path))
+    assert "flex-attention-backward-cudnn" in kernels and f"; {calls} (cuDNN's workspace one call's)" in kernels, kernels
+    if deterministic:
+        again = step(str(tmp_path / "again"), torch.bfloat16)
+        for a, b in zip(got[2:], again[2:]):
+            assert torch.equal(a, b)
+    eager = step(None, torch.bfloat16)
+    ref = step(None, torch.float64)
+    for name, g, e, r in zip(("out", "lse", "dq", "dk", "dv"), got, eager, ref):
+        err, eager_err = rel(g, r), rel(e, r)
+        assert err <= 2 * eager_err + 1e-5, f"{name}: {err:.3g} vs eager {eager_err:.3g}"

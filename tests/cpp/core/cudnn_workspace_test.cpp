@@ -93,9 +93,29 @@ Target with_cudnn() {
   return t;
 }
 
+// The backward's calls: at least 1024 CTAs of 64 keys each (flex_dq_pairs), whole batches where a call
+// holds one or more, else kv heads of one batch, a divisor of B (or Hkv) so every call has one shape.
+TEST(cudnn_workspace, backward_groups_keep_1024_key_tiles_a_call) {
+  auto grp = [](int64_t B, int64_t Hkv, int64_t S) {
+    const CudnnBackwardGroup r = cudnn_backward_group(B, Hkv, S);
+    return std::to_string(r.batches) + "x" + std::to_string(r.kv_heads) + "/" + std::to_string(r.calls);
+  };
+  EXPECT_EQ(grp(4, 16, 4096), "1x16/4");    // 64 tiles a pair: 16 pairs, one batch, a call
+  EXPECT_EQ(grp(8, 16, 2048), "2x16/4");    // 32 tiles a pair: 32 pairs a call
+  EXPECT_EQ(grp(5, 16, 2048), "1x16/5");    // 40 pairs a call would split a batch: 2 is no divisor of 5
+  EXPECT_EQ(grp(6, 16, 4096), "1x16/6");
+  EXPECT_EQ(grp(1, 16, 32768), "1x2/8");    // 512 tiles a pair: 2 kv heads a call
+  EXPECT_EQ(grp(1, 15, 32768), "1x3/5");    // 3 pairs a call (15 in 7 even launches), a divisor of 15
+  EXPECT_EQ(grp(2, 8, 1000), "2x8/1");      // 16 pairs of 16 tiles: fewer than two calls' worth
+  EXPECT_EQ(grp(4, 16, 2048), "2x16/2");    // 64 pairs of 32 tiles: two calls' worth
+  EXPECT_EQ(grp(2, 16, 2048), "2x16/1");    // 32 pairs: fewer than two calls' worth, one call
+}
+
 // The issue's shape (B4 H16 S4096 D128 bf16): the row sums of dO * O are float32 [B, H, S] (1 MiB); the
 // default backward accumulates dQ in float32 [B, H, S, D] (128 MiB); dBias, or deterministic=true, keeps
-// dP in bf16 [B, H, S, S] instead (2 GiB), what made the measured peak ~2 GiB above the plan.
+// dP in bf16 [B, H, S, S] instead (2 GiB), what made the measured peak ~2 GiB above the plan. Without a
+// bias the backward runs in 4 calls of one batch (the test above), each call's workspace a quarter of
+// these, two calls in flight; a bias's backward runs whole (its [1, H, S, S] dBias is summed over the batches).
 TEST(cudnn_workspace, model_counts_the_buffers_cudnn_keeps_for_the_issue_shape) {
   const Shape s{4, 16, 16, 4096, 128};
   const int64_t sums = 4 * 16 * 4096 * 4, dq = 4 * 16 * 4096 * 128 * 4, dp = int64_t{4} * 16 * 4096 * 4096 * 2;
@@ -104,9 +124,15 @@ TEST(cudnn_workspace, model_counts_the_buffers_cudnn_keeps_for_the_issue_shape) 
   EXPECT_EQ(dp, 2 * GiB);
   auto plain = backward_graph(s, false);
   const int fb = plain->find("fb");
-  ASSERT_EQ(select_kernel(*plain, fb, with_cudnn()).kind, KernelKind::FlexCudnnBackward);
-  EXPECT_EQ(model(*plain), kEngine + sums + dq);
-  EXPECT_EQ(model(*backward_graph(s, false, true, "deterministic=true")), kEngine + sums + dp);
+  const KernelChoice c = select_kernel(*plain, fb, with_cudnn());
+  ASSERT_EQ(c.kind, KernelKind::FlexCudnnBackward);
+  EXPECT_NE(c.why.find("; 4 calls of 1 batch (cuDNN's workspace one call's)"), std::string::npos) << c.why;
+  EXPECT_EQ(model(*plain), 2 * (kEngine + sums / 4 + dq / 4));  // two calls in flight
+  EXPECT_EQ(model(*backward_graph(s, false, true, "deterministic=true")), 2 * (kEngine + sums / 4 + dp / 4));
+  auto small = backward_graph({2, 8, 8, 1000, 128}, false);
+  const KernelChoice one = select_kernel(*small, small->find("fb"), with_cudnn());
+  ASSERT_EQ(one.kind, KernelKind::FlexCudnnBackward);
+  EXPECT_EQ(one.why.find("calls of"), std::string::npos) << one.why;
   // The learned bias with its gradient: dP, and beside it the bias cuDNN's path builds ([1, H, S, S] f32,
   // 1 GiB) and its gradient (1 GiB); the plan's workspace for the node is all of it.
   auto biased = backward_graph(s, true);
@@ -115,8 +141,18 @@ TEST(cudnn_workspace, model_counts_the_buffers_cudnn_keeps_for_the_issue_shape) 
   EXPECT_EQ(model(*biased), kEngine + sums + dp);
   EXPECT_EQ(kernel_workspace_bytes(*biased, biased->nodes[bfb], /*cudnn_attention=*/true),
             kEngine + sums + dp + 2 * GiB);
-  // A bias whose buffer wants no gradient: no dBias, the default dQ accumulator.
+  // A bias whose buffer wants no gradient: no dBias, the default dQ accumulator, in one call.
   EXPECT_EQ(model(*backward_graph(s, true, false)), kEngine + sums + dq);
+}
+
+// One B1 H16 S32768 call: 2 kv heads of the batch, so a sixteenth of the 256 MiB dQ accumulator, two
+// calls in flight.
+TEST(cudnn_workspace, a_long_sequence_runs_in_calls_of_kv_heads) {
+  const int64_t S = 32768;
+  EXPECT_EQ(model(*backward_graph({1, 16, 16, S, 128}, false)), 2 * (kEngine + 2 * S * 4 + 2 * S * 128 * 4));
+  // GQA (16 q heads on 8 kv heads): a call of 2 kv heads holds their 4 query heads, and their partials.
+  EXPECT_EQ(model(*backward_graph({1, 16, 8, S, 128}, false)),
+            2 * (kEngine + 4 * S * 4 + 4 * S * 128 * 4 + 4 * S * 128 * 4));
 }
 
 TEST(cudnn_workspace, model_pads_dp_to_tiles_and_counts_gqa_partials) {

@@ -726,6 +726,20 @@ TEST(flex_lowering, pointwise_score_mods_translate_to_cudnn) {
   EXPECT_TRUE(a.score_pointwise) << a.pointwise_why;
   EXPECT_TRUE(a.score_bias);  // also additive: the pointwise form wins (no materialized bias)
   EXPECT_NE(select_kernel(*alibi, aflex, with_cudnn()).why.find("pointwise nodes"), std::string::npos);
+  // The same slope per batch, buf[b]: cuDNN's score modifier got a per-batch input wrong (measured), so it
+  // is no pointwise score_mod; as an additive bias cuDNN takes it materialized.
+  auto per_batch = flex_graph("bf16", "@cuda:0", "",
+                              "  %s: f32[] = aten::index.Tensor(%buf, [%b])\n"
+                              "  %d: i32[] = aten::sub.Tensor(%kv_idx, %q_idx)\n"
+                              "  %m: f32[] = aten::mul.Tensor(%s, %d)\n"
+                              "  %out: f32[] = aten::add.Tensor(%score, %m)\n",
+                              true, "f32[4]");
+  a = analyze_flex(*per_batch, aflex);
+  EXPECT_FALSE(a.score_pointwise);
+  EXPECT_NE(a.pointwise_why.find("reads a buffer by the batch index, which cuDNN's score modifier gets wrong"),
+            std::string::npos)
+      << a.pointwise_why;
+  EXPECT_TRUE(a.score_bias && a.bias_reads_b);
   // What does not translate says why: h in arithmetic, a 2-d gather, an op with no pointwise node.
   std::string why;
   a = analyze_flex(*flex_graph("bf16", "@cuda:0", "",
