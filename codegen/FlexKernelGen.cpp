@@ -168,11 +168,27 @@ template <typename T> HB_FN T hb_softplus_bwd(T g, T x, T beta, T threshold) {
   const T z = hb_exp(x * beta);
   return x * beta > threshold ? g : g * z / (z + T(1));
 }
-/* elu(x, alpha, scale, input_scale) with neg = alpha scale, pos = scale, in = input_scale (celu: elu(x,
-   alpha, 1, 1 / alpha)); its derivative from the input, or from the result where is_result. */
-template <typename T> HB_FN T hb_elu(T x, T neg, T pos, T in) { return x <= T(0) ? hb_expm1(x * in) * neg : x * pos; }
-template <typename T> HB_FN T hb_elu_bwd(T g, T x, T neg, T pos, T in, bool is_result) {
-  return x <= T(0) ? (is_result ? g * in * (x + neg) : g * in * neg * hb_exp(x * in)) : g * pos;
+/* elu(x, alpha, scale, input_scale) (celu: elu(x, alpha, 1, 1 / alpha)); its derivative from the input, or
+   from the result where is_result. */
+template <typename T> HB_FN T hb_elu(T x, T alpha, T scale, T in) {
+  return x <= T(0) ? hb_expm1(x * in) * (alpha * scale) : x * scale;
+}
+template <typename T> HB_FN T hb_celu(T x, T alpha) { return hb_elu<T>(x, alpha, T(1), T(1) / alpha); }
+template <typename T> HB_FN T hb_elu_bwd(T g, T x, T alpha, T scale, T in, bool is_result) {
+  const T neg = alpha * scale;
+  return x <= T(0) ? (is_result ? g * in * (x + neg) : g * in * neg * hb_exp(x * in)) : g * scale;
+}
+template <typename T> HB_FN T hb_leaky_relu(T x, T slope) { return x > T(0) ? x : x * slope; }
+template <typename T> HB_FN T hb_leaky_relu_bwd(T g, T x, T slope) { return x > T(0) ? g : g * slope; }
+template <typename T> HB_FN T hb_hardtanh(T x, T lo, T hi) { return hb_min<T>(hb_max<T>(x, lo), hi); }
+template <typename T> HB_FN T hb_hardtanh_bwd(T g, T x, T lo, T hi) { return (x <= lo || x >= hi) ? T(0) : g; }
+template <typename T> HB_FN T hb_hardsigmoid(T x) { return hb_min<T>(hb_max<T>(x + T(3), T(0)), T(6)) / T(6); }
+template <typename T> HB_FN T hb_hardsigmoid_bwd(T g, T x) {  /* ATen's slope: 1/6 rounded to float, in every dtype */
+  return (x > T(-3) && x < T(3)) ? g * T(1.0f / 6.0f) : T(0);
+}
+template <typename T> HB_FN T hb_hardswish(T x) { return x * hb_min<T>(hb_max<T>(x + T(3), T(0)), T(6)) / T(6); }
+template <typename T> HB_FN T hb_hardswish_bwd(T g, T x) {
+  return x < T(-3) ? T(0) : x <= T(3) ? g * (x / T(3) + T(0.5)) : g;
 }
 template <typename T> HB_FN T hb_mish(T x) { return x * hb_tanh(hb_log1p(hb_exp(x))); }
 template <typename T> HB_FN T hb_mish_bwd(T g, T x) {
@@ -192,8 +208,19 @@ template <typename T> HB_FN T hb_sinc(T x) {
   const T p = x * T(3.14159265358979323846);
   return x == T(0) ? T(1) : hb_sin(p) / p;
 }
+template <typename T> HB_FN T hb_frac(T x) { return x - std::trunc(x); }
+template <typename T> HB_FN T hb_rad2deg(T x) { return x * T(57.295779513082320876798154814105); }
+template <typename T> HB_FN T hb_deg2rad(T x) { return x * T(0.017453292519943295769236907684886); }
 HB_FN float hb_max_finite(float) { return 3.40282346638528859812e+38F; }  /* nan_to_num's default bounds */
 HB_FN double hb_max_finite(double) { return 1.79769313486231570815e+308; }
+template <typename T> HB_FN T hb_nan_to_num(T x, T nan, T posinf, T neginf) {
+  return x != x ? nan : x == (T)INFINITY ? posinf : x == -(T)INFINITY ? neginf : x;
+}
+#define HB_STD2(name) template <typename T> HB_FN T hb_##name(T a, T b) { return std::name(a, b); }
+HB_STD2(atan2)
+HB_STD2(hypot)
+HB_STD2(copysign)
+#undef HB_STD2
 template <typename T> HB_FN T hb_lerp(T a, T b, T w) { return w < T(0.5) ? a + w * (b - a) : b - (b - a) * (T(1) - w); }
 )";
 
@@ -350,15 +377,66 @@ std::string op_name(const std::string& target, std::string* overload) {
   return target.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
 }
 
+// Where an argument of an activation's prelude call comes from: the node's argument `at`, an operand (the op
+// fails as "is <op> <name>" without it), a scalar (else the keyword `name`, else torch's default `dflt`), a
+// bool flag that is a constant in the graph, or one of nan_to_num's bounds (by default the largest finite
+// value, with dflt's sign).
+struct ActArg {
+  enum Kind { Operand, Scalar, Flag, Bound } kind;
+  size_t at;
+  const char* name;
+  double dflt = 0;
+};
+// The prelude function an op calls, and its arguments in order. gelu's: `approximate` (positional at
+// approximate_at, else the keyword) 'tanh' calls tanh_fn instead.
+struct Activation {
+  const char* fn;
+  std::vector<ActArg> args;
+  const char* tanh_fn = nullptr;
+  size_t approximate_at = 0;
+};
+
 // The activations, their derivatives and the other float functions the generator writes through the
-// prelude's hb_* forms or the library (emit's activations branch).
-const std::set<std::string>& activations() {
-  static const std::set<std::string> s = {
-      "silu", "silu_backward", "gelu", "gelu_backward", "softplus", "softplus_backward", "mish", "mish_backward",
-      "leaky_relu", "leaky_relu_backward", "hardtanh", "hardtanh_backward", "hardsigmoid", "hardsigmoid_backward",
-      "hardswish", "hardswish_backward", "elu", "celu", "elu_backward", "frac", "rad2deg", "deg2rad", "sinc",
-      "nan_to_num", "atan2", "hypot", "copysign", "logaddexp", "logaddexp2", "xlogy", "lerp"};
-  return s;
+// prelude's hb_* forms (emit's activations branch), by op name.
+const std::map<std::string, Activation>& activations() {
+  // Operands 0 and 1 (a derivative's grad and self: emit checks both first).
+  const ActArg x{ActArg::Operand, 0, ""}, y{ActArg::Operand, 1, "with one operand"};
+  auto s = [](size_t at, const char* name, double dflt) { return ActArg{ActArg::Scalar, at, name, dflt}; };
+  static const std::map<std::string, Activation> m = {
+      {"silu", {"hb_silu", {x}}},
+      {"silu_backward", {"hb_silu_bwd", {x, y}}},
+      {"gelu", {"hb_gelu", {x}, "hb_gelu_tanh", 1}},
+      {"gelu_backward", {"hb_gelu_bwd", {x, y}, "hb_gelu_tanh_bwd", 2}},
+      {"softplus", {"hb_softplus", {x, s(1, "beta", 1), s(2, "threshold", 20)}}},
+      {"softplus_backward", {"hb_softplus_bwd", {x, y, s(2, "beta", 1), s(3, "threshold", 20)}}},
+      {"mish", {"hb_mish", {x}}},
+      {"mish_backward", {"hb_mish_bwd", {x, y}}},
+      {"leaky_relu", {"hb_leaky_relu", {x, s(1, "negative_slope", 0.01)}}},
+      {"leaky_relu_backward", {"hb_leaky_relu_bwd", {x, y, s(2, "negative_slope", 0.01)}}},
+      {"hardtanh", {"hb_hardtanh", {x, s(1, "min_val", -1), s(2, "max_val", 1)}}},
+      {"hardtanh_backward", {"hb_hardtanh_bwd", {x, y, s(2, "min_val", -1), s(3, "max_val", 1)}}},
+      {"hardsigmoid", {"hb_hardsigmoid", {x}}},
+      {"hardsigmoid_backward", {"hb_hardsigmoid_bwd", {x, y}}},
+      {"hardswish", {"hb_hardswish", {x}}},
+      {"hardswish_backward", {"hb_hardswish_bwd", {x, y}}},
+      {"elu", {"hb_elu", {x, s(1, "alpha", 1), s(2, "scale", 1), s(3, "input_scale", 1)}}},
+      {"celu", {"hb_celu", {x, s(1, "alpha", 1)}}},
+      // (grad, alpha, scale, input_scale, is_result, self_or_result)
+      {"elu_backward", {"hb_elu_bwd", {x, {ActArg::Operand, 5, "without its input or result"}, s(1, "alpha", 1),
+                                       s(2, "scale", 1), s(3, "input_scale", 1), {ActArg::Flag, 4, "is_result"}}}},
+      {"frac", {"hb_frac", {x}}},
+      {"rad2deg", {"hb_rad2deg", {x}}},
+      {"deg2rad", {"hb_deg2rad", {x}}},
+      {"sinc", {"hb_sinc", {x}}},
+      {"nan_to_num", {"hb_nan_to_num", {x, s(1, "nan", 0), {ActArg::Bound, 2, "posinf", 1}, {ActArg::Bound, 3, "neginf", -1}}}},
+      {"atan2", {"hb_atan2", {x, y}}},
+      {"hypot", {"hb_hypot", {x, y}}},
+      {"copysign", {"hb_copysign", {x, y}}},
+      {"logaddexp", {"hb_logaddexp", {x, y}}},
+      {"logaddexp2", {"hb_logaddexp2", {x, y}}},
+      {"xlogy", {"hb_xlogy", {x, y}}},
+      {"lerp", {"hb_lerp", {x, y, {ActArg::Operand, 2, "without a weight"}}}}};  // lerp.Scalar and lerp.Tensor
+  return m;
 }
 
 const std::map<std::string, std::string>& unary_math() {
@@ -855,85 +933,38 @@ class Translator {
                                       : gr + " * (" + one + " - " + y + ") * " + y);
     } else if (activations().count(op) && unary) {
       if (!floating(R)) return fail(i, "computes " + op + " into an integer");
-      // A scalar argument: positional k, else the keyword, else torch's default.
-      auto arg = [&](size_t k, const char* name, double dflt) {
-        if (k < a.size() && a[k].kind != K::None) return cast(a[k], R);
-        const std::optional<Val> v = kw(name);
-        return v ? cast(*v, R) : cast(Val{K::T, float_literal(dflt)}, R);
-      };
-      auto flag = [&](size_t k, const char* name) {  // a bool argument, a constant in the graph
-        const Arg* x = k < n.args.size() ? &n.args[k] : n.kwarg(name);
-        return x && x->kind == Arg::Kind::Bool && x->b;
-      };
-      const std::string T = ctype(R), x = cast(a[0], R);
+      const Activation& f = activations().at(op);
       const bool bwd = op.size() > 9 && op.compare(op.size() - 9, 9, "_backward") == 0;  // (grad, self, ...)
-      const std::string g = x, y = bwd && a.size() > 1 ? cast(a[1], R) : x;
       if (bwd && !binary) return fail(i, "is " + op + " without a gradient and an input");
-      std::string approximate = "none";
-      if (const Arg* m = n.kwarg("approximate"); m && m->kind == Arg::Kind::Str) approximate = m->s;
-      const size_t ap = bwd ? 2 : 1;
-      if (ap < n.args.size() && n.args[ap].kind == Arg::Kind::Str) approximate = n.args[ap].s;
-      if ((op == "gelu" || op == "gelu_backward") && approximate != "none" && approximate != "tanh")
-        return fail(i, "is gelu with approximate='" + approximate + "'");
-      const std::string gl = approximate == "tanh" ? "hb_gelu_tanh" : "hb_gelu";
-      std::string e;
-      if (op == "silu") e = "hb_silu<" + T + ">(" + x + ")";
-      else if (op == "silu_backward") e = "hb_silu_bwd<" + T + ">(" + g + ", " + y + ")";
-      else if (op == "gelu") e = gl + "<" + T + ">(" + x + ")";
-      else if (op == "gelu_backward") e = gl + "_bwd<" + T + ">(" + g + ", " + y + ")";
-      else if (op == "softplus") e = "hb_softplus<" + T + ">(" + x + ", " + arg(1, "beta", 1) + ", " + arg(2, "threshold", 20) + ")";
-      else if (op == "softplus_backward")
-        e = "hb_softplus_bwd<" + T + ">(" + g + ", " + y + ", " + arg(2, "beta", 1) + ", " + arg(3, "threshold", 20) + ")";
-      else if (op == "mish") e = "hb_mish<" + T + ">(" + x + ")";
-      else if (op == "mish_backward") e = "hb_mish_bwd<" + T + ">(" + g + ", " + y + ")";
-      else if (op == "leaky_relu") e = "(" + x + " > (" + T + ")0 ? " + x + " : " + x + " * " + arg(1, "negative_slope", 0.01) + ")";
-      else if (op == "leaky_relu_backward")
-        e = "(" + y + " > (" + T + ")0 ? " + g + " : " + g + " * " + arg(2, "negative_slope", 0.01) + ")";
-      else if (op == "hardtanh")
-        e = "hb_min<" + T + ">(hb_max<" + T + ">(" + x + ", " + arg(1, "min_val", -1) + "), " + arg(2, "max_val", 1) + ")";
-      else if (op == "hardtanh_backward")
-        e = "((" + y + " <= " + arg(2, "min_val", -1) + " || " + y + " >= " + arg(3, "max_val", 1) + ") ? (" + T + ")0 : " + g + ")";
-      else if (op == "hardsigmoid") e = "(hb_min<" + T + ">(hb_max<" + T + ">(" + x + " + (" + T + ")3, (" + T + ")0), (" + T + ")6) / (" + T + ")6)";
-      else if (op == "hardsigmoid_backward")  // ATen's slope is 1/6 rounded to float, in every dtype
-        e = "((" + y + " > (" + T + ")-3 && " + y + " < (" + T + ")3) ? " + g + " * (" + T + ")(1.0f / 6.0f) : (" + T + ")0)";
-      else if (op == "hardswish") e = "(" + x + " * hb_min<" + T + ">(hb_max<" + T + ">(" + x + " + (" + T + ")3, (" + T + ")0), (" + T + ")6) / (" + T + ")6)";
-      else if (op == "hardswish_backward")
-        e = "(" + y + " < (" + T + ")-3 ? (" + T + ")0 : " + y + " <= (" + T + ")3 ? " + g + " * (" + y + " / (" + T + ")3 + (" + T + ")0.5) : " + g + ")";
-      else if (op == "elu" || op == "celu") {
-        const std::string alpha = arg(1, "alpha", 1);
-        e = op == "celu" ? "hb_elu<" + T + ">(" + x + ", " + alpha + ", (" + T + ")1, (" + T + ")1 / " + alpha + ")"
-                         : "hb_elu<" + T + ">(" + x + ", " + alpha + " * " + arg(2, "scale", 1) + ", " + arg(2, "scale", 1) + ", " +
-                               arg(3, "input_scale", 1) + ")";
-      } else if (op == "elu_backward") {  // (grad, alpha, scale, input_scale, is_result, self_or_result)
-        if (a.size() < 6 || !scalar(5)) return fail(i, "is elu_backward without its input or result");
-        const std::string alpha = arg(1, "alpha", 1), scale = arg(2, "scale", 1);
-        e = "hb_elu_bwd<" + T + ">(" + g + ", " + cast(a[5], R) + ", " + alpha + " * " + scale + ", " + scale + ", " +
-            arg(3, "input_scale", 1) + ", " + (flag(4, "is_result") ? "true" : "false") + ")";
-      } else if (op == "frac") e = "(" + x + " - std::trunc(" + x + "))";
-      else if (op == "rad2deg") e = "(" + x + " * (" + T + ")57.295779513082320876798154814105)";
-      else if (op == "deg2rad") e = "(" + x + " * (" + T + ")0.017453292519943295769236907684886)";
-      else if (op == "sinc") e = "hb_sinc<" + T + ">(" + x + ")";
-      else if (op == "nan_to_num") {
-        auto bound = [&](size_t k, const char* name, const char* lim) {
-          if (k < a.size() && a[k].kind != K::None) return cast(a[k], R);
-          const std::optional<Val> v = kw(name);
-          return v && v->kind != K::None ? cast(*v, R) : std::string(lim) + "hb_max_finite((" + T + ")0)";
-        };
-        e = "(" + x + " != " + x + " ? " + arg(1, "nan", 0) + " : " + x + " == (" + T + ")INFINITY ? " +
-            bound(2, "posinf", "") + " : " + x + " == -(" + T + ")INFINITY ? " + bound(3, "neginf", "-") + " : " + x + ")";
-      } else if (!binary) {
-        return fail(i, "is " + op + " with one operand");
-      } else if (op == "atan2" || op == "hypot" || op == "copysign") {
-        e = "std::" + op + "(" + x + ", " + cast(a[1], R) + ")";
-      } else if (op == "logaddexp" || op == "logaddexp2" || op == "xlogy") {
-        e = "hb_" + op + "<" + T + ">(" + x + ", " + cast(a[1], R) + ")";
-      } else if (op == "lerp") {  // lerp.Scalar and lerp.Tensor: the weight third
-        if (!scalar(2)) return fail(i, "is lerp without a weight");
-        e = "hb_lerp<" + T + ">(" + x + ", " + cast(a[1], R) + ", " + cast(a[2], R) + ")";
-      } else {
-        return fail(i, "is " + op + " with arguments it does not take");
+      std::string fn = f.fn;
+      if (f.tanh_fn) {
+        std::string approximate = "none";
+        if (const Arg* m = n.kwarg("approximate"); m && m->kind == Arg::Kind::Str) approximate = m->s;
+        const size_t ap = f.approximate_at;
+        if (ap < n.args.size() && n.args[ap].kind == Arg::Kind::Str) approximate = n.args[ap].s;
+        if (approximate != "none" && approximate != "tanh") return fail(i, "is gelu with approximate='" + approximate + "'");
+        if (approximate == "tanh") fn = f.tanh_fn;
       }
-      def(i, R, e);
+      const std::string T = ctype(R);
+      std::string e = fn + "<" + T + ">(";
+      for (const ActArg& p : f.args) {
+        if (&p != &f.args.front()) e += ", ";
+        if (p.kind == ActArg::Operand) {
+          if (!scalar(p.at)) return fail(i, "is " + op + " " + p.name);
+          e += cast(a[p.at], R);
+        } else if (p.kind == ActArg::Flag) {  // a constant in the graph
+          const Arg* b = p.at < n.args.size() ? &n.args[p.at] : n.kwarg(p.name);
+          e += b && b->kind == Arg::Kind::Bool && b->b ? "true" : "false";
+        } else if (p.at < a.size() && a[p.at].kind != K::None) {  // a scalar or bound: positional, else keyword, else default
+          e += cast(a[p.at], R);
+        } else if (const std::optional<Val> v = kw(p.name); v && (p.kind == ActArg::Scalar || v->kind != K::None)) {
+          e += cast(*v, R);  // (a bound's keyword with no scalar value takes the default)
+        } else {
+          e += p.kind == ActArg::Bound ? std::string(p.dflt < 0 ? "-" : "") + "hb_max_finite((" + T + ")0)"
+                                       : cast(Val{K::T, float_literal(p.dflt)}, R);
+        }
+      }
+      def(i, R, e + ")");
     } else if ((op == "empty_like" || op == "fill") && (unary || op == "empty_like")) {
       // fill(x, v) is v (the joint writes `empty_like(x)` then fills it); an unfilled empty_like is 0
       if (op == "fill" && !(a.size() > 1 && scalar(1))) return fail(i, "is fill without a value");
