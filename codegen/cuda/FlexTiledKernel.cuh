@@ -84,6 +84,14 @@
 // Whether the score_mod runs per score element (a row shift runs once per row instead).
 #define HB_SCORE_ELEM (HB_SCORE_MOD && !HB_ROW_SHIFT)
 #define HB_WG (HB_SM90 && !HB_F32 && (HB_D == 64 || HB_D == 128))
+// Whether the Hopper backward may run flex_bwd_ws (3 warpgroups per 128 keys, below) instead of
+// flex_bwd_wg: bf16/fp16 at D 128, the identity score_mod (no row shift either) and no joint (so no
+// scatter), not deterministic; the launcher then takes it where the kv blocks are multiples of 128 rows.
+// HB_BWD_WS=0 never runs it (the lab's baseline: -DHB_BWD_WS=0 times flex_bwd_wg alone).
+#ifndef HB_BWD_WS
+#define HB_BWD_WS 1
+#endif
+#define HB_WS (HB_BWD_WS && HB_WG && HB_D == 128 && !HB_SCORE_MOD && !HB_JOINT && !HB_SCATTER && !HB_DETERMINISTIC)
 #if HB_WG
 #include <utility>
 
@@ -1104,7 +1112,8 @@ __device__ __forceinline__ void a_frags(const float (&s)[N / 8][4], uint32_t (&f
 // benchmarks/flex_kernel_lab.cu (D 128, B4 H16 S4096): forward 1.73 ms, backward 5.29 ms (the mma.sync
 // forms 2.42 and 7.55). Tried and not kept: an S_{i+1} product in flight during tile i's softmax
 // (2.09 ms: ptxas serialized the warpgroup MMAs around it), a backward of 2 warpgroups per CTA sharing
-// 128-row query steps (6.16 ms: one CTA per SM, nothing to overlap its per-element work with).
+// 128-row query steps (6.16 ms: one CTA per SM, nothing to overlap its per-element work with; flex_bwd_ws
+// below, kept, shares 64-row steps and overlaps with its split schedule and a dQ writer warpgroup).
 constexpr int WFM = 128, WFT = 256;
 template <int WFN>
 constexpr int kFwdWgSmem = (WFM + 4 * WFN) * CH * 16;
@@ -1476,6 +1485,251 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
   flex_fwd_wg<WFN><<<grid, WFT, kFwdWgSmem<WFN>, (cudaStream_t)stream>>>(a);
   return (int)cudaGetLastError();
 }
+
+// Backward at D 128 without a score_mod or joint, FlashAttention-3's CTA shape (flex_bwd_ws): one CTA per
+// 128 key rows of one (b, kv head), one CTA per SM, of 3 warpgroups: 2 consumers (warpgroup w owns keys
+// k0 + 64 w ..) and a dQ writer. Each step's 64-row Q and dO tiles are loaded once into shared memory
+// (cp.async, double-buffered, by the 256 consumer threads) and read by both consumers, so Q/dO traffic per
+// key is half flex_bwd_wg's. Per step each consumer computes its S and dP (64 x 64, SS, two MMA batches);
+// on the short path (full or no mask, tile inside both sequences) P is computed while dP multiplies, and
+// dV += P^T dO goes out on this warpgroup's P panel before dS is computed (the "split schedule"); else P
+// and dS come from bwd_p_ds (the per-element code every backward shares). P and dS go into shared
+// [64 q][128 k] tiles (consumer w's keys in panel w); after a barrier of the consumers, consumer w computes
+// dQ's columns 64 w .. 64 w + 63 over all 128 keys (dS K, SS: dS K-major, K MN-major), so that the tensor
+// cores sum dQ over the CTA's keys, and dK += dS^T Q. dQ then goes into a swizzled float tile in shared
+// memory and the consumers go on; the writer warpgroup reads the tile row by row and adds it into the float
+// accumulator with 16-byte reductions (red.global.add.v4.f32; a warp a 512-byte row, coalesced), off the
+// consumers' path. setmaxnreg gives the consumers 240 registers and the writer 24 (the launch bound, 384
+// threads, leaves 168 at entry). Named barriers: 1 the consumers (256 threads), 2 + w consumer w (128),
+// kWsFull and kWsEmpty the dQ tile's hand-over (384).
+// Measured and the variants that were tried (float2 reductions from the accumulators, bulk reductions from
+// a shared tile, float4 reductions via shuffles, dQ's own-key k-steps from registers, a form pipelined across
+// steps): docs/flex-attention.md. Compiled where HB_WS (at the top) holds: Hopper, D 128, bf16 or fp16, no
+// score_mod (score_mods were not measured with it: its per-element path has less to overlap with), no
+// joint, not deterministic; launched where the kv blocks are multiples of 128 rows, else flex_bwd_wg runs.
+// HB_BWD_WS=0 (the lab's baseline) turns it off.
+#if HB_WS
+constexpr int WSN = 128, WSM = 64, WSC = 256, WST = 384;  // keys, query rows a step, consumer threads, threads
+constexpr int kWsRegs = 240, kWsWriterRegs = 24;          // setmaxnreg: consumers, writer (2 x 128 x 240 + 128 x 24 <= 64 Ki)
+constexpr int kWsFull = 5, kWsEmpty = 6;                  // named barriers of the dQ tile
+// K, V; Q, dO double-buffered; P, dS; the float dQ tile and its WsInfo.
+constexpr int kBwdWsSmem = (2 * WSN * CH + 4 * WSM * CH + 2 * WSM * 16) * 16 + WSM * D * 4 + 16;
+
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" : : "r"(id), "r"(n) : "memory"); }
+// Shared-memory writes made visible to the tensor cores, then a barrier of the 256 consumer threads.
+__device__ __forceinline__ void cons_sync() {
+  cutlass::arch::fence_view_async_shared();
+  bar_sync(1, WSC);
+}
+__device__ __forceinline__ void red_v4(float* p, float x, float y, float z, float w) {
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" : : "l"(p), "f"(x), "f"(y), "f"(z), "f"(w)
+               : "memory");
+}
+// The swizzled [64][128] float dQ tile: element (row, col); 16-byte chunks XOR-ed with row % 8, so that
+// the consumers' float2 stores (8 rows a warp) and the writer's float4 row reads avoid bank conflicts.
+__device__ __forceinline__ int dqt(int row, int col) { return row * D + (((col >> 2) ^ (row & 7)) << 2) + (col & 3); }
+// What the consumers hand the writer with a dQ tile.
+struct WsInfo {
+  long long off;    // the step's first dQ accumulator row
+  int nrows, last;  // rows inside the sequence; 1: the CTA's last step
+};
+
+__global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ HbFlexCudaArgs a) {
+  static_assert(!HB_SCORE_MOD && !HB_JOINT && !HB_SCATTER && !HB_DETERMINISTIC && D == 128, "flex_bwd_ws: HB_WS");
+  extern __shared__ __align__(1024) uint4 wsmem[];
+  uint4* sK = wsmem;
+  uint4* sV = sK + WSN * CH;
+  uint4* sQ0 = sV + WSN * CH;
+  uint4* sP = sQ0 + 4 * WSM * CH;  // [64 q][128 k]: two 64-key panels, consumer w's in panel w
+  uint4* sdS = sP + WSM * 16;
+  float* sdQ = reinterpret_cast<float*>(sdS + WSM * 16);  // [64][128] (dqt)
+  WsInfo* info = reinterpret_cast<WsInfo*>(sdQ + WSM * D);
+  const int warp = threadIdx.x / 32, wg = warp / 4, g = (threadIdx.x % 32) >> 2, lq = (warp & 3) * 16 + g;
+  const long long G = a.Hq / a.Hkv;
+  const long long bh = bwd_pair(a) + a.bh0, b = bh / a.Hkv, hk = bh % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
+  const long long k0 = bwd_tile(a) * WSN, kw = k0 + wg * 64;
+  const long long hend = (hk + 1) * G, kblk = k0 / a.kv_block;
+  auto head_walk = [&](long long h) { return Walk(a.q_list, a.q_full_list, b, h, kblk, a.q_block, WSM, a.Sq); };
+  long long h = hk * G;
+  Walk walk = head_walk(h);
+  int i = 0;
+  while (i >= walk.count() && ++h < hend) walk = head_walk(h), i = 0;
+
+  if (wg == 2) {  // the dQ writer: a tile per step, until the consumers mark the last
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" : : "n"(kWsWriterRegs) : "memory");
+    if (h >= hend) return;  // (no steps: the consumers hand over nothing either)
+    const int wt = threadIdx.x & 127;
+    bar_arrive(kWsEmpty, WST);
+    for (;;) {
+      bar_sync(kWsFull, WST);
+      const long long off = info->off;
+      const int nrows = info->nrows, last = info->last;
+      float* dst = a.dq + off * D;
+#pragma unroll 4
+      for (int e = 0; e < WSM * D / 4 / 128; ++e) {
+        const int c = e * 128 + wt, row = c >> 5, ch = c & 31;  // a warp a row of 32 16-byte chunks
+        const float4 x = *reinterpret_cast<const float4*>(sdQ + row * D + ((ch ^ (row & 7)) << 2));
+        if (row < nrows) red_v4(dst + (long long)row * D + ch * 4, x.x, x.y, x.z, x.w);
+      }
+      if (last) break;
+      bar_arrive(kWsEmpty, WST);
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" : : "n"(kWsRegs) : "memory");
+
+  const int kvalid = (int)lmin(64, a.Skv - kw);
+  load_panels<WSN, WSC>(sK, (const Elem*)a.k + bk * a.k_strides[0] + hk * a.k_strides[1], k0, a.k_strides[2], a.Skv);
+  load_panels<WSN, WSC>(sV, (const Elem*)a.v + bk * a.v_strides[0] + hk * a.v_strides[1], k0, a.v_strides[2], a.Skv);
+  cute::cp_async_fence();
+
+  float dv[D / 8][4] = {}, dk[D / 8][4] = {};
+  HbFlexTile t = {};
+  t.b = b, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
+
+  auto load_step = [&](long long h, long long q0, int buf) {
+    load_panels<WSM, WSC>(sQ0 + buf * 2 * WSM * CH, (const Elem*)a.q + b * a.q_strides[0] + h * a.q_strides[1], q0,
+                          a.q_strides[2], a.Sq);
+    load_panels<WSM, WSC>(sQ0 + (buf * 2 + 1) * WSM * CH,
+                          (const Elem*)a.dout + b * a.do_strides[0] + h * a.do_strides[1], q0, a.do_strides[2], a.Sq);
+  };
+  bool full = false;
+  if (h < hend) load_step(h, walk.step(i, &full), 0);
+  cute::cp_async_fence();
+  for (int buf = 0; h < hend; buf ^= 1) {
+    const long long q0 = walk.step(i, &full);
+    t.h = h;
+    const long long row0 = (b * a.Hq + h) * a.Sq;
+    long long hn = h;
+    Walk wn = walk;
+    int in = i + 1;
+    while (in >= wn.count() && ++hn < hend) wn = head_walk(hn), in = 0;
+    cute::cp_async_wait<0>();
+    cons_sync();  // this step's Q and dO are in; both consumers are done with the last step's tiles
+    if (hn < hend) {
+      bool unused;
+      load_step(hn, wn.step(in, &unused), buf ^ 1);
+    }
+    cute::cp_async_fence();
+    const uint4* sQ = sQ0 + buf * 2 * WSM * CH;
+    const uint4* sdO = sQ + WSM * CH;
+
+    // This step's logsumexp and delta rows are read before the MMAs (not after their wait), and S and dP go
+    // out as two batches, so that the short path can compute P while dP multiplies.
+    float lse_r[2], dl_r[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const long long qi = q0 + lq + 8 * r;
+      lse_r[r] = qi < a.Sq ? a.lse[row0 + qi] : -INFINITY;
+      dl_r[r] = qi < a.Sq ? a.delta[row0 + qi] : 0.f;
+    }
+    float s[8][4], dp[8][4];
+    fence_acc(s);
+    fence_acc(dp);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) wg_ss<Major::K, Major::K, 64>(kmajor<WSM>(sQ, 0, kk), kmajor<WSN>(sK, wg * 64, kk), s, kk > 0);
+    cute::warpgroup_commit_batch();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) wg_ss<Major::K, Major::K, 64>(kmajor<WSM>(sdO, 0, kk), kmajor<WSN>(sV, wg * 64, kk), dp, kk > 0);
+    cute::warpgroup_commit_batch();
+
+    const bool inside = kw + 64 <= a.Skv && q0 + WSM <= a.Sq;
+    const bool fast = (full || !HB_MASK_MOD) && inside;  // bwd_p_ds's short path (no score_mod, no joint here)
+    if (fast) {  // the split schedule: P, dV on it, then dS
+      cute::warpgroup_wait<1>();  // S (dP may still run)
+      fence_acc(s);
+      const int t4 = threadIdx.x & 3;
+      const float sl = a.scale * kLog2e;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float shift = lse_r[r] == -INFINITY ? INFINITY : lse_r[r];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) s[j][2 * r + c] = exp2f(s[j][2 * r + c] * sl - shift);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          reinterpret_cast<Elem2*>(&sP[pw<WSM>(lq + 8 * r, j + 8 * wg)])[t4] = pack2(s[j][2 * r], s[j][2 * r + 1]);
+      }
+      cutlass::arch::fence_view_async_shared();
+      bar_sync(2 + wg, 128);  // this consumer's P panel
+      fence_acc(dv);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int kk = 0; kk < WSM / 16; ++kk)
+        wg_ss<Major::MN, Major::MN, D>(mnmajor<WSM>(sP + wg * WSM * 8, kk), mnmajor<WSM>(sdO, kk), dv, true);
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<1>();  // dP (dV may still run)
+      fence_acc(dp);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) dp[j][2 * r + c] = s[j][2 * r + c] * (dp[j][2 * r + c] - dl_r[r]) * a.scale;
+          reinterpret_cast<Elem2*>(&sdS[pw<WSM>(lq + 8 * r, j + 8 * wg)])[t4] = pack2(dp[j][2 * r], dp[j][2 * r + 1]);
+        }
+    } else {
+      cute::warpgroup_wait<0>();
+      fence_acc(s);
+      fence_acc(dp);
+      const LineStep line{};
+      bwd_p_ds<64>(s, dp, a, b, h, q0, lq, kw, full, inside, row0, t, line);
+      store_p_ds<64>(s, dp, sP, sdS, lq, [wg](int r, int c) { return pw<WSM>(r, c + 8 * wg); });
+    }
+    cons_sync();  // both consumers' P and dS
+
+    fence_acc(dv);
+    fence_acc(dk);
+    if (!fast) {
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int kk = 0; kk < WSM / 16; ++kk)
+        wg_ss<Major::MN, Major::MN, D>(mnmajor<WSM>(sP + wg * WSM * 8, kk), mnmajor<WSM>(sdO, kk), dv, true);
+      cute::warpgroup_commit_batch();
+    }
+    float dq[8][4];
+    fence_acc(dq);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < WSN / 16; ++kk)
+      wg_ss<Major::K, Major::MN, 64>(kmajor<WSM>(sdS, 0, kk), mnmajor<WSN>(sK + wg * WSN * 8, kk), dq, kk > 0);
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < WSM / 16; ++kk)
+      wg_ss<Major::MN, Major::MN, D>(mnmajor<WSM>(sdS + wg * WSM * 8, kk), mnmajor<WSM>(sQ, kk), dk, true);
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<1>();  // dQ done; dK (and dV) may still run
+    fence_acc(dq);
+    {  // dQ to the writer's tile
+      const int t4 = threadIdx.x & 3;
+      bar_sync(kWsEmpty, WST);  // the writer is done with the last step's tile
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<float2*>(sdQ + dqt(lq + 8 * r, wg * 64 + 8 * j + 2 * t4)) =
+              make_float2(dq[j][2 * r], dq[j][2 * r + 1]);
+      if (threadIdx.x == 0) {
+        info->off = row0 - a.dq_row0 + q0;
+        info->nrows = (int)lmin(WSM, a.Sq - q0);
+        info->last = hn >= hend;
+      }
+      bar_arrive(kWsFull, WST);
+    }
+    cute::warpgroup_wait<0>();
+    fence_acc(dv);
+    fence_acc(dk);
+    h = hn, walk = wn, i = in;
+  }
+  report(a.error, t);
+  store_rows(dv, (Elem*)a.dv + ((b * a.Hkv + hk) * a.Skv + kw) * D, lq, kvalid);
+  store_rows(dk, (Elem*)a.dk + ((b * a.Hkv + hk) * a.Skv + kw) * D, lq, kvalid);
+}
+#endif  // HB_WS
 #endif  // HB_WG
 
 #if HB_DETERMINISTIC && HB_SCATTER && HB_D <= 128
@@ -1631,7 +1885,17 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
 #elif HB_WG
   e = cudaFuncSetAttribute(hbk::flex_bwd_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kBwdWgSmem);
   if (e != cudaSuccess) return (int)e;
+#if HB_WS
+  // flex_bwd_ws's CTAs take 128 keys: kv blocks of a multiple of 128 rows, so that a CTA's keys lie in one
+  // block (it walks that block's q lists); else flex_bwd_wg.
+  const bool ws = a->kv_block > 0 && a->kv_block % hbk::WSN == 0;
+  if (ws && (e = cudaFuncSetAttribute(hbk::flex_bwd_ws, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      hbk::kBwdWsSmem)) != cudaSuccess)
+    return (int)e;
+  const long long tiles = (a->Skv + (ws ? hbk::WSN : hbk::WBN) - 1) / (ws ? hbk::WSN : hbk::WBN);
+#else
   const long long tiles = (a->Skv + hbk::WBN - 1) / hbk::WBN;
+#endif
 #else
   e = cudaFuncSetAttribute(hbk::flex_bwd, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kBwdSmem);
   if (e != cudaSuccess) return (int)e;
@@ -1644,7 +1908,12 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
 #if HB_SIMT_BWD
     if ((e = (cudaError_t)hbk::simt::launch_bwd(main_args, n, stream)) != cudaSuccess) return (int)e;
 #elif HB_WG
-    hbk::flex_bwd_wg<<<hbk::bwd_grid(tiles, n, per < pairs), hbk::WBT, hbk::kBwdWgSmem, (cudaStream_t)stream>>>(main_args);
+#if HB_WS
+    if (ws)
+      hbk::flex_bwd_ws<<<hbk::bwd_grid(tiles, n, per < pairs), hbk::WST, hbk::kBwdWsSmem, (cudaStream_t)stream>>>(main_args);
+    else
+#endif
+      hbk::flex_bwd_wg<<<hbk::bwd_grid(tiles, n, per < pairs), hbk::WBT, hbk::kBwdWgSmem, (cudaStream_t)stream>>>(main_args);
 #else
     hbk::flex_bwd<<<hbk::bwd_grid(tiles, n, per < pairs), hbk::BT, hbk::kBwdSmem, (cudaStream_t)stream>>>(main_args);
 #endif
@@ -1680,6 +1949,8 @@ extern "C" long long hb_flex_cuda_smem(int backward) {
   if (backward) {
 #if HB_SIMT_BWD
     return hbk::simt::smem(true);
+#elif HB_WS
+    return most(hbk::kBwdWgSmem, hbk::kBwdWsSmem);  // flex_bwd_ws where the kv blocks allow
 #elif HB_WG
     return hbk::kBwdWgSmem;
 #else
