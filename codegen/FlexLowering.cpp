@@ -493,7 +493,7 @@ bool pointwise_score_mod(const Graph& g, std::string* why) {
       const ValueType& bt = bp >= 0 ? g.nodes[b.ref].type : ValueType{};
       if (bp < bufs_from || ip < 2 || ip > 4 || bt.kind != ValueType::Kind::Tensor || bt.tensor.shape.size() != 1) {
         // buf[b]: cuDNN 9.19 computed a [B, 1, 1, 1] input in its score-modifier subgraph wrongly (an
-        // output error of 0.87 on the H200, 2026-11-27): per-batch reads stay off cuDNN.
+        // output error of 0.87 on an H100, 2026-11-27): per-batch reads stay off cuDNN.
         *why = what + (ip == 1 ? " reads a buffer by the batch index, which cuDNN's score modifier gets wrong"
                                : " indexes other than a 1-d buffer by h, q_idx or kv_idx");
         return false;
