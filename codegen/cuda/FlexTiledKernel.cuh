@@ -85,13 +85,13 @@
 #define HB_SCORE_ELEM (HB_SCORE_MOD && !HB_ROW_SHIFT)
 #define HB_WG (HB_SM90 && !HB_F32 && (HB_D == 64 || HB_D == 128))
 // Whether the Hopper backward may run flex_bwd_ws (3 warpgroups per 128 keys, below) instead of
-// flex_bwd_wg: bf16/fp16 at D 128, the identity score_mod (no row shift either) and no joint (so no
-// scatter), not deterministic; the launcher then takes it where the kv blocks are multiples of 128 rows.
-// HB_BWD_WS=0 never runs it (the lab's baseline: -DHB_BWD_WS=0 times flex_bwd_wg alone).
+// flex_bwd_wg: bf16/fp16 at D 128, any score_mod and joint that scatter into no buffer gradient, not
+// deterministic; the launcher then takes it where the kv blocks are multiples of 128 rows. HB_BWD_WS=0
+// never runs it (the lab's baseline: -DHB_BWD_WS=0 times flex_bwd_wg alone).
 #ifndef HB_BWD_WS
 #define HB_BWD_WS 1
 #endif
-#define HB_WS (HB_BWD_WS && HB_WG && HB_D == 128 && !HB_SCORE_MOD && !HB_JOINT && !HB_SCATTER && !HB_DETERMINISTIC)
+#define HB_WS (HB_BWD_WS && HB_WG && HB_D == 128 && !HB_SCATTER && !HB_DETERMINISTIC)
 #if HB_WG
 #include <utility>
 
@@ -1486,7 +1486,7 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
   return (int)cudaGetLastError();
 }
 
-// Backward at D 128 without a score_mod or joint, FlashAttention-3's CTA shape (flex_bwd_ws): one CTA per
+// Backward at D 128, FlashAttention-3's CTA shape (flex_bwd_ws): one CTA per
 // 128 key rows of one (b, kv head), one CTA per SM, of 3 warpgroups: 2 consumers (warpgroup w owns keys
 // k0 + 64 w ..) and a dQ writer. Each step's 64-row Q and dO tiles are loaded once into shared memory
 // (cp.async, double-buffered, by the 256 consumer threads) and read by both consumers, so Q/dO traffic per
@@ -1505,8 +1505,10 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
 // Measured and the variants that were tried (float2 reductions from the accumulators, bulk reductions from
 // a shared tile, float4 reductions via shuffles, dQ's own-key k-steps from registers, a form pipelined across
 // steps): docs/flex-attention.md. Compiled where HB_WS (at the top) holds: Hopper, D 128, bf16 or fp16, no
-// score_mod (score_mods were not measured with it: its per-element path has less to overlap with), no
-// joint, not deterministic; launched where the kv blocks are multiples of 128 rows, else flex_bwd_wg runs.
+// buffer gradient scatter, not deterministic; launched where the kv blocks are multiples of 128 rows, else
+// flex_bwd_wg runs. A score_mod runs per element on the split schedule, a joint's tiles through bwd_p_ds.
+// Measured against flex_bwd_wg (H100, the lab, D128 B4 H16 S4096 backward): ALiBi 4.70 against 5.70 ms,
+// causal 2.50 against 3.08; a soft cap 8.35 against 9.05.
 // HB_BWD_WS=0 (the lab's baseline) turns it off.
 #if HB_WS
 constexpr int WSN = 128, WSM = 64, WSC = 256, WST = 384;  // keys, query rows a step, consumer threads, threads
@@ -1536,7 +1538,7 @@ struct WsInfo {
 };
 
 __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ HbFlexCudaArgs a) {
-  static_assert(!HB_SCORE_MOD && !HB_JOINT && !HB_SCATTER && !HB_DETERMINISTIC && D == 128, "flex_bwd_ws: HB_WS");
+  static_assert(!HB_SCATTER && !HB_DETERMINISTIC && D == 128, "flex_bwd_ws: HB_WS");
   extern __shared__ __align__(1024) uint4 wsmem[];
   uint4* sK = wsmem;
   uint4* sV = sK + WSN * CH;
@@ -1636,19 +1638,31 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
     cute::warpgroup_commit_batch();
 
     const bool inside = kw + 64 <= a.Skv && q0 + WSM <= a.Sq;
-    const bool fast = (full || !HB_MASK_MOD) && inside;  // bwd_p_ds's short path (no score_mod, no joint here)
+    // The split schedule's tiles: inside both sequences with no mask_mod to call (bwd_p_ds's short path's
+    // tiles), a score_mod included (per element as p_ds_elem computes it). A joint's tiles go through
+    // bwd_p_ds: keeping the scaled scores across the dP wait for it spilled and was slower (a soft cap, D128
+    // B4 H16 S4096 on an H100: 8.9 against 8.35 ms).
+    const bool fast = (full || !HB_MASK_MOD) && inside && !HB_JOINT;
     if (fast) {  // the split schedule: P, dV on it, then dS
       cute::warpgroup_wait<1>();  // S (dP may still run)
       fence_acc(s);
       const int t4 = threadIdx.x & 3;
-      const float sl = a.scale * kLog2e;
+      [[maybe_unused]] const float sl = a.scale * kLog2e;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float shift = lse_r[r] == -INFINITY ? INFINITY : lse_r[r];
+        [[maybe_unused]] const float shift = lse_r[r] == -INFINITY ? INFINITY : lse_r[r];
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
-          for (int c = 0; c < 2; ++c) s[j][2 * r + c] = exp2f(s[j][2 * r + c] * sl - shift);
+          for (int c = 0; c < 2; ++c) {
+#if HB_SCORE_ELEM
+            const float x = hb_score_mod<float>(s[j][2 * r + c] * a.scale, b, h, (int)q0 + lq + 8 * r,
+                                                (int)kw + j * 8 + 2 * t4 + c, &t);
+            s[j][2 * r + c] = lse_r[r] == -INFINITY ? 0.f : exp2f(x * kLog2e - lse_r[r]);
+#else
+            s[j][2 * r + c] = exp2f(s[j][2 * r + c] * sl - shift);
+#endif
+          }
 #pragma unroll
         for (int j = 0; j < 8; ++j)
           reinterpret_cast<Elem2*>(&sP[pw<WSM>(lq + 8 * r, j + 8 * wg)])[t4] = pack2(s[j][2 * r], s[j][2 * r + 1]);

@@ -117,18 +117,22 @@ def test_cuda_fused_head_dim_128(tmp_path, score, mask, dtype):
     run_case(tmp_path, score, mask, dtype=dtype, shape=(1, 4, 2, 700, 128))
 
 
-# The identity score_mod at head dim 128 with 128-key blocks: the Hopper backward's flex_bwd_ws (two
-# consumer warpgroups per 128 keys and a dQ writer, FlexTiledKernel.cuh), full blocks on its split schedule,
-# a mask's partial blocks through bwd_p_ds; S 700 and 1000 end inside a key tile, GQA, fp16, and B8 H16
-# S1024, whose backward runs in two dQ launches.
-@pytest.mark.parametrize("mask,dtype,shape", [
-    ("none", torch.bfloat16, (1, 4, 2, 700, 128)),
-    ("causal", torch.bfloat16, (2, 4, 4, 1000, 128)),
-    ("window", torch.float16, (1, 4, 2, 700, 128)),
-    ("causal", torch.bfloat16, (8, 16, 16, 1024, 128)),
+# Head dim 128 with 128-key blocks: the Hopper backward's flex_bwd_ws (two consumer warpgroups per 128 keys
+# and a dQ writer, FlexTiledKernel.cuh), full blocks on its split schedule (a score_mod per element there), a
+# mask's partial blocks and a joint's tiles through bwd_p_ds; S 700 and 1000 end inside a key tile, GQA,
+# fp16, and B8 H16 S1024, whose backward runs in two dQ launches.
+@pytest.mark.parametrize("score,mask,dtype,shape", [
+    ("identity", "none", torch.bfloat16, (1, 4, 2, 700, 128)),
+    ("identity", "causal", torch.bfloat16, (2, 4, 4, 1000, 128)),
+    ("identity", "window", torch.float16, (1, 4, 2, 700, 128)),
+    ("identity", "causal", torch.bfloat16, (8, 16, 16, 1024, 128)),
+    ("alibi", "causal", torch.bfloat16, (2, 4, 4, 1000, 128)),
+    ("alibi", "none", torch.bfloat16, (8, 16, 16, 1024, 128)),
+    ("temperature", "none", torch.bfloat16, (1, 8, 2, 1000, 128)),
+    ("activations", "window", torch.float16, (1, 4, 2, 700, 128)),
 ])
-def test_cuda_fused_identity_head_dim_128(tmp_path, mask, dtype, shape):
-    kernels = run_case(tmp_path, "identity", mask, dtype=dtype, shape=shape)
+def test_cuda_fused_hopper_backward_head_dim_128(tmp_path, score, mask, dtype, shape):
+    kernels = run_case(tmp_path, score, mask, dtype=dtype, shape=shape)
     if shape[0] == 8:
         assert "(2 launches, " in kernels, kernels
 
