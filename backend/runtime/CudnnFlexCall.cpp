@@ -519,7 +519,7 @@ class CudnnFlexCall : public Call {
   // current stream.
   void execute_in_groups(cudnnHandle_t handle, const Operands& x, const CudnnBackwardGroup& grp, CallStats& stats) const {
     const int64_t Hkv = x.k.size(1), r = x.q.size(1) / Hkv;
-    std::vector<Operands> calls;  // made on the current stream (a head group's contiguous statistics)
+    std::vector<Operands> calls;  // views of x (packed_view)
     for (int64_t b0 = 0; b0 < x.q.size(0); b0 += grp.batches)
       for (int64_t h0 = 0; h0 < Hkv; h0 += grp.kv_heads) calls.push_back(group(x, b0, grp.batches, h0, grp.kv_heads, r));
     const c10::cuda::CUDAStream main = at::cuda::getCurrentCUDAStream();
@@ -549,9 +549,8 @@ class CudnnFlexCall : public Call {
     auto ks = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, b0, nb).narrow(1, h0, nh) : t; };
     auto bs = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, b0, nb) : t; };
     Operands y;
-    // The statistics packed, as cuDNN below 9.26 takes them (a head group's narrowing is not: a copy, B x
-    // H x S floats in all).
-    y.q = qs(x.q), y.o = qs(x.o), y.stats = qs(x.stats).clone(at::MemoryFormat::Contiguous), y.d_o = qs(x.d_o);
+    // The statistics with packed strides, as cuDNN below 9.26 takes them (packed_view).
+    y.q = qs(x.q), y.o = qs(x.o), y.stats = packed_view(qs(x.stats)), y.d_o = qs(x.d_o);
     y.dq = qs(x.dq);
     y.k = ks(x.k), y.v = ks(x.v), y.dk = ks(x.dk), y.dv = ks(x.dv);
     y.seq_q = bs(x.seq_q), y.seq_kv = bs(x.seq_kv);
@@ -561,6 +560,19 @@ class CudnnFlexCall : public Call {
       y.score_inputs[buffer_uid(k, p)] = p == 2 ? t.narrow(0, h0 * r, nh * r) : t;  // (buf[b]: not on cuDNN)
     }
     return y;
+  }
+
+  // t with packed strides: t itself restrided where only its size-1 dimensions' strides differ from packed
+  // ones (the same memory: a batch group's statistics, and a head group's, whose batch dimension is 1),
+  // else a packed copy.
+  static at::Tensor packed_view(const at::Tensor& t) {
+    std::vector<int64_t> stride(t.dim());
+    bool same = true;
+    for (int64_t d = t.dim() - 1, e = 1; d >= 0; e *= t.size(d), --d) {
+      stride[d] = e;
+      same = same && (t.size(d) == 1 || t.stride(d) == e);
+    }
+    return same ? t.as_strided(t.sizes(), stride) : t.clone(at::MemoryFormat::Contiguous);
   }
 
   // Runs the graph for x with a workspace of the size cuDNN asks for, reported through `stats` (the plan's
