@@ -215,6 +215,34 @@ struct Walk {
   }
 };
 
+// A backward CTA's steps: every query tile of `tile` rows that its key block's q lists give (Walk), for each
+// query head of kv head hk's group (h in [hk G, (hk + 1) G), G = Hq / Hkv) in turn; a step is (h, that
+// head's walk, index i). next() is the step after it (whose Q and dO load while this one computes); done()
+// past the last. One walk for every backward kernel (flex_bwd, flex_bwd_wg, flex_bwd_ws).
+struct Steps {
+  const HbFlexCudaArgs* a;
+  long long b, kblk, tile, h, hend;
+  Walk walk;
+  int i = 0;
+  __device__ Steps(const HbFlexCudaArgs& args, long long b_, long long hk, long long kblk_, long long tile_)
+      : a(&args), b(b_), kblk(kblk_), tile(tile_), h(hk * (args.Hq / args.Hkv)),
+        hend((hk + 1) * (args.Hq / args.Hkv)), walk(head(h)) {
+    settle();
+  }
+  __device__ Walk head(long long hh) const { return Walk(a->q_list, a->q_full_list, b, hh, kblk, a->q_block, tile, a->Sq); }
+  __device__ void settle() {  // past heads with no step
+    while (i >= walk.count() && ++h < hend) walk = head(h), i = 0;
+  }
+  __device__ bool done() const { return h >= hend; }
+  __device__ long long q0(bool* full) const { return walk.step(i, full); }
+  __device__ Steps next() const {
+    Steps n = *this;
+    ++n.i;
+    n.settle();
+    return n;
+  }
+};
+
 
 // ------------------------------------------------------------- per-element work shared by the kernels
 // A thread's scores are in the tensor cores' accumulator layout: s[j][2 r + c] is query row lq + 8 r
@@ -859,7 +887,6 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
   uint4* sP = sQ + 4 * BM * CH;
   uint4* sdS = sP + BM * PC;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
-  const long long G = a.Hq / a.Hkv;
   const long long bh = bwd_pair(a) + a.bh0, b = bh / a.Hkv, hk = bh % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
   const long long k0 = bwd_tile(a) * BN;
   const int kvalid = (int)lmin(BN, a.Skv - k0);
@@ -878,34 +905,26 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
 
   // The steps: every query tile the q lists give, for each query head of the group in turn. Q and dO of
   // the next step load (double-buffered) while this one computes.
-  const long long hend = (hk + 1) * G, kblk = k0 / a.kv_block;
-  auto head_walk = [&](long long h) { return Walk(a.q_list, a.q_full_list, b, h, kblk, a.q_block, BM, a.Sq); };
   auto load_step = [&](long long h, long long q0, int buf) {
     load_tile<BM, BT>(sQ + buf * 2 * BM * CH, (const Elem*)a.q + b * a.q_strides[0] + h * a.q_strides[1], q0,
                       a.q_strides[2], a.Sq);
     load_tile<BM, BT>(sQ + (buf * 2 + 1) * BM * CH, (const Elem*)a.dout + b * a.do_strides[0] + h * a.do_strides[1], q0,
                       a.do_strides[2], a.Sq);
   };
-  long long h = hk * G;
-  Walk walk = head_walk(h);
-  int i = 0;
-  while (i >= walk.count() && ++h < hend) walk = head_walk(h), i = 0;
+  Steps st(a, b, hk, k0 / a.kv_block, BM);
   bool full = false;
-  if (h < hend) load_step(h, walk.step(i, &full), 0);
+  if (!st.done()) load_step(st.h, st.q0(&full), 0);
   cute::cp_async_fence();
-  for (int buf = 0; h < hend; buf ^= 1) {
-    const long long q0 = walk.step(i, &full);
+  for (int buf = 0; !st.done(); buf ^= 1) {
+    const long long h = st.h, q0 = st.q0(&full);
     t.h = h;
     const long long row0 = (b * a.Hq + h) * a.Sq;
-    long long hn = h;
-    Walk wn = walk;
-    int in = i + 1;
-    while (in >= wn.count() && ++hn < hend) wn = head_walk(hn), in = 0;
+    const Steps nx = st.next();
     cute::cp_async_wait<0>();
     __syncthreads();  // this step's Q and dO have landed; the last step's readers of the other buffer are done
-    if (hn < hend) {
+    if (!nx.done()) {
       bool unused;
-      load_step(hn, wn.step(in, &unused), buf ^ 1);
+      load_step(nx.h, nx.q0(&unused), buf ^ 1);
     }
     cute::cp_async_fence();
     const uint4* sQ = smem + 2 * BN * CH + buf * 2 * BM * CH;
@@ -987,7 +1006,7 @@ __global__ void __launch_bounds__(BT, 1) flex_bwd(const __grid_constant__ HbFlex
       dq_turn_done(a, b, h, q0);
 #endif
     }
-    h = hn, walk = wn, i = in;
+    st = nx;
   }
   report(a.error, t);
   // dK, dV rows of (b, kv head): [B, Hkv, Skv, D] contiguous (summed over b by the caller when k, v
@@ -1342,7 +1361,6 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
   uint4* sP = sQ0 + 4 * WBM * CH;
   uint4* sdS = sP + WBM * 8;
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) >> 2;
-  const long long G = a.Hq / a.Hkv;
   const long long bh = bwd_pair(a) + a.bh0, b = bh / a.Hkv, hk = bh % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
   const long long k0 = bwd_tile(a) * WBN;
   const int kvalid = (int)lmin(WBN, a.Skv - k0);
@@ -1354,34 +1372,26 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
   HbFlexTile t = {};
   t.b = b, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
 
-  const long long hend = (hk + 1) * G, kblk = k0 / a.kv_block;
-  auto head_walk = [&](long long h) { return Walk(a.q_list, a.q_full_list, b, h, kblk, a.q_block, WBM, a.Sq); };
   auto load_step = [&](long long h, long long q0, int buf) {
     load_panels<WBM, WBT>(sQ0 + buf * 2 * WBM * CH, (const Elem*)a.q + b * a.q_strides[0] + h * a.q_strides[1], q0,
                           a.q_strides[2], a.Sq);
     load_panels<WBM, WBT>(sQ0 + (buf * 2 + 1) * WBM * CH,
                           (const Elem*)a.dout + b * a.do_strides[0] + h * a.do_strides[1], q0, a.do_strides[2], a.Sq);
   };
-  long long h = hk * G;
-  Walk walk = head_walk(h);
-  int i = 0;
-  while (i >= walk.count() && ++h < hend) walk = head_walk(h), i = 0;
+  Steps st(a, b, hk, k0 / a.kv_block, WBM);
   bool full = false;
-  if (h < hend) load_step(h, walk.step(i, &full), 0);
+  if (!st.done()) load_step(st.h, st.q0(&full), 0);
   cute::cp_async_fence();
-  for (int buf = 0; h < hend; buf ^= 1) {
-    const long long q0 = walk.step(i, &full);
+  for (int buf = 0; !st.done(); buf ^= 1) {
+    const long long h = st.h, q0 = st.q0(&full);
     t.h = h;
     const long long row0 = (b * a.Hq + h) * a.Sq;
-    long long hn = h;
-    Walk wn = walk;
-    int in = i + 1;
-    while (in >= wn.count() && ++hn < hend) wn = head_walk(hn), in = 0;
+    const Steps nx = st.next();
     cute::cp_async_wait<0>();
     sync_for_wgmma();
-    if (hn < hend) {
+    if (!nx.done()) {
       bool unused;
-      load_step(hn, wn.step(in, &unused), buf ^ 1);
+      load_step(nx.h, nx.q0(&unused), buf ^ 1);
     }
     cute::cp_async_fence();
     const uint4* sQ = sQ0 + buf * 2 * WBM * CH;
@@ -1472,7 +1482,7 @@ __global__ void __launch_bounds__(WBT, 2) flex_bwd_wg(const __grid_constant__ Hb
 #endif
     fence_acc(dv);
     fence_acc(dk);
-    h = hn, walk = wn, i = in;
+    st = nx;
   }
   report(a.error, t);
   store_rows(dv, (Elem*)a.dv + ((b * a.Hkv + hk) * a.Skv + k0) * D, warp * 16 + g, kvalid);
@@ -1548,19 +1558,13 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
   float* sdQ = reinterpret_cast<float*>(sdS + WSM * 16);  // [64][128] (dqt)
   WsInfo* info = reinterpret_cast<WsInfo*>(sdQ + WSM * D);
   const int warp = threadIdx.x / 32, wg = warp / 4, g = (threadIdx.x % 32) >> 2, lq = (warp & 3) * 16 + g;
-  const long long G = a.Hq / a.Hkv;
   const long long bh = bwd_pair(a) + a.bh0, b = bh / a.Hkv, hk = bh % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
   const long long k0 = bwd_tile(a) * WSN, kw = k0 + wg * 64;
-  const long long hend = (hk + 1) * G, kblk = k0 / a.kv_block;
-  auto head_walk = [&](long long h) { return Walk(a.q_list, a.q_full_list, b, h, kblk, a.q_block, WSM, a.Sq); };
-  long long h = hk * G;
-  Walk walk = head_walk(h);
-  int i = 0;
-  while (i >= walk.count() && ++h < hend) walk = head_walk(h), i = 0;
+  Steps st(a, b, hk, k0 / a.kv_block, WSM);
 
   if (wg == 2) {  // the dQ writer: a tile per step, until the consumers mark the last
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" : : "n"(kWsWriterRegs) : "memory");
-    if (h >= hend) return;  // (no steps: the consumers hand over nothing either)
+    if (st.done()) return;  // (no steps: the consumers hand over nothing either)
     const int wt = threadIdx.x & 127;
     bar_arrive(kWsEmpty, WST);
     for (;;) {
@@ -1597,21 +1601,18 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
                           (const Elem*)a.dout + b * a.do_strides[0] + h * a.do_strides[1], q0, a.do_strides[2], a.Sq);
   };
   bool full = false;
-  if (h < hend) load_step(h, walk.step(i, &full), 0);
+  if (!st.done()) load_step(st.h, st.q0(&full), 0);
   cute::cp_async_fence();
-  for (int buf = 0; h < hend; buf ^= 1) {
-    const long long q0 = walk.step(i, &full);
+  for (int buf = 0; !st.done(); buf ^= 1) {
+    const long long h = st.h, q0 = st.q0(&full);
     t.h = h;
     const long long row0 = (b * a.Hq + h) * a.Sq;
-    long long hn = h;
-    Walk wn = walk;
-    int in = i + 1;
-    while (in >= wn.count() && ++hn < hend) wn = head_walk(hn), in = 0;
+    const Steps nx = st.next();
     cute::cp_async_wait<0>();
     cons_sync();  // this step's Q and dO are in; both consumers are done with the last step's tiles
-    if (hn < hend) {
+    if (!nx.done()) {
       bool unused;
-      load_step(hn, wn.step(in, &unused), buf ^ 1);
+      load_step(nx.h, nx.q0(&unused), buf ^ 1);
     }
     cute::cp_async_fence();
     const uint4* sQ = sQ0 + buf * 2 * WSM * CH;
@@ -1730,14 +1731,14 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
       if (threadIdx.x == 0) {
         info->off = row0 - a.dq_row0 + q0;
         info->nrows = (int)lmin(WSM, a.Sq - q0);
-        info->last = hn >= hend;
+        info->last = nx.done();
       }
       bar_arrive(kWsFull, WST);
     }
     cute::warpgroup_wait<0>();
     fence_acc(dv);
     fence_acc(dk);
-    h = hn, walk = wn, i = in;
+    st = nx;
   }
   report(a.error, t);
   store_rows(dv, (Elem*)a.dv + ((b * a.Hkv + hk) * a.Skv + kw) * D, lq, kvalid);
