@@ -48,6 +48,22 @@ def run(fn, q, k, v, dout):
     return out, lse, q.grad, k.grad, v.grad
 
 
+def flex_step(compile_dir, dtype, q, k, v, dout, score_mod, bm, deterministic=False):
+    """run() of flex_attention (GQA where k has fewer heads than q) on q, k, v and dout cast to `dtype`, in
+    hinted_context(deterministic=...): eager where compile_dir is None, else compiled with hintbackend,
+    its dumps in compile_dir."""
+    def attn(q, k, v, lse):
+        with hinted_context(deterministic=deterministic):
+            return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=q.size(1) != k.size(1),
+                                  return_lse=lse)
+
+    fn = attn
+    if compile_dir:
+        torch._dynamo.reset()
+        fn = torch.compile(attn, backend="hintbackend", options={"dump_dir": compile_dir})
+    return run(fn, q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("shape", [(2, 4, 4, 256, 64), (1, 8, 2, 200, 128)])  # (B, Hq, Hkv, S, D): GQA, S % 128 != 0
@@ -469,16 +485,7 @@ def test_pointwise_score_mod_matches_float64(tmp_path, mod, mask, shape):
 
     def step(compile_dir, dtype):
         buf = table.to(torch.float64 if dtype == torch.float64 else torch.float32) if table is not None else None
-
-        def attn(q, k, v, lse):
-            return flex_attention(q, k, v, score_mod=make_mod(buf), block_mask=bm, enable_gqa=Hq != Hkv,
-                                  return_lse=lse)
-
-        fn = attn
-        if compile_dir:
-            torch._dynamo.reset()
-            fn = torch.compile(attn, backend="hintbackend", options={"dump_dir": compile_dir})
-        return run(fn, q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype))
+        return flex_step(compile_dir, dtype, q, k, v, dout, make_mod(buf), bm)
 
     got = step(str(tmp_path), torch.bfloat16)
     eager = step(None, torch.bfloat16)
@@ -577,17 +584,7 @@ def test_backward_in_calls_of_batches_or_heads_matches_float64(tmp_path, case):
 
     def step(compile_dir, dtype):
         score_mod = mod[1](table.to(torch.float64 if dtype == torch.float64 else torch.float32)) if mod else None
-
-        def attn(q, k, v, lse):
-            with hinted_context(deterministic=deterministic):
-                return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=Hq != Hkv,
-                                      return_lse=lse)
-
-        fn = attn
-        if compile_dir:
-            torch._dynamo.reset()
-            fn = torch.compile(attn, backend="hintbackend", options={"dump_dir": compile_dir})
-        return run(fn, q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype))
+        return flex_step(compile_dir, dtype, q, k, v, dout, score_mod, bm, deterministic)
 
     got = step(str(tmp_path), torch.bfloat16)
     kernels = "".join(open(os.path.join(tmp_path, d, "kernels.txt")).read() for d in graph_dirs(tmp_path))
