@@ -85,13 +85,13 @@
 #define HB_SCORE_ELEM (HB_SCORE_MOD && !HB_ROW_SHIFT)
 #define HB_WG (HB_SM90 && !HB_F32 && (HB_D == 64 || HB_D == 128))
 // Whether the Hopper backward may run flex_bwd_ws (3 warpgroups per 128 keys, below) instead of
-// flex_bwd_wg: bf16/fp16 at D 128, any score_mod and joint that scatter into no buffer gradient, not
+// flex_bwd_wg: bf16/fp16 at D 64 and 128, any score_mod and joint that scatter into no buffer gradient, not
 // deterministic; the launcher then takes it where the kv blocks are multiples of 128 rows. HB_BWD_WS=0
 // never runs it (the lab's baseline: -DHB_BWD_WS=0 times flex_bwd_wg alone).
 #ifndef HB_BWD_WS
 #define HB_BWD_WS 1
 #endif
-#define HB_WS (HB_BWD_WS && HB_WG && HB_D == 128 && !HB_SCATTER && !HB_DETERMINISTIC)
+#define HB_WS (HB_BWD_WS && HB_WG && !HB_SCATTER && !HB_DETERMINISTIC)
 #if HB_WG
 #include <utility>
 
@@ -1496,7 +1496,7 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
   return (int)cudaGetLastError();
 }
 
-// Backward at D 128, FlashAttention-3's CTA shape (flex_bwd_ws): one CTA per
+// Backward at D 64 and 128, FlashAttention-3's CTA shape (flex_bwd_ws): one CTA per
 // 128 key rows of one (b, kv head), one CTA per SM, of 3 warpgroups: 2 consumers (warpgroup w owns keys
 // k0 + 64 w ..) and a dQ writer. Each step's 64-row Q and dO tiles are loaded once into shared memory
 // (cp.async, double-buffered, by the 256 consumer threads) and read by both consumers, so Q/dO traffic per
@@ -1506,7 +1506,8 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
 // and dS come from bwd_p_ds (the per-element code every backward shares). P and dS go into shared
 // [64 q][128 k] tiles (consumer w's keys in panel w); after a barrier of the consumers, consumer w computes
 // dQ's columns 64 w .. 64 w + 63 over all 128 keys (dS K, SS: dS K-major, K MN-major), so that the tensor
-// cores sum dQ over the CTA's keys, and dK += dS^T Q. dQ then goes into a swizzled float tile in shared
+// cores sum dQ over the CTA's keys (at D 64 consumer w computes all 64 columns over its own 64 keys, and
+// the writer adds the two tiles), and dK += dS^T Q. dQ then goes into a swizzled float tile in shared
 // memory and the consumers go on; the writer warpgroup reads the tile row by row and adds it into the float
 // accumulator with 16-byte reductions (red.global.add.v4.f32; a warp a 512-byte row, coalesced), off the
 // consumers' path. setmaxnreg gives the consumers 240 registers and the writer 24 (the launch bound, 384
@@ -1524,8 +1525,11 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
 constexpr int WSN = 128, WSM = 64, WSC = 256, WST = 384;  // keys, query rows a step, consumer threads, threads
 constexpr int kWsRegs = 240, kWsWriterRegs = 24;          // setmaxnreg: consumers, writer (2 x 128 x 240 + 128 x 24 <= 64 Ki)
 constexpr int kWsFull = 5, kWsEmpty = 6;                  // named barriers of the dQ tile
-// K, V; Q, dO double-buffered; P, dS; the float dQ tile and its WsInfo.
-constexpr int kBwdWsSmem = (2 * WSN * CH + 4 * WSM * CH + 2 * WSM * 16) * 16 + WSM * D * 4 + 16;
+// The float dQ tiles a step hands the writer: at D 128 one, consumer w's columns 64 w .. 64 w + 63 over the
+// CTA's 128 keys; at D 64 two, consumer w's whole dQ over its own 64 keys, which the writer adds.
+constexpr int kWsDqTiles = D == 128 ? 1 : 2;
+// K, V; Q, dO double-buffered; P, dS; the float dQ tiles and their WsInfo.
+constexpr int kBwdWsSmem = (2 * WSN * CH + 4 * WSM * CH + 2 * WSM * 16) * 16 + kWsDqTiles * WSM * D * 4 + 16;
 
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" : : "r"(id), "r"(n) : "memory"); }
@@ -1538,7 +1542,7 @@ __device__ __forceinline__ void red_v4(float* p, float x, float y, float z, floa
   asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" : : "l"(p), "f"(x), "f"(y), "f"(z), "f"(w)
                : "memory");
 }
-// The swizzled [64][128] float dQ tile: element (row, col); 16-byte chunks XOR-ed with row % 8, so that
+// A swizzled [64][D] float dQ tile: element (row, col); 16-byte chunks XOR-ed with row % 8, so that
 // the consumers' float2 stores (8 rows a warp) and the writer's float4 row reads avoid bank conflicts.
 __device__ __forceinline__ int dqt(int row, int col) { return row * D + (((col >> 2) ^ (row & 7)) << 2) + (col & 3); }
 // What the consumers hand the writer with a dQ tile.
@@ -1548,15 +1552,15 @@ struct WsInfo {
 };
 
 __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ HbFlexCudaArgs a) {
-  static_assert(!HB_SCATTER && !HB_DETERMINISTIC && D == 128, "flex_bwd_ws: HB_WS");
+  static_assert(!HB_SCATTER && !HB_DETERMINISTIC && (D == 64 || D == 128), "flex_bwd_ws: HB_WS");
   extern __shared__ __align__(1024) uint4 wsmem[];
   uint4* sK = wsmem;
   uint4* sV = sK + WSN * CH;
   uint4* sQ0 = sV + WSN * CH;
   uint4* sP = sQ0 + 4 * WSM * CH;  // [64 q][128 k]: two 64-key panels, consumer w's in panel w
   uint4* sdS = sP + WSM * 16;
-  float* sdQ = reinterpret_cast<float*>(sdS + WSM * 16);  // [64][128] (dqt)
-  WsInfo* info = reinterpret_cast<WsInfo*>(sdQ + WSM * D);
+  float* sdQ = reinterpret_cast<float*>(sdS + WSM * 16);  // kWsDqTiles x [64][D] (dqt)
+  WsInfo* info = reinterpret_cast<WsInfo*>(sdQ + kWsDqTiles * WSM * D);
   const int warp = threadIdx.x / 32, wg = warp / 4, g = (threadIdx.x % 32) >> 2, lq = (warp & 3) * 16 + g;
   const long long bh = bwd_pair(a) + a.bh0, b = bh / a.Hkv, hk = bh % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
   const long long k0 = bwd_tile(a) * WSN, kw = k0 + wg * 64;
@@ -1574,8 +1578,13 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
       float* dst = a.dq + off * D;
 #pragma unroll 4
       for (int e = 0; e < WSM * D / 4 / 128; ++e) {
-        const int c = e * 128 + wt, row = c >> 5, ch = c & 31;  // a warp a row of 32 16-byte chunks
-        const float4 x = *reinterpret_cast<const float4*>(sdQ + row * D + ((ch ^ (row & 7)) << 2));
+        // a warp 32 16-byte chunks of consecutive rows: one row at D 128, two at D 64
+        const int c = e * 128 + wt, row = c / (D / 4), ch = c % (D / 4), at = row * D + ((ch ^ (row & 7)) << 2);
+        float4 x = *reinterpret_cast<const float4*>(sdQ + at);
+        if constexpr (kWsDqTiles == 2) {
+          const float4 y = *reinterpret_cast<const float4*>(sdQ + WSM * D + at);
+          x.x += y.x, x.y += y.y, x.z += y.z, x.w += y.w;
+        }
         if (row < nrows) red_v4(dst + (long long)row * D + ch * 4, x.x, x.y, x.z, x.w);
       }
       if (last) break;
@@ -1708,9 +1717,15 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
     float dq[8][4];
     fence_acc(dq);
     cute::warpgroup_arrive();
+    if constexpr (D == 128) {  // this consumer's 64 columns over the CTA's 128 keys
 #pragma unroll
-    for (int kk = 0; kk < WSN / 16; ++kk)
-      wg_ss<Major::K, Major::MN, 64>(kmajor<WSM>(sdS, 0, kk), mnmajor<WSN>(sK + wg * WSN * 8, kk), dq, kk > 0);
+      for (int kk = 0; kk < WSN / 16; ++kk)
+        wg_ss<Major::K, Major::MN, 64>(kmajor<WSM>(sdS, 0, kk), mnmajor<WSN>(sK + wg * WSN * 8, kk), dq, kk > 0);
+    } else {  // D 64: all columns over this consumer's 64 keys
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wg_ss<Major::K, Major::MN, 64>(kmajor<WSM>(sdS, 0, 4 * wg + kk), mnmajor<WSN>(sK, 4 * wg + kk), dq, kk > 0);
+    }
     cute::warpgroup_commit_batch();
     cute::warpgroup_arrive();
 #pragma unroll
@@ -1726,7 +1741,8 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
       for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<float2*>(sdQ + dqt(lq + 8 * r, wg * 64 + 8 * j + 2 * t4)) =
+          *reinterpret_cast<float2*>(sdQ + (kWsDqTiles == 2 ? wg * WSM * D : 0) +
+                                     dqt(lq + 8 * r, (kWsDqTiles == 2 ? 0 : wg * 64) + 8 * j + 2 * t4)) =
               make_float2(dq[j][2 * r], dq[j][2 * r + 1]);
       if (threadIdx.x == 0) {
         info->off = row0 - a.dq_row0 + q0;

@@ -736,34 +736,42 @@ TEST(flex_kernel_gen, nvcc_builds_the_cuda_source) {
             "no CUTLASS headers (pip install nvidia-cutlass, or set HINTBACKEND_CUTLASS_INCLUDE)");
 }
 
-// Head dim 128 in bf16 (a causal mask_mod): the units Hopper's flex_bwd_ws is built into
-// (codegen/cuda/FlexTiledKernel.cuh, HB_WS): the identity score_mod, and a score_mod (the soft cap and the
-// table read) with its joint, whose table gets no gradient (no scatter). nvcc builds each for sm_90a, and
-// its backward's shared memory is flex_bwd_ws's: K and V (2 x 128 rows), Q and dO double-buffered (4 x 64),
-// P and dS (2 x 64 rows of 128 keys), 16 chunks of 16 bytes a row, then the [64][128] float dQ tile and 16
-// bytes of hand-over.
+// bf16 with a causal mask_mod: the units Hopper's flex_bwd_ws is built into (codegen/cuda/FlexTiledKernel.cuh,
+// HB_WS): at head dim 128 the identity score_mod, and a score_mod (the soft cap and the table read) with its
+// joint, whose table gets no gradient (no scatter); at head dim 64 the identity. nvcc builds each for
+// sm_90a, and its backward's shared memory is flex_bwd_ws's (more than flex_bwd_wg's): K and V (2 x 128
+// rows), Q and dO double-buffered (4 x 64), D / 8 chunks of 16 bytes a row; P and dS (2 x 64 rows of 128
+// keys); then the float dQ tiles, one [64][128] at D 128, two [64][64] at D 64, and 16 bytes of hand-over.
 TEST(flex_kernel_gen, nvcc_builds_the_hopper_backward_of_three_warpgroups) {
   const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
   if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
-  const std::string ir = cuda_backward_ir("bf16", 128);
-  std::string identity = replace(ir, "  return %add_1\n", "  return %s\n");
-  identity = replace(identity, "return [%div_1, none, none, none, none, %scatter]", "return [%g, none, none, none, none, none]");
-  std::string no_scatter = replace(ir, "  %scatter: f32[15, 2] = flex_lib::zeros_and_scatter.default([15, 2], [%add, %h], %g)\n", "");
+  auto identity = [](int d) {
+    std::string ir = replace(cuda_backward_ir("bf16", d), "  return %add_1\n", "  return %s\n");
+    return replace(ir, "return [%div_1, none, none, none, none, %scatter]", "return [%g, none, none, none, none, none]");
+  };
+  std::string no_scatter = replace(cuda_backward_ir("bf16", 128),
+                                   "  %scatter: f32[15, 2] = flex_lib::zeros_and_scatter.default([15, 2], [%add, %h], %g)\n", "");
   no_scatter = replace(no_scatter, "return [%div_1, none, none, none, none, %scatter]", "return [%div_1, none, none, none, none, none]");
-  for (const auto& [text, mods] : {std::pair{identity, false}, {no_scatter, true}}) {
-    auto g = parse_graph(text);
+  struct Unit {
+    std::string ir;
+    int d;
+    bool mods;
+  };
+  for (const Unit& u : {Unit{identity(128), 128, false}, Unit{no_scatter, 128, true}, Unit{identity(64), 64, false}}) {
+    auto g = parse_graph(u.ir);
     std::string why;
     const std::optional<FlexKernelSource> s = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
     ASSERT_TRUE(s.has_value()) << why;
-    EXPECT_EQ(s->score_mod, mods);
-    EXPECT_EQ(s->joint, mods);
+    EXPECT_EQ(s->score_mod, u.mods);
+    EXPECT_EQ(s->joint, u.mods);
     EXPECT_NE(s->source.find("#define HB_SCATTER 0\n"), std::string::npos) << s->source.substr(0, 2000);
     const HostBuild build = build_cuda_module(s->source, {"nvcc", "90", cutlass, temp_dir()});
     ASSERT_TRUE(build.module) << build.error;
     auto smem = reinterpret_cast<long long (*)(int)>(build.module->symbol("hb_flex_cuda_smem"));
     ASSERT_NE(smem, nullptr);
-    EXPECT_EQ(smem(1), (2 * 128 + 4 * 64 + 2 * 64) * 16 * 16 + 64 * 128 * 4 + 16) << (mods ? "soft cap" : "identity");
+    EXPECT_EQ(smem(1), (2 * 128 * (u.d / 8) + 4 * 64 * (u.d / 8) + 2 * 64 * 16) * 16 + 64 * 128 * 4 + 16)
+        << "head dim " << u.d << (u.mods ? ", soft cap" : ", identity");
   }
 }
 
