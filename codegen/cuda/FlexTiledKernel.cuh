@@ -1515,8 +1515,8 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
 // kWsFull and kWsEmpty the dQ tile's hand-over (384).
 // Measured and the variants that were tried (float2 reductions from the accumulators, bulk reductions from
 // a shared tile, float4 reductions via shuffles, dQ's own-key k-steps from registers, a form pipelined across
-// steps): docs/flex-attention.md. Compiled where HB_WS (at the top) holds: Hopper, D 128, bf16 or fp16, no
-// buffer gradient scatter, not deterministic; launched where the kv blocks are multiples of 128 rows, else
+// steps): docs/flex-attention.md. Compiled where HB_WS (at the top) holds: Hopper, D 64 or 128, bf16 or
+// fp16, no buffer gradient scatter, not deterministic; launched where the kv blocks are multiples of 128 rows, else
 // flex_bwd_wg runs. A score_mod runs per element on the split schedule, a joint's tiles through bwd_p_ds.
 // Measured against flex_bwd_wg (H100, the lab, D128 B4 H16 S4096 backward): ALiBi 4.70 against 5.70 ms,
 // causal 2.50 against 3.08; a soft cap 8.35 against 9.05.
