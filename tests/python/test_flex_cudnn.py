@@ -66,7 +66,9 @@ def flex_step(compile_dir, dtype, q, k, v, dout, score_mod, bm, deterministic=Fa
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("shape", [(2, 4, 4, 256, 64), (1, 8, 2, 200, 128)])  # (B, Hq, Hkv, S, D): GQA, S % 128 != 0
+# (B, Hq, Hkv, S, D): GQA, S % 128 != 0; head dims 64, 128 and 256 (the largest the lowering sends to cuDNN;
+# added on 2026-11-27 with no device time left to run it: its first GPU run says whether this cuDNN builds it)
+@pytest.mark.parametrize("shape", [(2, 4, 4, 256, 64), (1, 8, 2, 200, 128), (1, 4, 2, 200, 256)])
 def test_cudnn_flex_matches_float64(tmp_path, dtype, mask, shape):
     B, Hq, Hkv, S, D = shape
     torch.manual_seed(hash((str(dtype), mask, shape)) % 2**31)
