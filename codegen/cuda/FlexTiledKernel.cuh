@@ -287,11 +287,14 @@ __device__ __forceinline__ void score_elems(float (&s)[NC / 8][4], const HbFlexC
   }
 }
 
+// Returns the factor the scores still need: on a tile with nothing to call per element, when the scale is
+// positive, it is left to softmax_tile's exponent (one FFMA a score instead of a multiply and a subtract).
 template <int NC>
-__device__ __forceinline__ void fwd_scores(float (&s)[NC / 8][4], const HbFlexCudaArgs& a, long long b, long long h,
-                                           long long qi0, long long k0, bool full, bool inside, HbFlexTile& t) {
+__device__ __forceinline__ float fwd_scores(float (&s)[NC / 8][4], const HbFlexCudaArgs& a, long long b, long long h,
+                                            long long qi0, long long k0, bool full, bool inside, HbFlexTile& t) {
   if (!HB_SCORE_ELEM && (full || !HB_MASK_MOD) && inside) {
     const float sl = a.scale * kLog2e;
+    if (sl > 0.f) return sl;
 #pragma unroll
     for (int j = 0; j < NC / 8; ++j)
 #pragma unroll
@@ -301,12 +304,23 @@ __device__ __forceinline__ void fwd_scores(float (&s)[NC / 8][4], const HbFlexCu
   } else {
     score_elems<NC, true>(s, a, b, h, (int)qi0, (int)k0, full, t);
   }
+  return 1.f;
 }
 
-// Online softmax over a tile of base-2 scores (each row's 4 threads share its maximum): s becomes P, the
-// running max m and sum l move, and corr is what the output accumulator must be scaled by.
+// 2^x by the hardware's approximation (the one exp2f uses), subnormal results flushed to 0: exp2f spends
+// four more instructions a call keeping them, and a probability below 2^-126 adds nothing to a softmax.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Online softmax over a tile of base-2 scores, each still to be multiplied by sl > 0 (fwd_scores; 1 where
+// they are final), each row's 4 threads sharing its maximum: s becomes P, the running max m and sum l
+// move, and corr is what the output accumulator must be scaled by.
 template <int NC>
-__device__ __forceinline__ void softmax_tile(float (&s)[NC / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2]) {
+__device__ __forceinline__ void softmax_tile(float (&s)[NC / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                             float sl = 1.f) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
@@ -314,15 +328,15 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NC / 8][4], float (&m)[2
     for (int j = 0; j < NC / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float mnew = fmaxf(m[r], mx);
+    const float mnew = fmaxf(m[r], mx * sl);
     const float shift = mnew == -INFINITY ? 0.f : mnew;
-    corr[r] = exp2f(m[r] - shift);
+    corr[r] = ex2(m[r] - shift);
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < NC / 8; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const float p = exp2f(s[j][2 * r + c] - shift);
+        const float p = ex2(fmaf(s[j][2 * r + c], sl, -shift));
         s[j][2 * r + c] = p;
         sum += p;
       }
@@ -555,7 +569,7 @@ __device__ __forceinline__ void p_ds_elem(float& s, float& dp, const HbFlexCudaA
 #if HB_MASK_MOD
   if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
 #endif
-  const float p = keep ? exp2f(x * kLog2e - lse) : 0.f;
+  const float p = keep ? ex2(x * kLog2e - lse) : 0.f;
   float ds = p * (dp - delta);
 #if HB_SCATTER
   if (LINE) t.line_val = 0.f;
@@ -610,7 +624,7 @@ __device__ __forceinline__ void bwd_p_ds(float (&s)[NC / 8][4], float (&dp)[NC /
       for (int j = 0; j < NC / 8; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const float p = exp2f(s[j][2 * r + c] * sl - shift);
+          const float p = ex2(s[j][2 * r + c] * sl - shift);
           s[j][2 * r + c] = p;
           dp[j][2 * r + c] = p * (dp[j][2 * r + c] - delta) * a.scale;
         }
@@ -810,9 +824,9 @@ __global__ void __launch_bounds__(FT) flex_fwd(const __grid_constant__ HbFlexCud
         mma(s[2 * j + 1], qa, kb[2], kb[3]);
       }
     }
-    fwd_scores<FN>(s, a, b, h, q0 + warp * 16 + g, k0, full, k0 + FN <= a.Skv && q0 + FM <= a.Sq, t);
+    const float sl = fwd_scores<FN>(s, a, b, h, q0 + warp * 16 + g, k0, full, k0 + FN <= a.Skv && q0 + FM <= a.Sq, t);
     float corr[2];
-    softmax_tile<FN>(s, m, l, corr);
+    softmax_tile<FN>(s, m, l, corr, sl);
     rescale(o, corr);
     cute::cp_async_wait<0>();
     __syncthreads();  // V has landed; every warp is done with K
@@ -1029,16 +1043,39 @@ __device__ __forceinline__ int pw(int row, int chunk) {
   return (chunk >> 3) * R * 8 + row * 8 + ((chunk & 7) ^ (row & 7));
 }
 
-// Chunks [first, end) of a ROWS x D tile (ROWS * CH in all), thread tid of NT taking every NT-th.
-template <int ROWS, int NT>
+// Part `part` of PARTS (whole rows each) of a ROWS x D tile into shared memory, thread tid of NT taking
+// every NT-th 16-byte chunk; rows at or past `len` are zero-filled (and not read). Where NT is a multiple
+// of the chunks in a row, a thread keeps its column and steps its row by NT / CH, so each chunk costs
+// a pointer add, a compare and the copy (the general division form cost about 30 instructions a chunk,
+// 7 per score in the forward at D 128).
+template <int ROWS, int NT, int PARTS = 1>
 __device__ __forceinline__ void load_panels(uint4* s, const Elem* base, long long row0, long long ld, long long len,
-                                            int tid = threadIdx.x, int first = 0, int end = ROWS * CH) {
-  for (int i = first + tid; i < end; i += NT) {
-    const int r = i / CH, c = i % CH;
-    const bool ok = row0 + r < len;
-    const Elem* src = base + (ok ? (row0 + r) * ld + c * 8 : 0);
-    cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(*reinterpret_cast<const cute::uint128_t*>(src),
-                                                                 *reinterpret_cast<cute::uint128_t*>(&s[pw<ROWS>(r, c)]), ok);
+                                            int tid = threadIdx.x, int part = 0) {
+  constexpr int N = ROWS * CH / PARTS;  // chunks of a part
+  static_assert(ROWS % PARTS == 0, "parts of whole rows");
+  if constexpr (NT % CH == 0) {
+    constexpr int RS = NT / CH;  // rows a pass of the threads covers
+    const int i0 = part * N + tid, c = i0 % CH, r0 = i0 / CH;
+    const int left = (int)lmin(len - row0, ROWS);  // rows inside the sequence
+    const Elem* src = base + (row0 + r0) * ld + c * 8;
+    const long long step = RS * ld;
+#pragma unroll
+    for (int k = 0; k < (N + NT - 1) / NT; ++k, src += step) {
+      if (N % NT != 0 && tid + k * NT >= N) break;
+      const int r = r0 + k * RS;
+      const bool ok = r < left;
+      const int at = RS % 8 == 0 ? pw<ROWS>(r0, c) + k * RS * 8 : pw<ROWS>(r, c);
+      cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
+          *reinterpret_cast<const cute::uint128_t*>(ok ? src : base), *reinterpret_cast<cute::uint128_t*>(&s[at]), ok);
+    }
+  } else {
+    for (int i = part * N + tid; i < (part + 1) * N; i += NT) {
+      const int r = i / CH, c = i % CH;
+      const bool ok = row0 + r < len;
+      const Elem* src = base + (ok ? (row0 + r) * ld + c * 8 : 0);
+      cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(*reinterpret_cast<const cute::uint128_t*>(src),
+                                                                   *reinterpret_cast<cute::uint128_t*>(&s[pw<ROWS>(r, c)]), ok);
+    }
   }
 }
 
@@ -1188,9 +1225,9 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ Hb
     cute::warpgroup_wait<0>();
     fence_acc(s);
 
-    fwd_scores<WFN>(s, a, b, h, q0 + warp * 16 + g, k0, full, k0 + WFN <= a.Skv && q0 + WFM <= a.Sq, t);
+    const float sl = fwd_scores<WFN>(s, a, b, h, q0 + warp * 16 + g, k0, full, k0 + WFN <= a.Skv && q0 + WFM <= a.Sq, t);
     float corr[2];
-    softmax_tile<WFN>(s, m, l, corr);
+    softmax_tile<WFN>(s, m, l, corr, sl);
     rescale(o, corr);
 
     uint32_t pa[WFN / 16][4];
@@ -1257,15 +1294,14 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_pp(const __grid_constant__ Hb
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
-  constexpr int half = WFN * CH / 2;
   auto load = [&](const Elem* src, long long ld, uint4* tiles, uint64_t* full, int i) {
     bool f;
     const long long k0 = walk.first(i, &f);
-    load_panels<WFN, 128>(tiles + (i % FNS) * WFN * CH, src, k0, ld, a.Skv, wtid, wg * half, (wg + 1) * half);
+    load_panels<WFN, 128, 2>(tiles + (i % FNS) * WFN * CH, src, k0, ld, a.Skv, wtid, wg);
     cutlass::arch::cpasync_barrier_arrive_noinc(&full[i % FNS]);
   };
   auto wait = [](uint64_t* b_, int i) { cutlass::arch::ClusterBarrier::wait(&b_[i % FNS], (uint32_t)(i / FNS) & 1u); };
-  load_panels<WFM, 128>(sQ, Q, q0, a.q_strides[2], a.Sq, wtid, wg * WFM * CH / 2, (wg + 1) * WFM * CH / 2);
+  load_panels<WFM, 128, 2>(sQ, Q, q0, a.q_strides[2], a.Sq, wtid, wg);
   if (ntiles == 0) cute::cp_async_wait<0>();
   for (int i = 0; i < FNS && i < ntiles; ++i) {
     load(K, a.k_strides[2], sKs, kfull, i);
@@ -1302,9 +1338,9 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_pp(const __grid_constant__ Hb
     fence_acc(s);
     cutlass::arch::ClusterBarrier::arrive(&kempty[i % FNS]);
 
-    fwd_scores<WFN>(s, a, b, h, q0 + warp * 16 + g, k0, full, k0 + WFN <= a.Skv && q0 + WFM <= a.Sq, t);
+    const float sl = fwd_scores<WFN>(s, a, b, h, q0 + warp * 16 + g, k0, full, k0 + WFN <= a.Skv && q0 + WFM <= a.Sq, t);
     float corr[2];
-    softmax_tile<WFN>(s, m, l, corr);
+    softmax_tile<WFN>(s, m, l, corr, sl);
     cute::warpgroup_wait<0>();
     fence_acc(o);
     if (i > 0) cutlass::arch::ClusterBarrier::arrive(&vempty[(i - 1) % FNS]);
@@ -1668,9 +1704,9 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
 #if HB_SCORE_ELEM
             const float x = hb_score_mod<float>(s[j][2 * r + c] * a.scale, b, h, (int)q0 + lq + 8 * r,
                                                 (int)kw + j * 8 + 2 * t4 + c, &t);
-            s[j][2 * r + c] = lse_r[r] == -INFINITY ? 0.f : exp2f(x * kLog2e - lse_r[r]);
+            s[j][2 * r + c] = lse_r[r] == -INFINITY ? 0.f : ex2(x * kLog2e - lse_r[r]);
 #else
-            s[j][2 * r + c] = exp2f(s[j][2 * r + c] * sl - shift);
+            s[j][2 * r + c] = ex2(s[j][2 * r + c] * sl - shift);
 #endif
           }
 #pragma unroll
