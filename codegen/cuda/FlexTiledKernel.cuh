@@ -1161,9 +1161,10 @@ __device__ __forceinline__ void a_frags(const float (&s)[N / 8][4], uint32_t (&f
 }
 
 // Forward: one CTA of 2 warpgroups per 128 query rows (each warpgroup 64), key/value tiles of WFN rows
-// (64; 128-row tiles, at D 128 where the BlockMask's kv blocks allow, go to flex_fwd_pp below, unless
-// HB_FWD_PP=0) double-buffered (the next tile loads while this one computes). S = Q K^T and O += P V
-// are wgmma, P from registers. Registers and shared memory at D 128 (nvcc -Xptxas -v): 198 registers and
+// (64; 128-row tiles, at D 64 and 128 where the BlockMask's kv blocks allow, go to flex_fwd_pp below,
+// unless HB_FWD_PP=0) double-buffered (the next tile's copies go out once S is issued, so S need not wait
+// for the block list's read). S = Q K^T and O += P V are wgmma, P from registers. Issuing S first took the
+// D 64 forward from 1.25 to 1.16 ms (H100, B4 H16 S4096). Registers and shared memory at D 128 (nvcc -Xptxas -v): 198 registers and
 // 160 KiB with 128-row tiles, 162 and 96 KiB with 64; the backward 254 registers and 112 KiB, two CTAs per SM. Measured on the H200 with
 // benchmarks/flex_kernel_lab.cu (D 128, B4 H16 S4096): forward 1.73 ms, backward 5.29 ms (the mma.sync
 // forms 2.42 and 7.55). Tried and not kept: an S_{i+1} product in flight during tile i's softmax
@@ -1206,13 +1207,6 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ Hb
     const int buf = i & 1;
     cute::cp_async_wait<0>();
     sync_for_wgmma();  // tile i has landed; every warpgroup is done with tile i - 1's buffer
-    bool full_next = false;
-    long long k_next = 0;
-    if (i + 1 < ntiles) {
-      k_next = walk.first(i + 1, &full_next);
-      load_kv(k_next, buf ^ 1);
-    }
-    cute::cp_async_fence();
     const uint4* sK = sKV + buf * 2 * WFN * CH;
     const uint4* sV = sK + WFN * CH;
 
@@ -1222,6 +1216,14 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ Hb
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) wg_ss<Major::K, Major::K, WFN>(kmajor<WFM>(sQ, wg * 64, kk), kmajor<WFN>(sK, 0, kk), s, kk > 0);
     cute::warpgroup_commit_batch();
+    // The next tile's copies go out while S runs: its position comes from the block list in global memory
+    bool full_next = false;
+    long long k_next = 0;
+    if (i + 1 < ntiles) {
+      k_next = walk.first(i + 1, &full_next);
+      load_kv(k_next, buf ^ 1);
+    }
+    cute::cp_async_fence();
     cute::warpgroup_wait<0>();
     fence_acc(s);
 
@@ -1245,7 +1247,7 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ Hb
   report(a.error, t);
 }
 
-// The forward at 128-key tiles (D 128), with its two warpgroups out of step ("ping-pong", as
+// The forward at 128-key tiles (D 64 and 128), with its two warpgroups out of step ("ping-pong", as
 // FlashAttention-3 schedules them): while one warpgroup's scores go through score_mod and the softmax on
 // the CUDA cores, the other's products run on the tensor cores. Named barriers 1 and 2 pass the turn: a
 // warpgroup issues its MMAs only on its turn and passes it on right after. Each turn issues S = Q K^T of
@@ -1258,9 +1260,10 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ Hb
 // neither waits for the other there, and each refill has a whole tile's time to land. Registers and shared
 // memory at D 128 (nvcc -Xptxas -v): 194 and 224 KiB. Measured on an H100 with benchmarks/flex_kernel_lab.cu
 // (D 128, B4 H16 S4096), forward 1.734 ms -> 1.535 (317 -> 358 TFLOP/s), block-causal 0.978 -> 0.871; one
-// S-only turn with P V right after the softmax gave 1.588. At D 64 (64-key tiles) the same kernel was
-// slower than flex_fwd_wg (1.172 -> 1.477 ms: a 64-key tile is too short to hide the barriers), so 64-key
-// tiles keep flex_fwd_wg. HB_FWD_PP=0 (the lab's baseline) turns it off.
+// S-only turn with P V right after the softmax gave 1.588. With 64-key tiles it was slower than
+// flex_fwd_wg (D 64: 1.172 -> 1.477 ms: a 64-key tile is too short to hide the barriers), so it takes
+// 128-key tiles at D 64 too: 1.16 -> 0.99 ms, block-causal 0.65 -> 0.56 (H100, the ninth session, after
+// the loads by row steps and ex2). HB_FWD_PP=0 (the lab's baseline) turns it off.
 #ifndef HB_FWD_PP
 #define HB_FWD_PP 1
 #endif
@@ -1903,7 +1906,7 @@ extern "C" int hb_flex_cuda_forward(const HbFlexCudaArgs* a, void* stream) {
 #if HB_WG
   if (a->q_block % hbk::WFM == 0) {  // 128-row CTAs nest in the BlockMask's query blocks
     const dim3 grid((unsigned)((a->Sq + hbk::WFM - 1) / hbk::WFM), (unsigned)(a->B * a->Hq));
-    if constexpr (HB_D == 128) {
+    if constexpr (HB_D == 128 || HB_D == 64) {
 #if HB_FWD_PP
       if (a->kv_block % 128 == 0) return hbk::launch_fwd_pp<128>(*a, grid, stream);
 #else
@@ -2030,7 +2033,7 @@ extern "C" long long hb_flex_cuda_smem(int backward) {
   long long m = hbk::kFwdSmem;  // flex_fwd (query blocks that are not multiples of 128 on Hopper)
 #if HB_WG
   m = most(m, hbk::kFwdWgSmem<64>);
-  if constexpr (HB_D == 128) m = most(m, HB_FWD_PP ? hbk::kFwdPpSmem<128> : hbk::kFwdWgSmem<128>);
+  if constexpr (HB_D == 128 || HB_D == 64) m = most(m, HB_FWD_PP ? hbk::kFwdPpSmem<128> : hbk::kFwdWgSmem<128>);
 #endif
   return m;
 #endif
