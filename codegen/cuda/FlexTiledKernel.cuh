@@ -1164,8 +1164,9 @@ __device__ __forceinline__ void a_frags(const float (&s)[N / 8][4], uint32_t (&f
 // (64; 128-row tiles, at D 64 and 128 where the BlockMask's kv blocks allow, go to flex_fwd_pp below,
 // unless HB_FWD_PP=0) double-buffered (the next tile's copies go out once S is issued, so S need not wait
 // for the block list's read). S = Q K^T and O += P V are wgmma, P from registers. Issuing S first took the
-// D 64 forward from 1.25 to 1.16 ms (H100, B4 H16 S4096). Registers and shared memory at D 128 (nvcc -Xptxas -v): 198 registers and
-// 160 KiB with 128-row tiles, 162 and 96 KiB with 64; the backward 254 registers and 112 KiB, two CTAs per SM. Measured on the H200 with
+// D 64 forward from 1.25 to 1.16 ms (H100, B4 H16 S4096). Registers and shared memory at D 128 (nvcc
+// -Xptxas -v): 198 registers and 160 KiB with 128-row tiles, 162 and 96 KiB with 64; the backward 254
+// registers and 112 KiB, two CTAs per SM. Measured on the H200 with
 // benchmarks/flex_kernel_lab.cu (D 128, B4 H16 S4096): forward 1.73 ms, backward 5.29 ms (the mma.sync
 // forms 2.42 and 7.55). Tried and not kept: an S_{i+1} product in flight during tile i's softmax
 // (2.09 ms: ptxas serialized the warpgroup MMAs around it), a backward of 2 warpgroups per CTA sharing
@@ -1216,7 +1217,7 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ Hb
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) wg_ss<Major::K, Major::K, WFN>(kmajor<WFM>(sQ, wg * 64, kk), kmajor<WFN>(sK, 0, kk), s, kk > 0);
     cute::warpgroup_commit_batch();
-    // The next tile's copies go out while S runs: its position comes from the block list in global memory
+    // The next tile's copies go out while S runs (their position is a read of the block list).
     bool full_next = false;
     long long k_next = 0;
     if (i + 1 < ntiles) {

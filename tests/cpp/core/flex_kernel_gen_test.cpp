@@ -569,6 +569,8 @@ TEST(flex_kernel_gen, cuda_source_specializes_the_tiled_kernels) {
   for (const char* line : {"#define HB_D 64\n", "#define HB_HALF 0\n", "#define HB_SCORE_MOD 1\n", "#define HB_MASK_MOD 1\n",
                            "#define HB_JOINT 1\n", "#define HB_SCATTER 1\n", "hb_scatter_s<LINE, false>(t, 0, t->score_buffers[0].grad, ", "extern \"C\" int hb_flex_cuda_backward("})
     EXPECT_NE(s->source.find(line), std::string::npos) << line;
+  // 16-bit q/k/v: the hardware's tanh, defined before the library that reads it.
+  EXPECT_LT(s->source.find("#define HB_TANH_APPROX 1\n"), s->source.find("HB_FN float hb_tanh(float x)"));
   // lb[q - kv + 7] over 200 positions may leave lb's 15 rows: no proven line (the kernel probes at run time).
   EXPECT_EQ(s->source.find("#define HB_LINE_STATIC 1"), std::string::npos);
   // No host tile wrappers: the scalar functions are device code only.
@@ -696,6 +698,7 @@ TEST(flex_kernel_gen, cuda_float32_and_the_head_dim_256_backward_run_the_simt_ke
                            "__global__ void __launch_bounds__(NT, 1) flex_fwd_simt("})
     EXPECT_NE(f32.source.find(line), std::string::npos) << line;
   EXPECT_LT(f32.source.find(kFlexTemplateMarker), f32.source.find("flex_bwd_simt("));
+  EXPECT_EQ(f32.source.find("#define HB_TANH_APPROX"), std::string::npos);  // float32 keeps the rational tanh
   const FlexKernelSource d256 = gen(cuda_backward_ir("bf16", 200));
   EXPECT_EQ(d256.summary.rfind("CUDA, head dim 256 (q/k 200, v 200, padded with zero columns), bfloat16, SIMT (CUDA "
                                "cores, float FMA); ", 0), 0u) << d256.summary;
