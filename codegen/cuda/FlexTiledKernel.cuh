@@ -1044,38 +1044,28 @@ __device__ __forceinline__ int pw(int row, int chunk) {
 }
 
 // Part `part` of PARTS (whole rows each) of a ROWS x D tile into shared memory, thread tid of NT taking
-// every NT-th 16-byte chunk; rows at or past `len` are zero-filled (and not read). Where NT is a multiple
-// of the chunks in a row, a thread keeps its column and steps its row by NT / CH, so each chunk costs
-// a pointer add, a compare and the copy (the general division form cost about 30 instructions a chunk,
-// 7 per score in the forward at D 128).
+// every NT-th 16-byte chunk; rows at or past `len` are zero-filled (and not read). NT is a multiple of the
+// chunks in a row, so a thread keeps its column and steps its row by NT / CH: each chunk costs a pointer
+// add, a compare and the copy (a division form cost about 30 instructions a chunk, 7 per score in the
+// forward at D 128).
 template <int ROWS, int NT, int PARTS = 1>
 __device__ __forceinline__ void load_panels(uint4* s, const Elem* base, long long row0, long long ld, long long len,
                                             int tid = threadIdx.x, int part = 0) {
   constexpr int N = ROWS * CH / PARTS;  // chunks of a part
-  static_assert(ROWS % PARTS == 0, "parts of whole rows");
-  if constexpr (NT % CH == 0) {
-    constexpr int RS = NT / CH;  // rows a pass of the threads covers
-    const int i0 = part * N + tid, c = i0 % CH, r0 = i0 / CH;
-    const int left = (int)lmin(len - row0, ROWS);  // rows inside the sequence
-    const Elem* src = base + (row0 + r0) * ld + c * 8;
-    const long long step = RS * ld;
+  constexpr int RS = NT / CH;           // rows a pass of the threads covers
+  static_assert(ROWS % PARTS == 0 && NT % CH == 0, "parts of whole rows, passes of whole rows");
+  const int i0 = part * N + tid, c = i0 % CH, r0 = i0 / CH;
+  const int left = (int)lmin(len - row0, ROWS);  // rows inside the sequence
+  const Elem* src = base + (row0 + r0) * ld + c * 8;
+  const long long step = RS * ld;
 #pragma unroll
-    for (int k = 0; k < (N + NT - 1) / NT; ++k, src += step) {
-      if (N % NT != 0 && tid + k * NT >= N) break;
-      const int r = r0 + k * RS;
-      const bool ok = r < left;
-      const int at = RS % 8 == 0 ? pw<ROWS>(r0, c) + k * RS * 8 : pw<ROWS>(r, c);
-      cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
-          *reinterpret_cast<const cute::uint128_t*>(ok ? src : base), *reinterpret_cast<cute::uint128_t*>(&s[at]), ok);
-    }
-  } else {
-    for (int i = part * N + tid; i < (part + 1) * N; i += NT) {
-      const int r = i / CH, c = i % CH;
-      const bool ok = row0 + r < len;
-      const Elem* src = base + (ok ? (row0 + r) * ld + c * 8 : 0);
-      cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(*reinterpret_cast<const cute::uint128_t*>(src),
-                                                                   *reinterpret_cast<cute::uint128_t*>(&s[pw<ROWS>(r, c)]), ok);
-    }
+  for (int k = 0; k < (N + NT - 1) / NT; ++k, src += step) {
+    if (N % NT != 0 && tid + k * NT >= N) break;
+    const int r = r0 + k * RS;
+    const bool ok = r < left;
+    const int at = RS % 8 == 0 ? pw<ROWS>(r0, c) + k * RS * 8 : pw<ROWS>(r, c);
+    cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
+        *reinterpret_cast<const cute::uint128_t*>(ok ? src : base), *reinterpret_cast<cute::uint128_t*>(&s[at]), ok);
   }
 }
 
