@@ -311,4 +311,6 @@ def test_a_second_process_takes_the_kernel_from_the_cache(tmp_path):
     assert "compiled in" in texts[0], texts[0]
     assert "from the kernel cache" in texts[1], texts[1]
     assert len(list((cache / "kernels").glob("*.so"))) == 1
-    assert torch.equal(outs[0], outs[1])
+    # The same kernel on the same inputs; not bitwise: its tile products are MKL's sgemm, whose rounding may
+    # follow the buffers' alignment, which differs between processes (seen once in CI, in the last digits).
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-7)
