@@ -510,6 +510,19 @@ class CudnnFlexCall : public Call {
     return [e](std::vector<c10::IValue> in) { return e->run(std::move(in)); };
   }
 
+  // The side stream of execute_in_groups: one per device for the process, taken from the pool once. A
+  // stream taken per call would be the pool's next one each time (round robin over 32), and the caching
+  // allocator keeps a freed block for the stream it was allocated on, so each call's workspace on a stream
+  // it had not used would be a new allocation.
+  static c10::cuda::CUDAStream side_stream(c10::DeviceIndex device) {
+    static std::mutex mu;
+    static std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
+    const std::lock_guard<std::mutex> lock(mu);
+    auto it = streams.find(device);
+    if (it == streams.end()) it = streams.emplace(device, at::cuda::getStreamFromPool(false, device)).first;
+    return it->second;
+  }
+
   // The backward in calls of grp's (b, kv head) pairs (cudnn_backward_group), so cuDNN's workspace is a
   // call's, two calls in flight: even calls on the current stream, odd ones on a side stream that waits
   // for the current one first and that it waits for after. Under a causal mask cuDNN's CTAs of the first
@@ -527,7 +540,7 @@ class CudnnFlexCall : public Call {
       for (const Operands& y : calls) execute(handle, y, stats);
       return;
     }
-    const c10::cuda::CUDAStream side = at::cuda::getStreamFromPool(false, main.device_index());
+    const c10::cuda::CUDAStream side = side_stream(main.device_index());
     at::cuda::CUDAEvent ready, done;
     ready.record(main);
     ready.block(side);
