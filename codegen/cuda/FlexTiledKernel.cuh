@@ -85,13 +85,13 @@
 #define HB_SCORE_ELEM (HB_SCORE_MOD && !HB_ROW_SHIFT)
 #define HB_WG (HB_SM90 && !HB_F32 && (HB_D == 64 || HB_D == 128))
 // Whether the Hopper backward may run flex_bwd_ws (3 warpgroups per 128 keys, below) instead of
-// flex_bwd_wg: bf16/fp16 at D 64 and 128, any score_mod and joint that scatter into no buffer gradient, not
-// deterministic; the launcher then takes it where the kv blocks are multiples of 128 rows. HB_BWD_WS=0
-// never runs it (the lab's baseline: -DHB_BWD_WS=0 times flex_bwd_wg alone).
+// flex_bwd_wg: bf16/fp16 at D 64 and 128, any score_mod and joint that scatter into no buffer gradient,
+// deterministic or not; the launcher then takes it where the kv blocks are multiples of 128 rows.
+// HB_BWD_WS=0 never runs it (the lab's baseline: -DHB_BWD_WS=0 times flex_bwd_wg alone).
 #ifndef HB_BWD_WS
 #define HB_BWD_WS 1
 #endif
-#define HB_WS (HB_BWD_WS && HB_WG && !HB_SCATTER && !HB_DETERMINISTIC)
+#define HB_WS (HB_BWD_WS && HB_WG && !HB_SCATTER)
 #if HB_WG
 #include <utility>
 
@@ -736,21 +736,24 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
 __device__ __forceinline__ int* dq_turn_counter(const HbFlexCudaArgs& a, long long b, long long h, long long q0) {
   return a.dq_order + (b * a.Hq + h) * ((a.Sq + 63) / 64) + q0 / 64;
 }
+// One thread waits until key tile kt's turn at query step q0 has come.
+__device__ __forceinline__ void dq_turn_spin(const HbFlexCudaArgs& a, long long b, long long h, long long q0,
+                                             long long kt, HbFlexTile& t) {
+  const int want = a.dq_rank[dq_rank_row(a, b, h, q0 / a.q_block) * ((a.Skv + 63) / 64) + kt];
+  const int* c = dq_turn_counter(a, b, h, q0);
+  for (long long spins = 0; ld_acquire(c) < want; ++spins) {
+    if (spins > (1ll << 23)) {
+      if (!t.error) t.error = 3, t.error_buffer = -1, t.error_index = q0, t.error_size = kt;  // kFlexErrorOrder
+      break;
+    }
+    __nanosleep(32);
+  }
+}
 // Before the step's dQ adds: the CTA of key tile kt waits for its turn.
 __device__ __forceinline__ void dq_turn_wait(const HbFlexCudaArgs& a, long long b, long long h, long long q0,
                                              long long kt, HbFlexTile& t) {
   if (q0 >= a.Sq) return;  // (a step past the end adds nothing)
-  if (threadIdx.x == 0) {
-    const int want = a.dq_rank[dq_rank_row(a, b, h, q0 / a.q_block) * ((a.Skv + 63) / 64) + kt];
-    const int* c = dq_turn_counter(a, b, h, q0);
-    for (long long spins = 0; ld_acquire(c) < want; ++spins) {
-      if (spins > (1ll << 23)) {
-        if (!t.error) t.error = 3, t.error_buffer = -1, t.error_index = q0, t.error_size = kt;  // kFlexErrorOrder
-        break;
-      }
-      __nanosleep(32);
-    }
-  }
+  if (threadIdx.x == 0) dq_turn_spin(a, b, h, q0, kt, t);
   __syncthreads();
 }
 // After them: they are visible before the next key tile's turn.
@@ -1541,20 +1544,33 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
 // memory and the consumers go on; the writer warpgroup reads the tile row by row and adds it into the float
 // accumulator with 16-byte reductions (red.global.add.v4.f32; a warp a 512-byte row, coalesced), off the
 // consumers' path. setmaxnreg gives the consumers 240 registers and the writer 24 (the launch bound, 384
-// threads, leaves 168 at entry). Named barriers: 1 the consumers (256 threads), 2 + w consumer w (128),
-// kWsFull and kWsEmpty the dQ tile's hand-over (384).
+// threads, leaves 168 at entry; deterministic=True 232 and 40, kWsRegs below). Named barriers: 1 the
+// consumers (256 threads), 2 + w consumer w (128), kWsFull and kWsEmpty the dQ tile's hand-over (384),
+// kWsWriter the writer's own (128).
+// deterministic=True: the writer takes the CTA's turn before each step's adds, as its two 64-key tiles
+// (dq_turn_wait; rank of the first, the counter moved by both), so only the writer waits, and the
+// consumers, one dQ tile ahead, wait only when the next tile is due. Measured (H100, the lab, B4 H16 S4096
+// backward): D128 4.00 ms against 3.80 without turns (flex_bwd_wg's turns 7.03), block-causal 2.27 against
+// 2.05; D64 3.17 against 3.00, block-causal 1.73 against 1.59.
 // Measured and the variants that were tried (float2 reductions from the accumulators, bulk reductions from
 // a shared tile, float4 reductions via shuffles, dQ's own-key k-steps from registers, a form pipelined across
 // steps): docs/flex-attention.md. Compiled where HB_WS (at the top) holds: Hopper, D 64 or 128, bf16 or
-// fp16, no buffer gradient scatter, not deterministic; launched where the kv blocks are multiples of 128 rows, else
+// fp16, no buffer gradient scatter; launched where the kv blocks are multiples of 128 rows, else
 // flex_bwd_wg runs. A score_mod runs per element on the split schedule, a joint's tiles through bwd_p_ds.
 // Measured against flex_bwd_wg (H100, the lab, D128 B4 H16 S4096 backward): ALiBi 4.70 against 5.70 ms,
 // causal 2.50 against 3.08; a soft cap 8.35 against 9.05.
 // HB_BWD_WS=0 (the lab's baseline) turns it off.
 #if HB_WS
 constexpr int WSN = 128, WSM = 64, WSC = 256, WST = 384;  // keys, query rows a step, consumer threads, threads
-constexpr int kWsRegs = 240, kWsWriterRegs = 24;          // setmaxnreg: consumers, writer (2 x 128 x 240 + 128 x 24 <= 64 Ki)
+// setmaxnreg: consumers, writer. They share the registers the CTA got at launch (384 threads x 168; not the
+// SM's 64 Ki): a split that asks for more leaves the consumers' setmaxnreg.inc waiting for ever (the
+// deterministic writer at 32 with consumers at 240 hung). deterministic=True: the writer 40 for its turns (a
+// few spills at D 64, off the consumers' path), the consumers 232 (no spills at D 64 or 128, in the SASS).
+constexpr int kWsRegs = HB_DETERMINISTIC ? 232 : 240, kWsWriterRegs = HB_DETERMINISTIC ? 40 : 24;
+constexpr int kWsLaunchRegs = 65536 / WST / 8 * 8;  // 168: what each thread holds at entry
+static_assert(2 * 128 * kWsRegs + 128 * kWsWriterRegs <= WST * kWsLaunchRegs, "flex_bwd_ws: setmaxnreg split");
 constexpr int kWsFull = 5, kWsEmpty = 6;                  // named barriers of the dQ tile
+constexpr int kWsWriter = 7;                              // the writer's own (deterministic=True: its turns)
 // The float dQ tiles a step hands the writer: at D 128 one, consumer w's columns 64 w .. 64 w + 63 over the
 // CTA's 128 keys; at D 64 two, consumer w's whole dQ over its own 64 keys, which the writer adds.
 constexpr int kWsDqTiles = D == 128 ? 1 : 2;
@@ -1582,7 +1598,7 @@ struct WsInfo {
 };
 
 __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ HbFlexCudaArgs a) {
-  static_assert(!HB_SCATTER && !HB_DETERMINISTIC && (D == 64 || D == 128), "flex_bwd_ws: HB_WS");
+  static_assert(!HB_SCATTER && (D == 64 || D == 128), "flex_bwd_ws: HB_WS");
   extern __shared__ __align__(1024) uint4 wsmem[];
   uint4* sK = wsmem;
   uint4* sV = sK + WSN * CH;
@@ -1600,12 +1616,22 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" : : "n"(kWsWriterRegs) : "memory");
     if (st.done()) return;  // (no steps: the consumers hand over nothing either)
     const int wt = threadIdx.x & 127;
+    [[maybe_unused]] HbFlexTile tw = {};  // deterministic=True: a turn that never came (dq_turn_spin)
+    tw.b = b;
     bar_arrive(kWsEmpty, WST);
     for (;;) {
       bar_sync(kWsFull, WST);
       const long long off = info->off;
       const int nrows = info->nrows, last = info->last;
       float* dst = a.dq + off * D;
+#if HB_DETERMINISTIC
+      // The CTA's turn, as its two 64-key tiles (dq_turn_wait): the step's (h, q0) from its dQ row (a step
+      // past the end of the sequence, no rows, takes none).
+      const long long grow = off + a.dq_row0, h = grow / a.Sq - b * a.Hq, q0 = grow % a.Sq;
+      const long long kt = 2 * bwd_tile(a), ntiles = (a.Skv + 63) / 64;
+      if (wt == 0 && nrows > 0) tw.h = h, dq_turn_spin(a, b, h, q0, kt, tw);
+      bar_sync(kWsWriter, 128);
+#endif
 #pragma unroll 4
       for (int e = 0; e < WSM * D / 4 / 128; ++e) {
         // a warp 32 16-byte chunks of consecutive rows: one row at D 128, two at D 64
@@ -1617,9 +1643,17 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
         }
         if (row < nrows) red_v4(dst + (long long)row * D + ch * 4, x.x, x.y, x.z, x.w);
       }
+#if HB_DETERMINISTIC
+      __threadfence();  // (dq_turn_done) the adds are visible before the next key tiles' turn
+      bar_sync(kWsWriter, 128);
+      if (wt == 0 && nrows > 0) atomicAdd(dq_turn_counter(a, b, h, q0), kt + 1 < ntiles ? 2 : 1);
+#endif
       if (last) break;
       bar_arrive(kWsEmpty, WST);
     }
+#if HB_DETERMINISTIC
+    if (wt == 0) report(a.error, tw);
+#endif
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" : : "n"(kWsRegs) : "memory");
