@@ -85,13 +85,15 @@
 #define HB_SCORE_ELEM (HB_SCORE_MOD && !HB_ROW_SHIFT)
 #define HB_WG (HB_SM90 && !HB_F32 && (HB_D == 64 || HB_D == 128))
 // Whether the Hopper backward may run flex_bwd_ws (3 warpgroups per 128 keys, below) instead of
-// flex_bwd_wg: bf16/fp16 at D 64 and 128, any score_mod and joint that scatter into no buffer gradient,
-// deterministic or not; the launcher then takes it where the kv blocks are multiples of 128 rows.
+// flex_bwd_wg: bf16/fp16 at D 64 and 128, any score_mod and joint, deterministic or not; a buffer gradient
+// scatter only at D 128 and not deterministic (its windows are flex_bwd_wg's; at D 64 flex_bwd_wg ran the
+// learned relative bias faster: docs/flex-attention.md); the launcher then takes it where the kv blocks
+// are multiples of 128 rows.
 // HB_BWD_WS=0 never runs it (the lab's baseline: -DHB_BWD_WS=0 times flex_bwd_wg alone).
 #ifndef HB_BWD_WS
 #define HB_BWD_WS 1
 #endif
-#define HB_WS (HB_BWD_WS && HB_WG && !HB_SCATTER)
+#define HB_WS (HB_BWD_WS && HB_WG && (!HB_SCATTER || (!HB_DETERMINISTIC && HB_D == 128)))
 #if HB_WG
 #include <utility>
 
@@ -504,28 +506,37 @@ __device__ __forceinline__ LineStep line_probe(float* tile, long long b, long lo
 // within a step; steps are ordered by the barriers), so a window's sums are the same in every run.
 // a.scatter_start[w] notes the key at j = 0 (the same at every step); flex_window_rows and flex_window_sum
 // then add the windows into the buffer's gradient in a fixed order.
+// NT threads reduce, tid the caller's index among them, barrier `bar` theirs (0: the whole CTA's, NT
+// threads; flex_bwd_ws: a consumer warpgroup's own).
 template <int ROWS, int COLS, int NT>
-__device__ __forceinline__ void line_reduce(const LineStep& l, const HbFlexCudaArgs& a, long long q0, long long w) {
-  __syncthreads();  // every element's value is in the tile
+__device__ __forceinline__ void line_reduce(const LineStep& l, const HbFlexCudaArgs& a, long long q0, long long w,
+                                            int tid = threadIdx.x, int bar = 0) {
+  const auto sync = [bar] {
+    if (bar == 0)
+      __syncthreads();
+    else
+      asm volatile("bar.sync %0, %1;" : : "r"(bar), "n"(NT) : "memory");
+  };
+  sync();  // every element's value is in the tile
   const int n = l.kind == 1 ? ROWS : l.kind == 2 ? COLS : ROWS + COLS - 1;
 #if HB_DETERMINISTIC
   float* win = a.scatter_win + w * a.scatter_len;
-  if (threadIdx.x == 0)
+  if (tid == 0)
     a.scatter_start[w] = l.kind == 1 ? l.key0 - l.alpha * q0 : l.kind == 2 ? l.key0 : l.key0 - l.alpha * (q0 + COLS - 1);
   if (l.alpha == 0 && l.beta == 0) {  // one key for the whole tile: one thread, in a fixed order
-    if (threadIdx.x == 0) {
+    if (tid == 0) {
       float sum = 0.f;
       for (int r = 0; r < ROWS; ++r)
         for (int c = 0; c < COLS; ++c) sum += l.tile[r * (COLS + 1) + c];
       win[0] += sum;
     }
-    __syncthreads();
+    sync();
     return;
   }
 #else
   float* grad = (float*)a.score_buffers[l.buf].grad;
 #endif
-  for (int i = threadIdx.x; i < n; i += NT) {
+  for (int i = tid; i < n; i += NT) {
     float sum = 0.f;
     long long key;
     if (l.kind == 1) {
@@ -547,7 +558,7 @@ __device__ __forceinline__ void line_reduce(const LineStep& l, const HbFlexCudaA
     if (sum != 0.f) atomicAdd(grad + key, sum);
 #endif
   }
-  __syncthreads();  // P and dS may overwrite the tile
+  sync();  // P and dS may overwrite the tile
 }
 #endif
 
@@ -1555,8 +1566,9 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
 // Measured and the variants that were tried (float2 reductions from the accumulators, bulk reductions from
 // a shared tile, float4 reductions via shuffles, dQ's own-key k-steps from registers, a form pipelined across
 // steps): docs/flex-attention.md. Compiled where HB_WS (at the top) holds: Hopper, D 64 or 128, bf16 or
-// fp16, no buffer gradient scatter; launched where the kv blocks are multiples of 128 rows, else
-// flex_bwd_wg runs. A score_mod runs per element on the split schedule, a joint's tiles through bwd_p_ds.
+// fp16, a buffer gradient scatter only at D 128 and not deterministic; launched where the kv blocks are
+// multiples of 128 rows, else flex_bwd_wg runs. A score_mod runs per element on the split schedule, a joint's tiles through
+// bwd_p_ds; a buffer gradient along lines is summed per consumer over its 64 x 64 tile (line_reduce).
 // Measured against flex_bwd_wg (H100, the lab, D128 B4 H16 S4096 backward): ALiBi 4.70 against 5.70 ms,
 // causal 2.50 against 3.08; a soft cap 8.35 against 9.05.
 // HB_BWD_WS=0 (the lab's baseline) turns it off.
@@ -1575,7 +1587,12 @@ constexpr int kWsWriter = 7;                              // the writer's own (d
 // CTA's 128 keys; at D 64 two, consumer w's whole dQ over its own 64 keys, which the writer adds.
 constexpr int kWsDqTiles = D == 128 ? 1 : 2;
 // K, V; Q, dO double-buffered; P, dS; the float dQ tiles and their WsInfo.
-constexpr int kBwdWsSmem = (2 * WSN * CH + 4 * WSM * CH + 2 * WSM * 16) * 16 + kWsDqTiles * WSM * D * 4 + 16;
+// A buffer gradient's line tiles (line_reduce), one [64][65] float tile a consumer, overlay P and dS (then
+// the last tiles but the hand-over) and reach 512 bytes past them.
+constexpr int kWsLineExtra =
+    (2 * kLineTileBytes<WSM, 64> > 2 * WSM * 16 * 16 ? 2 * kLineTileBytes<WSM, 64> - 2 * WSM * 16 * 16 + 15 : 0) / 16 * 16;
+constexpr int kBwdWsSmem =
+    (2 * WSN * CH + 4 * WSM * CH + 2 * WSM * 16) * 16 + kWsDqTiles * WSM * D * 4 + kWsLineExtra + 16;
 
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" : : "r"(id), "r"(n) : "memory"); }
@@ -1598,15 +1615,24 @@ struct WsInfo {
 };
 
 __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ HbFlexCudaArgs a) {
-  static_assert(!HB_SCATTER && (D == 64 || D == 128), "flex_bwd_ws: HB_WS");
+  static_assert((!HB_SCATTER || (!HB_DETERMINISTIC && D == 128)) && (D == 64 || D == 128), "flex_bwd_ws: HB_WS");
   extern __shared__ __align__(1024) uint4 wsmem[];
   uint4* sK = wsmem;
   uint4* sV = sK + WSN * CH;
   uint4* sQ0 = sV + WSN * CH;
-  uint4* sP = sQ0 + 4 * WSM * CH;  // [64 q][128 k]: two 64-key panels, consumer w's in panel w
+  // P and dS: [64 q][128 k], consumer w's keys in panel w; the float dQ tiles: kWsDqTiles x [64][D] (dqt).
+#if HB_SCATTER
+  // The line tiles overlay P and dS and pass them by kWsLineExtra: P and dS after the dQ tiles.
+  float* sdQ = reinterpret_cast<float*>(sQ0 + 4 * WSM * CH);
+  uint4* sP = reinterpret_cast<uint4*>(sdQ + kWsDqTiles * WSM * D);
   uint4* sdS = sP + WSM * 16;
-  float* sdQ = reinterpret_cast<float*>(sdS + WSM * 16);  // kWsDqTiles x [64][D] (dqt)
+  WsInfo* info = reinterpret_cast<WsInfo*>(reinterpret_cast<char*>(sdS + WSM * 16) + kWsLineExtra);
+#else
+  uint4* sP = sQ0 + 4 * WSM * CH;
+  uint4* sdS = sP + WSM * 16;
+  float* sdQ = reinterpret_cast<float*>(sdS + WSM * 16);
   WsInfo* info = reinterpret_cast<WsInfo*>(sdQ + kWsDqTiles * WSM * D);
+#endif
   const int warp = threadIdx.x / 32, wg = warp / 4, g = (threadIdx.x % 32) >> 2, lq = (warp & 3) * 16 + g;
   const long long bh = bwd_pair(a) + a.bh0, b = bh / a.Hkv, hk = bh % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
   const long long k0 = bwd_tile(a) * WSN, kw = k0 + wg * 64;
@@ -1763,8 +1789,19 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
       cute::warpgroup_wait<0>();
       fence_acc(s);
       fence_acc(dp);
+#if HB_SCATTER
+      // A buffer gradient along lines: consumer w's [64][65] tile at w x 16 640 bytes into P and dS, which
+      // nobody reads now (the last step's MMAs are done; this step's P and dS come after); after its
+      // line sums, a barrier of both consumers, since each tile covers part of the other's P or dS.
+      const LineStep line = line_probe<WSM, 64>(reinterpret_cast<float*>(sP) + wg * WSM * 65, b, h, q0, kw, inside, t, a);
+#else
       const LineStep line{};
+#endif
       bwd_p_ds<64>(s, dp, a, b, h, q0, lq, kw, full, inside, row0, t, line);
+#if HB_SCATTER
+      if (line.tile) line_reduce<WSM, 64, 128>(line, a, q0, 0, threadIdx.x & 127, 2 + wg);
+      cons_sync();
+#endif
       store_p_ds<64>(s, dp, sP, sdS, lq, [wg](int r, int c) { return pw<WSM>(r, c + 8 * wg); });
     }
     cons_sync();  // both consumers' P and dS

@@ -120,7 +120,9 @@ def test_cuda_fused_head_dim_128(tmp_path, score, mask, dtype):
 # Head dim 128 with 128-key blocks: the Hopper backward's flex_bwd_ws (two consumer warpgroups per 128 keys
 # and a dQ writer, FlexTiledKernel.cuh), full blocks on its split schedule (a score_mod per element there), a
 # mask's partial blocks and a joint's tiles through bwd_p_ds; S 700 and 1000 end inside a key tile, GQA,
-# fp16, and B8 H16 S1024, whose backward runs in two dQ launches.
+# fp16, and B8 H16 S1024, whose backward runs in two dQ launches. A buffer gradient: the relative bias's
+# diagonals summed per consumer (line_reduce), its steps across a sequence's end adding per element, and the
+# wrapped table's run-time probe.
 @pytest.mark.parametrize("score,mask,dtype,shape", [
     ("identity", "none", torch.bfloat16, (1, 4, 2, 700, 128)),
     ("identity", "causal", torch.bfloat16, (2, 4, 4, 1000, 128)),
@@ -130,6 +132,9 @@ def test_cuda_fused_head_dim_128(tmp_path, score, mask, dtype):
     ("alibi", "none", torch.bfloat16, (8, 16, 16, 1024, 128)),
     ("temperature", "none", torch.bfloat16, (1, 8, 2, 1000, 128)),
     ("activations", "window", torch.float16, (1, 4, 2, 700, 128)),
+    ("relative", "causal", torch.bfloat16, (2, 4, 4, 1000, 128)),
+    ("softcap_relative", "none", torch.float16, (1, 4, 2, 700, 128)),
+    ("wrapped", "window", torch.bfloat16, (1, 4, 2, 700, 128)),
 ])
 def test_cuda_fused_hopper_backward_head_dim_128(tmp_path, score, mask, dtype, shape):
     kernels = run_case(tmp_path, score, mask, dtype=dtype, shape=shape)

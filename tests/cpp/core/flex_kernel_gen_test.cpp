@@ -741,11 +741,15 @@ TEST(flex_kernel_gen, nvcc_builds_the_cuda_source) {
 
 // bf16 with a causal mask_mod: the units Hopper's flex_bwd_ws is built into (codegen/cuda/FlexTiledKernel.cuh,
 // HB_WS): at head dim 128 the identity score_mod, and a score_mod (the soft cap and the table read) with its
-// joint, whose table gets no gradient (no scatter); at head dim 64 the identity; with deterministic=True the
-// identity at both. nvcc builds each for
-// sm_90a, and its backward's shared memory is flex_bwd_ws's (more than flex_bwd_wg's): K and V (2 x 128
-// rows), Q and dO double-buffered (4 x 64), D / 8 chunks of 16 bytes a row; P and dS (2 x 64 rows of 128
-// keys); then the float dQ tiles, one [64][128] at D 128, two [64][64] at D 64, and 16 bytes of hand-over.
+// joint, whose table gets no gradient (no scatter) or does (the run-time probe); a learned relative bias (the
+// proven line) at head dims 128 and 64; at head dim 64 the identity; with deterministic=True the identity at
+// both and the relative bias at 128. nvcc builds each for sm_90a, and its backward's shared memory is flex_bwd_ws's (more than
+// flex_bwd_wg's): K and V (2 x 128 rows), Q and dO double-buffered (4 x 64), D / 8 chunks of 16 bytes a
+// row; the float dQ tiles, one [64][128] at D 128, two [64][64] at D 64; P and dS (2 x 64 rows of 128
+// keys), which a scatter's two [64][65] float line tiles overlay and pass by 512 bytes; 16 bytes of
+// hand-over. A scatter at head dim 64, or with deterministic=True (its windows are that kernel's), stays on
+// flex_bwd_wg: one warpgroup's K and V (2 x 64), Q and dO (4 x 64), P and dS (2 x 64 rows of 64 keys), one
+// line tile passing them by 256 bytes.
 TEST(flex_kernel_gen, nvcc_builds_the_hopper_backward_of_three_warpgroups) {
   const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
   if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
@@ -760,26 +764,35 @@ TEST(flex_kernel_gen, nvcc_builds_the_hopper_backward_of_three_warpgroups) {
   struct Unit {
     std::string ir;
     int d;
-    bool mods, deterministic;
+    bool mods, deterministic, scatter;
   };
-  for (const Unit& u : {Unit{identity(128), 128, false, false}, Unit{no_scatter, 128, true, false},
-                        Unit{identity(64), 64, false, false}, Unit{identity(128), 128, false, true},
-                        Unit{identity(64), 64, false, true}}) {
+  for (const Unit& u : {Unit{identity(128), 128, false, false, false}, Unit{no_scatter, 128, true, false, false},
+                        Unit{cuda_backward_ir("bf16", 128), 128, true, false, true},
+                        Unit{cuda_relative_ir("bf16", 128), 128, true, false, true},
+                        Unit{cuda_relative_ir("bf16", 64), 64, true, false, true},
+                        Unit{identity(64), 64, false, false, false}, Unit{identity(128), 128, false, true, false},
+                        Unit{identity(64), 64, false, true, false},
+                        Unit{cuda_relative_ir("bf16", 128), 128, true, true, true}}) {
     auto g = parse_graph(u.ir);
     g->nodes[g->find("fb")].hints.deterministic = u.deterministic;
     std::string why;
     const std::optional<FlexKernelSource> s = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
     ASSERT_TRUE(s.has_value()) << why;
-    EXPECT_EQ(s->score_mod, u.mods);
-    EXPECT_EQ(s->joint, u.mods);
-    EXPECT_NE(s->source.find("#define HB_SCATTER 0\n"), std::string::npos) << s->source.substr(0, 2000);
-    EXPECT_EQ(s->source.find("#define HB_DETERMINISTIC 1\n") != std::string::npos, u.deterministic);
+    const std::string what = "head dim " + std::to_string(u.d) + (u.mods ? ", a score_mod" : ", identity") +
+                             (u.scatter ? ", a buffer gradient" : "") + (u.deterministic ? ", deterministic" : "");
+    EXPECT_EQ(s->score_mod, u.mods) << what;
+    EXPECT_EQ(s->joint, u.mods) << what;
+    EXPECT_NE(s->source.find(u.scatter ? "#define HB_SCATTER 1\n" : "#define HB_SCATTER 0\n"), std::string::npos) << what;
+    EXPECT_EQ(s->source.find("#define HB_DETERMINISTIC 1\n") != std::string::npos, u.deterministic) << what;
     const HostBuild build = build_cuda_module(s->source, {"nvcc", "90", cutlass, temp_dir()});
-    ASSERT_TRUE(build.module) << build.error;
+    ASSERT_TRUE(build.module) << what << ": " << build.error;
     auto smem = reinterpret_cast<long long (*)(int)>(build.module->symbol("hb_flex_cuda_smem"));
     ASSERT_NE(smem, nullptr);
-    EXPECT_EQ(smem(1), (2 * 128 * (u.d / 8) + 4 * 64 * (u.d / 8) + 2 * 64 * 16) * 16 + 64 * 128 * 4 + 16)
-        << "head dim " << u.d << (u.mods ? ", soft cap" : ", identity") << (u.deterministic ? ", deterministic" : "");
+    const long long ch = u.d / 8;
+    const bool ws = !u.scatter || (!u.deterministic && u.d == 128);
+    const long long want = ws ? (2 * 128 * ch + 4 * 64 * ch + 2 * 64 * 16) * 16 + 64 * 128 * 4 + (u.scatter ? 512 : 0) + 16
+                              : (2 * 64 * ch + 4 * 64 * ch + 2 * 64 * 8) * 16 + 256;
+    EXPECT_EQ(smem(1), want) << what;
   }
 }
 
