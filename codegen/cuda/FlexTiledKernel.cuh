@@ -1567,8 +1567,9 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
 // a shared tile, float4 reductions via shuffles, dQ's own-key k-steps from registers, a form pipelined across
 // steps): docs/flex-attention.md. Compiled where HB_WS (at the top) holds: Hopper, D 64 or 128, bf16 or
 // fp16, a buffer gradient scatter only at D 128 and not deterministic; launched where the kv blocks are
-// multiples of 128 rows, else flex_bwd_wg runs. A score_mod runs per element on the split schedule, a joint's tiles through
-// bwd_p_ds; a buffer gradient along lines is summed per consumer over its 64 x 64 tile (line_reduce).
+// multiples of 128 rows, else flex_bwd_wg runs. A score_mod runs per element on the split schedule, a
+// joint's tiles through bwd_p_ds; a buffer gradient along lines is summed per consumer over its 64 x 64
+// tile (line_reduce).
 // Measured against flex_bwd_wg (H100, the lab, D128 B4 H16 S4096 backward): ALiBi 4.70 against 5.70 ms,
 // causal 2.50 against 3.08; a soft cap 8.35 against 9.05.
 // HB_BWD_WS=0 (the lab's baseline) turns it off.
@@ -1790,6 +1791,7 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
       fence_acc(s);
       fence_acc(dp);
 #if HB_SCATTER
+      static_assert(HB_JOINT, "a scatter is a joint's: every step comes here, both consumers to cons_sync below");
       // A buffer gradient along lines: consumer w's [64][65] tile at w x 16 640 bytes into P and dS, which
       // nobody reads now (the last step's MMAs are done; this step's P and dS come after); after its
       // line sums, a barrier of both consumers, since each tile covers part of the other's P or dS.
