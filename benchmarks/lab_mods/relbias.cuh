@@ -11,7 +11,9 @@
 #endif
 // The scatter runs along the tiles' diagonals as the generator proves it (HB_LINE_STATIC; -DLAB_LINE_PROBE:
 // found by the kernel's run-time probe instead).
-// Variants for timing (LAB_DEFS): -DLAB_SCATTER_GLOBAL (one global atomic per score element, no line sums),
+// Variants for timing (LAB_DEFS): -DLAB_TABLE_T (the table read as [H][2S - 1], a head's diagonals contiguous:
+// a warp's reads of one tile touch a few sectors instead of one 64-byte-strided sector per diagonal; the
+// gradient keeps [2S - 1][H]), -DLAB_SCATTER_GLOBAL (one global atomic per score element, no line sums),
 // -DLAB_NO_SCATTER (the joint scatters nothing: wrong gradients, timing only), -DLAB_NO_JOINT (no joint
 // at all: the score_mod's recompute alone).
 #define HB_SCORE_MOD 1
@@ -36,7 +38,11 @@ HB_FLEX_SCATTER_LINE
 template <typename T>
 HB_FN T hb_score_mod(T score, long long b, long long h, long long q, long long kv, HbFlexTile* t) {
   const int d = (int)q - (int)kv + (LAB_S - 1);
+#ifdef LAB_TABLE_T
+  return score + (T)__ldg((const float*)t->score_buffers[0].data + (int)h * (2 * LAB_S - 1) + d);
+#else
   return score + (T)__ldg((const float*)t->score_buffers[0].data + d * LAB_H + (int)h);  // HB_LD
+#endif
 }
 
 template <typename T, int LINE = 0>
@@ -65,5 +71,8 @@ inline void lab_buffers(HbFlexCudaArgs& a, long long B, long long H, long long S
   HbFlexBuffer& buf = a.score_buffers[0];
   buf.data = data, buf.grad = grad, buf.rank = 2;
   buf.sizes[0] = 2 * S - 1, buf.sizes[1] = H, buf.strides[0] = H, buf.strides[1] = 1;
+#ifdef LAB_TABLE_T
+  buf.strides[0] = 1, buf.strides[1] = 2 * S - 1;  // (the values are arbitrary either way)
+#endif
 }
 
