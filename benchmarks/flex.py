@@ -25,7 +25,8 @@ counts), and "queued", steps launched back to back as a training loop does (per-
 synchronization at the end): the host runs ahead and only GPU time and GPU idle time count.
 
 Rows: none, causal (mask); softcap; qbias, hbias (learned per-query / per-head bias, grad); relbias, relbias16
-(learned relative bias lb[q - kv + S - 1, h], fp32 / bf16 buffer, grad); dense, dense16 (learned [1, H, S, S]
+(learned relative bias lb[q - kv + S - 1, h], fp32 / bf16 buffer, grad; relbiast, relbias16t: the same with
+the table stored [H][2S - 1] and passed transposed, so that a head's diagonals are contiguous); dense, dense16 (learned [1, H, S, S]
 fp32 / bf16 bias, grad); alibi (slope buffer, no grad); relpos ((q - kv) * 0.01). The sdpa-cudnn column of a
 bias row is SDPA on cuDNN with the same bias as a [1, H, S, S] bf16 attn_mask that needs no gradient (torch
 2.11's cuDNN SDPA refuses a learnable one): a ceiling, not the same work. The cudnn-bias column of a relbias
@@ -111,6 +112,7 @@ def relpos(score, b, h, q, kv):
 
 
 SCORE_MODS = {"softcap": softcap, "qbias": qbias, "hbias": hbias, "relbias": relbias, "relbias16": relbias,
+              "relbiast": relbias, "relbias16t": relbias,
               "dense": dense, "dense16": dense, "alibi": alibi, "relpos": relpos}
 
 
@@ -246,9 +248,11 @@ def main() -> None:
             BIASES["q"] = torch.randn(S, device="cuda", requires_grad=True)
             BIASES["h"] = torch.randn(H, device="cuda", requires_grad=True)
             BIASES["S"] = S
-            BIASES["rel"] = torch.randn(2 * S - 1, H, device="cuda",
-                                        dtype=torch.bfloat16 if row == "relbias16" else torch.float32,
-                                        requires_grad=True) if row.startswith("relbias") else None
+            BIASES["rel"] = None
+            if row.startswith("relbias"):  # relbiast, relbias16t: the table stored [H][2S - 1], read transposed
+                rel_dtype = torch.bfloat16 if row.startswith("relbias16") else torch.float32
+                BIASES["rel"] = (torch.randn(H, 2 * S - 1, device="cuda", dtype=rel_dtype).t() if row.endswith("t")
+                                 else torch.randn(2 * S - 1, H, device="cuda", dtype=rel_dtype)).requires_grad_(True)
             BIASES["dense"] = torch.randn(1, H, S, S, device="cuda",
                                           dtype=torch.bfloat16 if row == "dense16" else torch.float32,
                                           requires_grad=True) if row.startswith("dense") else None
@@ -264,7 +268,7 @@ def main() -> None:
             # The bias of a kv-dependent row as a [1, H, S, S] tensor, for SDPA-cuDNN's ceiling (only when
             # that peer runs: at S 32768 it alone is 64 GiB).
             sdpa_mask = None
-            if row in ("relbias", "relbias16", "dense", "dense16", "alibi", "relpos") and \
+            if (row.startswith("relbias") or row in ("dense", "dense16", "alibi", "relpos")) and \
                     "sdpa-cudnn" in args.peers.split(","):
                 with torch.no_grad():
                     qi = torch.arange(S, device="cuda").view(1, 1, S, 1)
