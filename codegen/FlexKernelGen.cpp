@@ -475,7 +475,46 @@ struct RoleExtents {
 struct BufferLayout {
   bool fixed = false;
   std::vector<int64_t> sizes, strides;
+  // Per dimension, how the reads' index in it moves (kMovesKv | kMovesQ; kMovesUnknown where no affine form
+  // is known), over every strided read of the buffer (read_layout below chooses the strides from it).
+  std::vector<unsigned> moves;
+  int64_t elem_bytes = 0;
 };
+constexpr unsigned kMovesKv = 1, kMovesQ = 2, kMovesUnknown = 4;
+
+// The strides a captured buffer's reads are generated for, where not the graph's: when the reads' index
+// moves with kv_idx in exactly one dimension (else, in none, with q_idx in exactly one), and every other
+// index is affine and moves with neither, that dimension goes innermost (stride 1), the others packed
+// after it in the order of the graph's strides. A warp's lanes read neighbouring q_idx and kv_idx, so their
+// reads then fall in a few sectors instead of one each: a relative bias lb[q - kv + S - 1, h] stored
+// [2S - 1][H] puts a warp's 14 distinct entries 64 bytes apart, read as [H][2S - 1] they are neighbours.
+// The runtime copies the buffer into these strides before each call (FlexFusedCall's laid_out), so only a
+// buffer of at most 16 MiB with no stride-0 dimension moves. nullopt: the graph's strides stay.
+std::optional<std::vector<int64_t>> read_layout(const BufferLayout& l) {
+  if (!l.fixed || l.moves.size() != l.sizes.size() || l.sizes.empty()) return std::nullopt;
+  int kv = -1, q = -1, nkv = 0, nq = 0;
+  int64_t numel = 1;
+  for (size_t d = 0; d < l.sizes.size(); ++d) {
+    if (l.moves[d] & kMovesUnknown) return std::nullopt;
+    if (l.moves[d] & kMovesKv) kv = static_cast<int>(d), ++nkv;
+    if (l.moves[d] & kMovesQ) q = static_cast<int>(d), ++nq;
+    if (l.sizes[d] > 1 && l.strides[d] == 0) return std::nullopt;
+    numel *= l.sizes[d];
+  }
+  const int inner = nkv == 1 ? kv : nkv == 0 && nq == 1 ? q : -1;
+  if (inner < 0 || l.sizes[inner] == 1 || l.strides[inner] == 1 || numel * l.elem_bytes > (int64_t{16} << 20))
+    return std::nullopt;
+  std::vector<int> order;  // outermost first: the graph's order of strides, `inner` last
+  for (size_t d = 0; d < l.sizes.size(); ++d)
+    if (static_cast<int>(d) != inner) order.push_back(static_cast<int>(d));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return std::abs(l.strides[a]) > std::abs(l.strides[b]); });
+  order.push_back(inner);
+  std::vector<int64_t> strides(l.sizes.size());
+  int64_t next = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) strides[*it] = next, next *= l.sizes[*it];
+  return strides;
+}
 
 // Translates one subgraph into the body of a scalar function. `buffers_expr`: "t->score_buffers" or
 // "t->mask_buffers"; `buffer_base`: the buffer's number in error reports.
@@ -544,6 +583,8 @@ class Translator {
   }
   // Per buffer of this subgraph (by its number): the layout the code bakes in.
   const std::map<int, BufferLayout>& layouts() const { return layouts_; }
+  // Strides to bake in instead of the graph's, per buffer (read_layout); before run().
+  void override_strides(std::map<int, std::vector<int64_t>> strides) { stride_overrides_ = std::move(strides); }
   // The scatter whose offset is buffer + q_idx * along.q + kv_idx * along.kv over every tile inside both
   // sequences, where the joint has one (the first such).
   struct LineScatter {
@@ -603,6 +644,10 @@ class Translator {
       if (l.fixed) l.sizes.push_back(t.shape[d].value), l.strides.push_back(t.stride[d].value);
     }
     if (!l.fixed) l.sizes.clear(), l.strides.clear();
+    if (auto o = stride_overrides_.find(v.buffer); l.fixed && o != stride_overrides_.end() && o->second.size() == l.sizes.size())
+      l.strides = o->second;
+    l.moves.assign(l.sizes.size(), 0);
+    l.elem_bytes = dtype_bytes(t.dtype);
     return true;
   }
 
@@ -709,6 +754,8 @@ class Translator {
       for (size_t d = 0; d < indices.size(); ++d) {
         const Val iv = value(indices[d]);
         if (iv.kind != K::Int && iv.kind != K::Bool) return fail(node, "indexes with a non-integer index");
+        if (!dense && d < l.moves.size())
+          layouts_[buffer].moves[d] |= !iv.aff ? kMovesUnknown : (iv.aff->kv ? kMovesKv : 0) | (iv.aff->q ? kMovesQ : 0);
         const int64_t size = l.sizes[d];
         const std::string S = std::to_string(size);
         std::string idx;
@@ -1044,6 +1091,7 @@ class Translator {
   RoleExtents extents_;
   std::map<int, TensorType> buffer_types_;
   std::map<int, BufferLayout> layouts_;
+  std::map<int, std::vector<int64_t>> stride_overrides_;
   std::map<int, int> scatter_of_;  // zeros_and_scatter node -> buffer
   std::set<int> sums_;             // add nodes that only sum scatters
   std::optional<LineScatter> line_;
@@ -1220,23 +1268,48 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
     ext = {st(q->shape[0]), st(q->shape[1]), st(q->shape[2]), st(k->shape[2])};
   }
   using R = Role;
-  Translator ts(*score, {R::Score, R::B, R::H, R::Q, R::KV}, "t->score_buffers", 0, false, ext);
-  if (!ts.run()) {
-    *why = "score_mod: " + ts.why();
-    return std::nullopt;
-  }
-  Translator tm(*mask, {R::B, R::H, R::Q, R::KV}, "t->mask_buffers", nscore, false, ext);
-  if (!tm.run()) {
-    *why = "mask_mod: " + tm.why();
-    return std::nullopt;
-  }
-  std::optional<Translator> tj;
-  if (backward) {
-    tj.emplace(*joint, std::vector<Role>{R::Score, R::B, R::H, R::Q, R::KV, R::Grad}, "t->score_buffers", 0, true, ext);
-    if (!tj->run()) {
-      *why = "joint graph: " + tj->why();
+  // Translated twice where read_layout moves a buffer: the first run finds how the reads move, the second
+  // bakes the chosen strides in.
+  std::optional<Translator> ts, tm, tj;
+  std::map<int, std::vector<int64_t>> score_strides, mask_strides;
+  for (int round = 0; round < 2; ++round) {
+    ts.emplace(*score, std::vector<Role>{R::Score, R::B, R::H, R::Q, R::KV}, "t->score_buffers", 0, false, ext);
+    ts->override_strides(score_strides);
+    if (!ts->run()) {
+      *why = "score_mod: " + ts->why();
       return std::nullopt;
     }
+    tm.emplace(*mask, std::vector<Role>{R::B, R::H, R::Q, R::KV}, "t->mask_buffers", nscore, false, ext);
+    tm->override_strides(mask_strides);
+    if (!tm->run()) {
+      *why = "mask_mod: " + tm->why();
+      return std::nullopt;
+    }
+    if (backward) {
+      tj.emplace(*joint, std::vector<Role>{R::Score, R::B, R::H, R::Q, R::KV, R::Grad}, "t->score_buffers", 0, true, ext);
+      tj->override_strides(score_strides);
+      if (!tj->run()) {
+        *why = "joint graph: " + tj->why();
+        return std::nullopt;
+      }
+    }
+    if (round) break;
+    for (int b = 0; b < nscore; ++b) {  // the score_mod's reads and the joint's (its recompute) alike
+      const auto s = ts->layouts().find(b);
+      std::optional<BufferLayout> l;
+      if (s != ts->layouts().end()) l = s->second;
+      if (tj)
+        if (const auto j = tj->layouts().find(b); j != tj->layouts().end()) {
+          if (!l) l = j->second;
+          else if (l->moves.size() == j->second.moves.size())
+            for (size_t d = 0; d < l->moves.size(); ++d) l->moves[d] |= j->second.moves[d];
+        }
+      if (l)
+        if (std::optional<std::vector<int64_t>> st = read_layout(*l)) score_strides[b] = *st;
+    }
+    for (const auto& [b, l] : tm->layouts())
+      if (std::optional<std::vector<int64_t>> st = read_layout(l)) mask_strides[b] = *st;
+    if (score_strides.empty() && mask_strides.empty()) break;
   }
 
   FlexKernelSource out;
@@ -1250,12 +1323,12 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
   src << kMathFunctions;
 
   // score_mod: the identity when it returns its score placeholder.
-  const std::vector<Arg> so = ts.outputs();
+  const std::vector<Arg> so = ts->outputs();
   if (so.empty()) {
     *why = "score_mod returns nothing";
     return std::nullopt;
   }
-  const Val sv = ts.value(so[0]);
+  const Val sv = ts->value(so[0]);
   if (sv.kind == K::None || sv.kind == K::Buffer || sv.kind == K::Scatter) {
     *why = "score_mod returns no scalar";
     return std::nullopt;
@@ -1264,7 +1337,7 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
   if (out.score_mod) {
     src << "\ntemplate <typename T>\nHB_FN T hb_score_mod(T score, long long b, long long h, long long q, long long kv, "
            "HbFlexTile* t) {\n"
-        << ts.body() << "  return " << cast(sv, K::T) << ";\n}\n";
+        << ts->body() << "  return " << cast(sv, K::T) << ";\n}\n";
     wrap << "template <typename T>\nstatic void hb_score_tile(T* s, HbFlexTile* t) {\n"
          << "  const long long b = t->b, h = t->h;\n"
          << "  for (int i = 0; i < t->nq; ++i) {\n    T* row = s + (long long)i * t->ld;\n"
@@ -1274,8 +1347,8 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
          << "extern \"C\" void hb_flex_score_f64(double* s, HbFlexTile* t) { hb_score_tile<double>(s, t); }\n";
   }
 
-  const std::vector<Arg> mo = tm.outputs();
-  const Val mv = mo.empty() ? Val{} : tm.value(mo[0]);
+  const std::vector<Arg> mo = tm->outputs();
+  const Val mv = mo.empty() ? Val{} : tm->value(mo[0]);
   if (mv.kind == K::None || mv.kind == K::Buffer || mv.kind == K::Scatter) {
     *why = "mask_mod returns no scalar";
     return std::nullopt;
@@ -1283,7 +1356,7 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
   out.mask_mod = !mv.const_true;
   if (out.mask_mod) {
     src << "\nHB_FN bool hb_mask_mod(long long b, long long h, long long q, long long kv, HbFlexTile* t) {\n"
-        << "  typedef float T;\n" << tm.body() << "  return " << cast(mv, K::Bool) << ";\n}\n";
+        << "  typedef float T;\n" << tm->body() << "  return " << cast(mv, K::Bool) << ";\n}\n";
     wrap << "extern \"C\" void hb_flex_mask(unsigned char* keep, HbFlexTile* t) {\n"
          << "  const long long b = t->b, h = t->h;\n"
          << "  for (int i = 0; i < t->nq; ++i) {\n    unsigned char* row = keep + (long long)i * t->ld;\n"
@@ -1332,7 +1405,7 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
            << "extern \"C\" void hb_flex_joint_f64(const double* s, double* ds, HbFlexTile* t) { hb_joint_tile<double>(s, ds, t); }\n";
     }
   }
-  out.may_fail = ts.may_fail() || tm.may_fail() || (tj && tj->may_fail());
+  out.may_fail = ts->may_fail() || tm->may_fail() || (tj && tj->may_fail());
   // The layouts the code bakes in; the score_mod and the joint read the same buffers, so they must agree.
   auto baked = [](const Translator& t, int b) -> std::optional<FlexKernelSource::Layout> {
     auto it = t.layouts().find(b);
@@ -1340,18 +1413,18 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
     return FlexKernelSource::Layout{it->second.sizes, it->second.strides};
   };
   for (int b = 0; b < nscore; ++b) {
-    std::optional<FlexKernelSource::Layout> l = baked(ts, b);
+    std::optional<FlexKernelSource::Layout> l = baked(*ts, b);
     if (tj) {
       const std::optional<FlexKernelSource::Layout> lj = baked(*tj, b);
       if (tj->layouts().count(b) && (l.has_value() != lj.has_value() || (l && (l->sizes != lj->sizes || l->strides != lj->strides)))) {
         *why = "score buffer " + std::to_string(b) + " has another layout in the joint graph than in score_mod";
         return std::nullopt;
       }
-      if (!ts.layouts().count(b)) l = lj;
+      if (!ts->layouts().count(b)) l = lj;
     }
     out.buffer_layouts.push_back(l);
   }
-  for (int b = 0; b < nmask; ++b) out.buffer_layouts.push_back(baked(tm, b));
+  for (int b = 0; b < nmask; ++b) out.buffer_layouts.push_back(baked(*tm, b));
   // A score_mod that only shifts rows (score + t(b, h, q)) runs once per row, not per score (HB_ROW_SHIFT):
   // in the forward always, in the backward where no logsumexp gradient asks for t's gradient (the joint is
   // skipped then, and the buffers' gradients are zero).
@@ -1392,9 +1465,9 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
       sum << ", SIMT (CUDA cores, float FMA" << (elem == DType::Float32 ? ", no TF32" : "") << ")";
     sum << "; ";
   }
-  sum << "score_mod: " << (out.score_mod ? plural(ts.ops(), "op") + (row_shift ? " run once per row (a row shift)" : "")
+  sum << "score_mod: " << (out.score_mod ? plural(ts->ops(), "op") + (row_shift ? " run once per row (a row shift)" : "")
                                          : "identity")
-      << "; mask_mod: " << (out.mask_mod ? plural(tm.ops(), "op") : "none");
+      << "; mask_mod: " << (out.mask_mod ? plural(tm->ops(), "op") : "none");
   if (backward) {
     sum << "; joint: " << (out.joint ? plural(tj->ops(), "op") : "identity");
     std::string scat;
@@ -1408,6 +1481,16 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
           << l.kv << " per kv_idx)";
     }
   }
+  // read_layout's choices: the buffer is copied into these strides before each call.
+  auto relaid = [&](const std::map<int, std::vector<int64_t>>& strides, int base) {
+    for (const auto& [b, st] : strides) {
+      sum << "; buffer " << base + b << " read with strides [";
+      for (size_t d = 0; d < st.size(); ++d) sum << (d ? ", " : "") << st[d];
+      sum << "] (a copy a call)";
+    }
+  };
+  relaid(score_strides, 0);
+  relaid(mask_strides, nscore);
   out.summary = sum.str();
   return out;
 }

@@ -143,15 +143,18 @@ TEST(flex_kernel_gen, writes_each_node_as_a_scalar_statement) {
   const FlexKernelSource s = generate(kBackward);
   EXPECT_TRUE(s.score_mod && s.mask_mod && s.joint);
   EXPECT_EQ(s.buffer_grads, std::vector<bool>{true});
-  EXPECT_EQ(s.summary, "score_mod: 7 ops; mask_mod: 1 op; joint: 8 ops, gradient scattered into buffer 0");
+  // lb's row index moves with kv_idx (q - kv + 7) and its column with neither: the generated reads take lb
+  // with its rows innermost, [1, 15] (read_layout; the runtime copies lb so before each call).
+  EXPECT_EQ(s.summary, "score_mod: 7 ops; mask_mod: 1 op; joint: 8 ops, gradient scattered into buffer 0; buffer 0 "
+                       "read with strides [1, 15] (a copy a call)");
   for (const char* line : {
            "const T v6 = score / ((T)(30));  // %div",
            "const T v7 = hb_tanh(v6);  // %tanh",
            // q < 8 and kv < 16 (the node's sizes): q - kv + 7 is int, and inside lb's 15 rows, so it is
-           // read with lb's strides as literals and no bounds check.
+           // read with the chosen strides as literals and no bounds check.
            "const int v9 = ((int)q) - ((int)kv);  // %sub",
            "const int v10 = v9 + 7;  // %add",
-           "const T v11 = HB_LD((const float*)t->score_buffers[0].data + (v10 * 2 + ((int)h)));  // %index",
+           "const T v11 = HB_LD((const float*)t->score_buffers[0].data + (v10 + ((int)h) * 15));  // %index",
            // The line scatter (its offset moves along the tiles' diagonals), which the CPU calls with LINE 0.
            "if (LINE || t->score_buffers[0].grad) hb_scatter_s<LINE, true>(t, 0, t->score_buffers[0].grad, (v10) * 2 + "
            "((int)h), ((double)(grad)));  // %scatter",
@@ -164,7 +167,38 @@ TEST(flex_kernel_gen, writes_each_node_as_a_scalar_statement) {
   ASSERT_EQ(s.buffer_layouts.size(), 1u);
   ASSERT_TRUE(s.buffer_layouts[0].has_value());
   EXPECT_EQ(s.buffer_layouts[0]->sizes, (std::vector<int64_t>{15, 2}));
-  EXPECT_EQ(s.buffer_layouts[0]->strides, (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(s.buffer_layouts[0]->strides, (std::vector<int64_t>{1, 15}));
+}
+
+// The strides a buffer's reads are generated for (read_layout in codegen/FlexKernelGen.cpp): the dimension
+// whose index moves with kv_idx goes innermost, the others keep the graph's order of strides; a buffer whose
+// kv-moving dimension is already innermost, whose index is not affine, that is broadcast (a stride-0
+// dimension) or above 16 MiB keeps the graph's strides.
+std::string replace_all(std::string s, const std::string& from, const std::string& to);
+
+TEST(flex_kernel_gen, reads_a_buffer_with_its_kv_moving_dimension_innermost) {
+  auto layout = [](const std::string& shape, const std::string& strides, const std::string& index) {
+    std::string ir = replace_all(kBackward, "f32[15, 2]", "f32[" + shape + "]" + strides);
+    ir = replace_all(ir, "zeros_and_scatter.default([15, 2], [%add, %h]", "zeros_and_scatter.default([" + shape + "], " + index);
+    ir = replace(ir, "aten::index.Tensor(%lb, [%add, %h])", "aten::index.Tensor(%lb, " + index + ")");
+    const FlexKernelSource s = generate(ir);
+    EXPECT_EQ(s.buffer_layouts.size(), 1u) << ir;
+    return s.buffer_layouts.size() == 1 && s.buffer_layouts[0] ? s.buffer_layouts[0]->strides : std::vector<int64_t>{};
+  };
+  // lb[q - kv + 7, h, 1] in [15, 2, 3]: rows innermost, then the last dimension (stride 1 before), then h.
+  EXPECT_EQ(layout("15, 2, 3", "", "[%add, %h, 1]"), (std::vector<int64_t>{1, 45, 15}));
+  // lb[h, q - kv + 7] in [2, 15]: already innermost.
+  EXPECT_EQ(layout("2, 15", "", "[%h, %add]"), (std::vector<int64_t>{15, 1}));
+  // Rows broadcast (stride 0): kept, a copy would not be the same buffer.
+  EXPECT_EQ(layout("15, 2", "[0, 1]", "[%add, %h]"), (std::vector<int64_t>{0, 1}));
+  // 2 100 000 x 2 floats (16.8 MB, above 16 MiB): kept.
+  EXPECT_EQ(layout("2100000, 2", "", "[%add, %h]"), (std::vector<int64_t>{2, 1}));
+  // (q - kv) mod 15: not affine, kept.
+  std::string wrapped = replace_all(kBackward, "aten::add.Tensor(%sub, 7)", "aten::remainder.Scalar(%sub, 15)");
+  const FlexKernelSource w = generate(wrapped);
+  ASSERT_TRUE(w.buffer_layouts.size() == 1 && w.buffer_layouts[0]) << wrapped;
+  EXPECT_EQ(w.buffer_layouts[0]->strides, (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(w.summary.find("read with strides"), std::string::npos) << w.summary;
 }
 
 // Ops the random score_mods of tests/python/test_flex_random_mods.py found missing: a clamp of integers (its
@@ -285,12 +319,18 @@ TEST(flex_kernel_gen, the_built_kernel_computes_the_score_mod_its_mask_and_its_g
   auto joint = reinterpret_cast<FlexJointF64>(build.module->symbol("hb_flex_joint_f64"));
   ASSERT_TRUE(score && mask && joint);
 
-  std::vector<float> lb(15 * 2);
+  // lb[r][c] = 0.1 (2 r + c) - 1, stored as the kernel reads it (its layout's strides, as the runtime's
+  // copy lays it out); the gradient is row-major.
+  std::vector<float> lb(15 * 2), stored(15 * 2);
   for (size_t i = 0; i < lb.size(); ++i) lb[i] = 0.1f * static_cast<float>(i) - 1.0f;
+  ASSERT_TRUE(s.buffer_layouts.size() == 1 && s.buffer_layouts[0]);
+  const std::vector<int64_t>& st = s.buffer_layouts[0]->strides;
+  for (int r = 0; r < 15; ++r)
+    for (int c = 0; c < 2; ++c) stored[r * st[0] + c * st[1]] = lb[r * 2 + c];
   HbFlexBuffer buf{};
-  buf.data = lb.data();
+  buf.data = stored.data();
   buf.rank = 2;
-  buf.sizes[0] = 15, buf.sizes[1] = 2, buf.strides[0] = 2, buf.strides[1] = 1;
+  buf.sizes[0] = 15, buf.sizes[1] = 2, buf.strides[0] = st[0], buf.strides[1] = st[1];
   std::vector<double> grad(lb.size(), 0.0);
   buf.grad = grad.data();
   HbFlexTile t{};
@@ -317,7 +357,6 @@ TEST(flex_kernel_gen, the_built_kernel_computes_the_score_mod_its_mask_and_its_g
   EXPECT_EQ(grad, want_grad);
 }
 
-std::string replace_all(std::string s, const std::string& from, const std::string& to);
 
 // kBackward with score_mod(s) = the sum of `terms` (IR lines defining %t0, %t1, ... from %s) and a joint
 // whose d/ds is the sum of `grads` (lines defining %d0, %d1, ... from %g and %s), no buffer read or gradient.
@@ -564,8 +603,9 @@ TEST(flex_kernel_gen, cuda_source_specializes_the_tiled_kernels) {
   std::string why;
   const std::optional<FlexKernelSource> s = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
   ASSERT_TRUE(s.has_value()) << why;
+  // (no proven line: see below)
   EXPECT_EQ(s->summary, "CUDA, head dim 64, bfloat16; score_mod: 7 ops; mask_mod: 1 op; joint: 8 ops, gradient "
-                        "scattered into buffer 0");  // no proven line: see below
+                        "scattered into buffer 0; buffer 0 read with strides [1, 15] (a copy a call)");
   for (const char* line : {"#define HB_D 64\n", "#define HB_HALF 0\n", "#define HB_SCORE_MOD 1\n", "#define HB_MASK_MOD 1\n",
                            "#define HB_JOINT 1\n", "#define HB_SCATTER 1\n", "hb_scatter_s<LINE, false>(t, 0, t->score_buffers[0].grad, ", "extern \"C\" int hb_flex_cuda_backward("})
     EXPECT_NE(s->source.find(line), std::string::npos) << line;
