@@ -482,10 +482,10 @@ struct BufferLayout {
 };
 constexpr unsigned kMovesKv = 1, kMovesQ = 2, kMovesUnknown = 4;
 
-// The strides a captured buffer's reads are generated for, where not the graph's: when the reads' index
-// moves with kv_idx in exactly one dimension (else, in none, with q_idx in exactly one), and every other
-// index is affine and moves with neither, that dimension goes innermost (stride 1), the others packed
-// after it in the order of the graph's strides. A warp's lanes read neighbouring q_idx and kv_idx, so their
+// The strides a captured buffer's reads are generated for, where not the graph's: when every index of its
+// reads is affine and the index moves with kv_idx in exactly one dimension (else, in none, with q_idx in
+// exactly one), that dimension goes innermost (stride 1), the others packed after it in the order of the
+// graph's strides. A warp's lanes read neighbouring q_idx and kv_idx, so their
 // reads then fall in a few sectors instead of one each: a relative bias lb[q - kv + S - 1, h] stored
 // [2S - 1][H] puts a warp's 14 distinct entries 64 bytes apart, read as [H][2S - 1] they are neighbours.
 // The runtime copies the buffer into these strides before each call (FlexFusedCall's laid_out), so only a
