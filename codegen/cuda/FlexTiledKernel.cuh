@@ -86,14 +86,13 @@
 #define HB_WG (HB_SM90 && !HB_F32 && (HB_D == 64 || HB_D == 128))
 // Whether the Hopper backward may run flex_bwd_ws (3 warpgroups per 128 keys, below) instead of
 // flex_bwd_wg: bf16/fp16 at D 64 and 128, any score_mod and joint, deterministic or not; a buffer gradient
-// scatter only at D 128 and not deterministic (its windows are flex_bwd_wg's; at D 64 flex_bwd_wg ran the
-// learned relative bias faster: docs/flex-attention.md); the launcher then takes it where the kv blocks
-// are multiples of 128 rows.
+// scatter only at D 128 (at D 64 flex_bwd_wg ran the learned relative bias faster: docs/flex-attention.md);
+// the launcher then takes it where the kv blocks are multiples of 128 rows.
 // HB_BWD_WS=0 never runs it (the lab's baseline: -DHB_BWD_WS=0 times flex_bwd_wg alone).
 #ifndef HB_BWD_WS
 #define HB_BWD_WS 1
 #endif
-#define HB_WS (HB_BWD_WS && HB_WG && (!HB_SCATTER || (!HB_DETERMINISTIC && HB_D == 128)))
+#define HB_WS (HB_BWD_WS && HB_WG && (!HB_SCATTER || HB_D == 128))
 #if HB_WG
 #include <utility>
 
@@ -1566,8 +1565,8 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
 // Measured and the variants that were tried (float2 reductions from the accumulators, bulk reductions from
 // a shared tile, float4 reductions via shuffles, dQ's own-key k-steps from registers, a form pipelined across
 // steps): docs/flex-attention.md. Compiled where HB_WS (at the top) holds: Hopper, D 64 or 128, bf16 or
-// fp16, a buffer gradient scatter only at D 128 and not deterministic; launched where the kv blocks are
-// multiples of 128 rows, else flex_bwd_wg runs. A score_mod runs per element on the split schedule, a
+// fp16, a buffer gradient scatter only at D 128; launched where the kv blocks are multiples of 128 rows,
+// else flex_bwd_wg runs. A score_mod runs per element on the split schedule, a
 // joint's tiles through bwd_p_ds; a buffer gradient along lines is summed per consumer over its 64 x 64
 // tile (line_reduce).
 // Measured against flex_bwd_wg (H100, the lab, D128 B4 H16 S4096 backward): ALiBi 4.70 against 5.70 ms,
@@ -1616,7 +1615,7 @@ struct WsInfo {
 };
 
 __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ HbFlexCudaArgs a) {
-  static_assert((!HB_SCATTER || (!HB_DETERMINISTIC && D == 128)) && (D == 64 || D == 128), "flex_bwd_ws: HB_WS");
+  static_assert((!HB_SCATTER || D == 128) && (D == 64 || D == 128), "flex_bwd_ws: HB_WS");
   extern __shared__ __align__(1024) uint4 wsmem[];
   uint4* sK = wsmem;
   uint4* sV = sK + WSN * CH;
@@ -1801,7 +1800,11 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
 #endif
       bwd_p_ds<64>(s, dp, a, b, h, q0, lq, kw, full, inside, row0, t, line);
 #if HB_SCATTER
-      if (line.tile) line_reduce<WSM, 64, 128>(line, a, q0, 0, threadIdx.x & 127, 2 + wg);
+      // deterministic=True: consumer w's window is its 64-key tile's, as flex_bwd_wg's CTA of those keys
+      // would have it (window_of), so that flex_window_rows merges the same windows; a consumer past the
+      // keys' end has none.
+      if (line.tile && kw < a.Skv)
+        line_reduce<WSM, 64, 128>(line, a, q0, (b * a.Hq + h) * ((a.Skv + 63) / 64) + kw / 64, threadIdx.x & 127, 2 + wg);
       cons_sync();
 #endif
       store_p_ds<64>(s, dp, sP, sdS, lq, [wg](int r, int c) { return pw<WSM>(r, c + 8 * wg); });
@@ -2062,9 +2065,11 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
     if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
     long long keys = 1;
     for (int d = 0; d < a->score_buffers[HB_LINE_BUF].rank; ++d) keys *= a->score_buffers[HB_LINE_BUF].sizes[d];
-    const long long heads = a->B * a->Hq, windows = heads * tiles;  // a merged row per (b, q head)
-    const long long merged = flex_merged_len(a->scatter_len, tiles);  // as the caller sized them
-    hbk::flex_window_rows<<<(unsigned)heads, 256, 0, (cudaStream_t)stream>>>(*a, tiles, merged);
+    // Windows per 64-key tile (flex_bwd_ws's consumers each keep one, as flex_bwd_wg's CTAs do).
+    const long long wtiles = (a->Skv + 63) / 64;
+    const long long heads = a->B * a->Hq, windows = heads * wtiles;  // a merged row per (b, q head)
+    const long long merged = flex_merged_len(a->scatter_len, wtiles);  // as the caller sized them
+    hbk::flex_window_rows<<<(unsigned)heads, 256, 0, (cudaStream_t)stream>>>(*a, wtiles, merged);
     if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
     const unsigned blocks = (unsigned)((keys + 255) / 256 < 65536 ? (keys + 255) / 256 : 65536);
     if (keys > 0) hbk::flex_window_sum<<<blocks, 256, 0, (cudaStream_t)stream>>>(*a, keys, heads, windows, merged);
