@@ -879,22 +879,55 @@ constexpr int kBwdLineExtra =
 constexpr int kBwdSmem = (2 * BN * CH + 4 * BM * CH + 2 * BM * PC) * 16 + kBwdLineExtra;
 
 // delta[row] = sum(out * grad_out) - grad_logsumexp (natural units): dS = P (dP - delta).
+// A row's out and grad_out are read 16 bytes a lane (kPreLanes lanes a row, several rows a warp) where
+// both are 16-byte aligned, else an element a lane, a warp a row: the 16-byte form took the D 128 call from
+// 0.070 to 0.045 ms (B4 H16 S4096 bf16, the H200, benchmarks/flex.py --profile).
+constexpr int kPreVec = 16 / (int)sizeof(Elem);                                // elements a 16-byte read
+constexpr int kPreLanes = D / kPreVec < 32 ? D / kPreVec : 32;                // lanes a row
+constexpr int kPreRows = 32 / kPreLanes;                                      // rows a warp
+__host__ __device__ inline bool pre_vec(const HbFlexCudaArgs& a) {  // whether the 16-byte reads apply
+  return ((reinterpret_cast<uintptr_t>(a.out) | reinterpret_cast<uintptr_t>(a.dout)) % 16 == 0) &&
+         (a.o_strides[0] | a.o_strides[1] | a.o_strides[2] | a.do_strides[0] | a.do_strides[1] | a.do_strides[2]) %
+                 kPreVec == 0;
+}
 __global__ void flex_bwd_pre(const __grid_constant__ HbFlexCudaArgs a) {
   const long long rows = a.B * a.Hq * a.Sq;
   const int lane = threadIdx.x % 32;
-  for (long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; row < rows;
-       row += (long long)gridDim.x * (blockDim.x / 32)) {
+  const bool vec = pre_vec(a);
+  const int per = vec ? kPreRows : 1;  // rows a warp
+  const long long warps = (long long)gridDim.x * (blockDim.x / 32);
+  for (long long row0 = ((long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * per; row0 < rows;
+       row0 += warps * per) {
+    const long long row = row0 + (vec ? lane / kPreLanes : 0);
+    const bool mine = row < rows;
     const long long b = row / (a.Hq * a.Sq), h = (row / a.Sq) % a.Hq, qi = row % a.Sq;
     const Elem* o = (const Elem*)a.out + b * a.o_strides[0] + h * a.o_strides[1] + qi * a.o_strides[2];
     const Elem* d = (const Elem*)a.dout + b * a.do_strides[0] + h * a.do_strides[1] + qi * a.do_strides[2];
     float acc = 0.f;
-    for (int c = lane; c < D; c += 32) acc += float(o[c]) * float(d[c]);
+    if (vec) {
+      if (mine) {
 #pragma unroll
-    for (int x = 16; x > 0; x >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, x);
-    if (lane == 0) a.delta[row] = acc - (a.dlse ? a.dlse[row] * (1.f / kLn2) : 0.f);
+        for (int c = (lane % kPreLanes) * kPreVec; c < D; c += kPreLanes * kPreVec) {
+          const uint4 ov = *reinterpret_cast<const uint4*>(o + c), dv = *reinterpret_cast<const uint4*>(d + c);
+          const Elem* oe = reinterpret_cast<const Elem*>(&ov);
+          const Elem* de = reinterpret_cast<const Elem*>(&dv);
+#pragma unroll
+          for (int e = 0; e < kPreVec; ++e) acc += float(oe[e]) * float(de[e]);
+        }
+      }
+#pragma unroll
+      for (int x = kPreLanes / 2; x > 0; x >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, x);
+      if (lane % kPreLanes != 0 || !mine) continue;
+    } else {
+      for (int c = lane; c < D; c += 32) acc += float(o[c]) * float(d[c]);
+#pragma unroll
+      for (int x = 16; x > 0; x >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, x);
+      if (lane != 0) continue;
+    }
+    a.delta[row] = acc - (a.dlse ? a.dlse[row] * (1.f / kLn2) : 0.f);
 #if HB_ROW_SHIFT
     // The identity's logsumexp: the forward's, less the row's shift (the main kernel reads it as a.lse).
-    if (lane == 0) {
+    {
       HbFlexTile t = {};
       t.b = b, t.h = h, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
       const float shift = hb_score_mod<float>(0.f, b, h, qi, 0, &t) * kLog2e;
@@ -1257,11 +1290,11 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ Hb
 // warpgroup issues its MMAs only on its turn and passes it on right after. Each turn issues S = Q K^T of
 // tile i and O += P V of tile i - 1 (P kept in registers), so that P V also runs during the warpgroup's
 // own softmax of tile i. Keys and values move through FNS stages each, guarded by mbarriers instead of a
-// CTA barrier per tile: `full` completes when a tile's copies have landed (each warpgroup copies half of
-// it, each thread's cp.async completion arriving), `empty` when all 256 threads are done reading it (keys
-// after S, values after P V, a tile later). A warpgroup refills key tile i - 1's stage and value tile
-// i - 2's at the end of its tile i, when the other warpgroup (half a tile behind) has released them, so
-// neither waits for the other there, and each refill has a whole tile's time to land. Registers and shared
+// CTA barrier per tile: `full` completes when a tile's copies have landed (each copying thread's cp.async
+// completion arriving), `empty` when the 256 consumer threads are done reading it (keys after S, values
+// after P V, a tile later). The producer warpgroup (below) refills a stage as soon as it is empty. Before
+// it, the consumers copied: a warpgroup refilled key tile i - 1's stage and value tile i - 2's at the end
+// of its tile i, when the other warpgroup (half a tile behind) had released them. Registers and shared
 // memory at D 128 (nvcc -Xptxas -v): 194 and 224 KiB. Measured on an H100 with benchmarks/flex_kernel_lab.cu
 // (D 128, B4 H16 S4096), forward 1.734 ms -> 1.535 (317 -> 358 TFLOP/s), block-causal 0.978 -> 0.871; one
 // S-only turn with P V right after the softmax gave 1.588. With 64-key tiles it was slower than
@@ -1271,21 +1304,37 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ Hb
 #ifndef HB_FWD_PP
 #define HB_FWD_PP 1
 #endif
+// A third warpgroup (the producer) makes the copies: it loads Q, then each key and value tile into its stage
+// once the consumers have released it, so that the consumers' turns hold only their MMAs, score_mod and
+// softmax (at D 64 the forward is bound by the consumers' instruction issue: of about 750 instructions a
+// tile, SASS, about 150 were the refills' addresses and copies; now about 560). setmaxnreg gives the
+// consumers kFpRegs and the producer kFpProducerRegs, from the 384 x 168 registers of the launch. Measured
+// on the H200 (the lab, B4 H16 S4096 forward): D 64 1.00 -> 0.81 ms, block-causal 0.56 -> 0.47; D 128
+// 1.24 -> 0.98, block-causal 0.71 -> 0.58. HB_FWD_PRODUCER=0 (the lab's baseline) has the consumers copy
+// (their refills of tiles i + 2 and i + 1 at the end of tile i), as before.
+#ifndef HB_FWD_PRODUCER
+#define HB_FWD_PRODUCER 1
+#endif
 constexpr int FNS = 3;
+constexpr int kFpThreads = HB_FWD_PRODUCER ? WFT + 128 : WFT;
+constexpr int kFpRegs = 232, kFpProducerRegs = 40;
+static_assert(2 * 128 * kFpRegs + 128 * kFpProducerRegs <= (WFT + 128) * (65536 / (WFT + 128) / 8 * 8),
+              "flex_fwd_pp: setmaxnreg split");
+// Q, the stages, and mbarriers: full and empty of each key and value stage, and Q's.
 template <int WFN>
-constexpr int kFwdPpSmem = (WFM + 2 * FNS * WFN) * CH * 16 + 4 * FNS * 8;
+constexpr int kFwdPpSmem = (WFM + 2 * FNS * WFN) * CH * 16 + (4 * FNS + 1) * 8;
 
 __device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(WFT) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, %1;" : : "r"(id), "r"(WFT) : "memory"); }
 
 template <int WFN>
-__global__ void __launch_bounds__(WFT, 1) flex_fwd_pp(const __grid_constant__ HbFlexCudaArgs a) {
+__global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_constant__ HbFlexCudaArgs a) {
   extern __shared__ __align__(1024) uint4 wsmem[];
   uint4* sQ = wsmem;
   uint4* sKs = sQ + WFM * CH;           // [FNS] key tiles of WFN rows
   uint4* sVs = sKs + FNS * WFN * CH;    // [FNS] value tiles
   uint64_t* bar = reinterpret_cast<uint64_t*>(sVs + FNS * WFN * CH);
-  uint64_t *kfull = bar, *vfull = bar + FNS, *kempty = bar + 2 * FNS, *vempty = bar + 3 * FNS;
+  uint64_t *kfull = bar, *vfull = bar + FNS, *kempty = bar + 2 * FNS, *vempty = bar + 3 * FNS, *qfull = bar + 4 * FNS;
   const int warp = threadIdx.x / 32, wg = warp / 4, g = (threadIdx.x % 32) >> 2, wtid = threadIdx.x % 128;
   const long long b = blockIdx.y / a.Hq, h = blockIdx.y % a.Hq, hk = h / (a.Hq / a.Hkv), bk = a.Bkv == 1 ? 0 : b;
   const long long q0 = (long long)blockIdx.x * WFM;
@@ -1294,26 +1343,49 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_pp(const __grid_constant__ Hb
   const Elem* V = (const Elem*)a.v + bk * a.v_strides[0] + hk * a.v_strides[1];
   const Walk walk(a.kv_list, a.kv_full_list, b, h, q0 / a.q_block, a.kv_block, WFN, a.Skv);
   const int ntiles = walk.count();
-  HbFlexTile t = {};
-  t.b = b, t.h = h, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
+  constexpr int kLoaders = HB_FWD_PRODUCER ? 128 : WFT;  // the threads whose copies complete a full barrier
   if (threadIdx.x == 0) {
-    for (int s = 0; s < 4 * FNS; ++s) cutlass::arch::ClusterBarrier::init(&bar[s], WFT);
+    for (int s = 0; s < 2 * FNS; ++s) cutlass::arch::ClusterBarrier::init(&bar[s], kLoaders);
+    for (int s = 2 * FNS; s < 4 * FNS; ++s) cutlass::arch::ClusterBarrier::init(&bar[s], WFT);
+    cutlass::arch::ClusterBarrier::init(qfull, 128);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
-  auto load = [&](const Elem* src, long long ld, uint4* tiles, uint64_t* full, int i) {
+  // Tile i's copies into its stage, each of the kLoaders threads taking its share of the rows, its copies'
+  // completion arriving on full.
+  auto load = [&](const Elem* src, long long ld, uint4* tiles, uint64_t* full, int i, int tid, int part) {
     bool f;
     const long long k0 = walk.first(i, &f);
-    load_panels<WFN, 128, 2>(tiles + (i % FNS) * WFN * CH, src, k0, ld, a.Skv, wtid, wg);
+    load_panels<WFN, 128, kLoaders / 128>(tiles + (i % FNS) * WFN * CH, src, k0, ld, a.Skv, tid, part);
     cutlass::arch::cpasync_barrier_arrive_noinc(&full[i % FNS]);
   };
   auto wait = [](uint64_t* b_, int i) { cutlass::arch::ClusterBarrier::wait(&b_[i % FNS], (uint32_t)(i / FNS) & 1u); };
+#if HB_FWD_PRODUCER
+  if (wg == 2) {  // the producer: Q, then key tile i and value tile i as their stages free up
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" : : "n"(kFpProducerRegs) : "memory");
+    load_panels<WFM, 128>(sQ, Q, q0, a.q_strides[2], a.Sq, wtid);
+    cutlass::arch::cpasync_barrier_arrive_noinc(qfull);
+    for (int i = 0; i < ntiles; ++i) {
+      if (i >= FNS) wait(kempty, i - FNS);
+      load(K, a.k_strides[2], sKs, kfull, i, wtid, 0);
+      if (i >= FNS) wait(vempty, i - FNS);
+      load(V, a.v_strides[2], sVs, vfull, i, wtid, 0);
+    }
+    cute::cp_async_wait<0>();
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" : : "n"(kFpRegs) : "memory");
+  cutlass::arch::ClusterBarrier::wait(qfull, 0);
+#else
   load_panels<WFM, 128, 2>(sQ, Q, q0, a.q_strides[2], a.Sq, wtid, wg);
   if (ntiles == 0) cute::cp_async_wait<0>();
   for (int i = 0; i < FNS && i < ntiles; ++i) {
-    load(K, a.k_strides[2], sKs, kfull, i);
-    load(V, a.v_strides[2], sVs, vfull, i);
+    load(K, a.k_strides[2], sKs, kfull, i, wtid, wg);
+    load(V, a.v_strides[2], sVs, vfull, i, wtid, wg);
   }
+#endif
+  HbFlexTile t = {};
+  t.b = b, t.h = h, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
   if (wg == 1) named_arrive(1);
 
   float o[D / 8][4] = {};
@@ -1353,14 +1425,16 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_pp(const __grid_constant__ Hb
     if (i > 0) cutlass::arch::ClusterBarrier::arrive(&vempty[(i - 1) % FNS]);
     rescale(o, corr);
     a_frags<WFN>(s, pa);
+#if !HB_FWD_PRODUCER
     if (i >= 1 && i - 1 + FNS < ntiles) {  // key tile i + 2's copies into key tile i - 1's stage
       wait(kempty, i - 1);
-      load(K, a.k_strides[2], sKs, kfull, i - 1 + FNS);
+      load(K, a.k_strides[2], sKs, kfull, i - 1 + FNS, wtid, wg);
     }
     if (i >= 2 && i - 2 + FNS < ntiles) {  // value tile i + 1's into value tile i - 2's
       wait(vempty, i - 2);
-      load(V, a.v_strides[2], sVs, vfull, i - 2 + FNS);
+      load(V, a.v_strides[2], sVs, vfull, i - 2 + FNS, wtid, wg);
     }
+#endif
   }
   if (ntiles > 0) {
     wait(vfull, ntiles - 1);
@@ -1382,7 +1456,7 @@ template <int WFN>
 int launch_fwd_pp(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
   cudaError_t e = cudaFuncSetAttribute(flex_fwd_pp<WFN>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdPpSmem<WFN>);
   if (e != cudaSuccess) return (int)e;
-  flex_fwd_pp<WFN><<<grid, WFT, kFwdPpSmem<WFN>, (cudaStream_t)stream>>>(a);
+  flex_fwd_pp<WFN><<<grid, kFpThreads, kFwdPpSmem<WFN>, (cudaStream_t)stream>>>(a);
   return (int)cudaGetLastError();
 }
 
@@ -1994,7 +2068,8 @@ extern "C" int hb_flex_cuda_forward(const HbFlexCudaArgs* a, void* stream) {
 extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
   if (a->B * a->Hq == 0 || a->Sq == 0 || a->Skv == 0) return 0;
   const long long rows = a->B * a->Hq * a->Sq;
-  const unsigned pre_blocks = (unsigned)((rows + 7) / 8 < 65536 ? (rows + 7) / 8 : 65536);
+  const long long pre_rows = 8LL * (hbk::pre_vec(*a) ? hbk::kPreRows : 1);  // rows a block of flex_bwd_pre
+  const unsigned pre_blocks = (unsigned)((rows + pre_rows - 1) / pre_rows < 65536 ? (rows + pre_rows - 1) / pre_rows : 65536);
 #if HB_ROW_SHIFT
   if (!a->row_lse) return (int)cudaErrorInvalidValue;  // the caller's workspace
 #endif
