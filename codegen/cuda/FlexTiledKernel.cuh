@@ -1125,15 +1125,22 @@ __device__ __forceinline__ uint64_t gmma_desc(const uint4* p, uint32_t lbo, uint
   d.bitfield.layout_type_ = (uint8_t)cute::SM90::GMMA::LayoutType::B128;
   return d.desc_;
 }
+// A descriptor moved by `chunks` 16-byte chunks: an add to its start address field, which cannot carry out
+// (shared memory ends below 2^18 bytes, the 14-bit field's reach), so that a tile's descriptor is built
+// once and each MMA's k-step is one integer add (building it from the address took about 5 instructions an
+// MMA, SASS).
+__device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t chunks) {
+  return ((d >> 32) << 32) | (uint32_t)((uint32_t)d + chunks);
+}
 // K-major: rows row0 .. row0 + 63 (a multiple of 8) of an R-row tile, columns 16 kk .. 16 kk + 15.
 template <int R>
 __device__ __forceinline__ uint64_t kmajor(const uint4* tile, int row0, int kk) {
-  return gmma_desc(tile + (kk >> 2) * R * 8 + row0 * 8 + (kk & 3) * 2, 16, 1024);
+  return desc_at(gmma_desc(tile, 16, 1024), (kk >> 2) * R * 8 + row0 * 8 + (kk & 3) * 2);
 }
 // MN-major: rows 16 kk .. 16 kk + 15 of an R-row tile, all its columns (the panels R x 128 bytes apart).
 template <int R>
 __device__ __forceinline__ uint64_t mnmajor(const uint4* tile, int kk) {
-  return gmma_desc(tile + kk * 16 * 8, R * 128, 1024);
+  return desc_at(gmma_desc(tile, R * 128, 1024), kk * 16 * 8);
 }
 
 using cute::SM90::GMMA::Major;
