@@ -1323,9 +1323,12 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ Hb
 #define HB_FWD_PRODUCER 1
 #endif
 constexpr int FNS = 3;
+// The registers each thread of a CTA of `threads` holds at entry (one CTA an SM, allocated in units of 8):
+// a setmaxnreg split shares these, not the SM's 64 Ki (a split that asks for more never gets them).
+constexpr int launch_regs(int threads) { return 65536 / threads / 8 * 8; }
 constexpr int kFpThreads = HB_FWD_PRODUCER ? WFT + 128 : WFT;
 constexpr int kFpRegs = 232, kFpProducerRegs = 40;
-static_assert(2 * 128 * kFpRegs + 128 * kFpProducerRegs <= (WFT + 128) * (65536 / (WFT + 128) / 8 * 8),
+static_assert(2 * 128 * kFpRegs + 128 * kFpProducerRegs <= (WFT + 128) * launch_regs(WFT + 128),
               "flex_fwd_pp: setmaxnreg split");
 // Q, the stages, and mbarriers: full and empty of each key and value stage, and Q's.
 template <int WFN>
@@ -1660,8 +1663,7 @@ constexpr int WSN = 128, WSM = 64, WSC = 256, WST = 384;  // keys, query rows a 
 // deterministic writer at 32 with consumers at 240 hung). deterministic=True: the writer 40 for its turns (a
 // few spills at D 64, off the consumers' path), the consumers 232 (no spills at D 64 or 128, in the SASS).
 constexpr int kWsRegs = HB_DETERMINISTIC ? 232 : 240, kWsWriterRegs = HB_DETERMINISTIC ? 40 : 24;
-constexpr int kWsLaunchRegs = 65536 / WST / 8 * 8;  // 168: what each thread holds at entry
-static_assert(2 * 128 * kWsRegs + 128 * kWsWriterRegs <= WST * kWsLaunchRegs, "flex_bwd_ws: setmaxnreg split");
+static_assert(2 * 128 * kWsRegs + 128 * kWsWriterRegs <= WST * launch_regs(WST), "flex_bwd_ws: setmaxnreg split");
 constexpr int kWsFull = 5, kWsEmpty = 6;                  // named barriers of the dQ tile
 constexpr int kWsWriter = 7;                              // the writer's own (deterministic=True: its turns)
 // The float dQ tiles a step hands the writer: at D 128 one, consumer w's columns 64 w .. 64 w + 63 over the
