@@ -1626,8 +1626,13 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
 // Backward at D 64 and 128, FlashAttention-3's CTA shape (flex_bwd_ws): one CTA per
 // 128 key rows of one (b, kv head), one CTA per SM, of 3 warpgroups: 2 consumers (warpgroup w owns keys
 // k0 + 64 w ..) and a dQ writer. Each step's 64-row Q and dO tiles are loaded once into shared memory
-// (cp.async, double-buffered, by the 256 consumer threads) and read by both consumers, so Q/dO traffic per
-// key is half flex_bwd_wg's. Per step each consumer computes its S and dP (64 x 64, SS, two MMA batches);
+// (cp.async, double-buffered) and read by both consumers, so Q/dO traffic per key is half flex_bwd_wg's.
+// At D 64 (kWsLoader) the writer warpgroup makes those copies two steps ahead and hands over each step's
+// record (WsStep): copied by the consumers, they were about 300 of 1 600 instructions a step in the
+// consumers' loop (SASS), and the D 64 backward went from 2.76 to 2.46 ms (H200 lab, B4 H16 S4096; block-causal
+// 1.46 to 1.32). At D 128 the consumers copy (the same time, and one register spilled at 232), and so they do
+// with deterministic=True (the writer's turns held the copies back: D 64 2.96 to 3.76 ms). Per step each
+// consumer computes its S and dP (64 x 64, SS, two MMA batches);
 // on the short path (full or no mask, tile inside both sequences) P is computed while dP multiplies, and
 // dV += P^T dO goes out on this warpgroup's P panel before dS is computed (the "split schedule"); else P
 // and dS come from bwd_p_ds (the per-element code every backward shares). P and dS go into shared
@@ -1638,7 +1643,7 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
 // memory and the consumers go on; the writer warpgroup reads the tile row by row and adds it into the float
 // accumulator with 16-byte reductions (red.global.add.v4.f32; a warp a 512-byte row, coalesced), off the
 // consumers' path. setmaxnreg gives the consumers 240 registers and the writer 24 (the launch bound, 384
-// threads, leaves 168 at entry; deterministic=True 232 and 40, kWsRegs below). Named barriers: 1 the
+// threads, leaves 168 at entry; with the writer's copies or deterministic=True 232 and 40, kWsRegs below). Named barriers: 1 the
 // consumers (256 threads), 2 + w consumer w (128), kWsFull and kWsEmpty the dQ tile's hand-over (384),
 // kWsWriter the writer's own (128).
 // deterministic=True: the writer takes the CTA's turn before each step's adds, as its two 64-key tiles
@@ -1660,9 +1665,12 @@ int launch_fwd_wg(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
 constexpr int WSN = 128, WSM = 64, WSC = 256, WST = 384;  // keys, query rows a step, consumer threads, threads
 // setmaxnreg: consumers, writer. They share the registers the CTA got at launch (384 threads x 168; not the
 // SM's 64 Ki): a split that asks for more leaves the consumers' setmaxnreg.inc waiting for ever (the
-// deterministic writer at 32 with consumers at 240 hung). deterministic=True: the writer 40 for its turns (a
-// few spills at D 64, off the consumers' path), the consumers 232 (no spills at D 64 or 128, in the SASS).
-constexpr int kWsRegs = HB_DETERMINISTIC ? 232 : 240, kWsWriterRegs = HB_DETERMINISTIC ? 40 : 24;
+// deterministic writer at 32 with consumers at 240 hung). The writer 40 for its copies (at 24 it spilled
+// about 90 instructions) or its turns (a few spills at D 64, off the consumers' path), the consumers 232 (no
+// spills at D 64).
+constexpr bool kWsLoader = D == 64 && !HB_DETERMINISTIC;  // the writer makes the Q/dO copies
+constexpr int kWsRegs = kWsLoader || HB_DETERMINISTIC ? 232 : 240;
+constexpr int kWsWriterRegs = kWsLoader || HB_DETERMINISTIC ? 40 : 24;
 static_assert(2 * 128 * kWsRegs + 128 * kWsWriterRegs <= WST * launch_regs(WST), "flex_bwd_ws: setmaxnreg split");
 constexpr int kWsFull = 5, kWsEmpty = 6;                  // named barriers of the dQ tile
 constexpr int kWsWriter = 7;                              // the writer's own (deterministic=True: its turns)
@@ -1674,8 +1682,10 @@ constexpr int kWsDqTiles = D == 128 ? 1 : 2;
 // the last tiles but the hand-over) and reach 512 bytes past them.
 constexpr int kWsLineExtra =
     (2 * kLineTileBytes<WSM, 64> > 2 * WSM * 16 * 16 ? 2 * kLineTileBytes<WSM, 64> - 2 * WSM * 16 * 16 + 15 : 0) / 16 * 16;
+// The writer's Q/dO stages: full and empty mbarriers of each, and the step each holds (WsStep).
+constexpr int kWsLoadBytes = kWsLoader ? 4 * 8 + 2 * 32 : 0;
 constexpr int kBwdWsSmem =
-    (2 * WSN * CH + 4 * WSM * CH + 2 * WSM * 16) * 16 + kWsDqTiles * WSM * D * 4 + kWsLineExtra + 16;
+    (2 * WSN * CH + 4 * WSM * CH + 2 * WSM * 16) * 16 + kWsDqTiles * WSM * D * 4 + kWsLineExtra + 16 + kWsLoadBytes;
 
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" : : "r"(id), "r"(n) : "memory"); }
@@ -1696,6 +1706,12 @@ struct WsInfo {
   long long off;    // the step's first dQ accumulator row
   int nrows, last;  // rows inside the sequence; 1: the CTA's last step
 };
+// A Q/dO stage's step, as the writer's walk gave it (the consumers read it instead of walking).
+struct WsStep {
+  long long q0;
+  int h, full, last, pad;
+};
+static_assert(sizeof(WsStep) <= 32, "kWsLoadBytes");
 
 __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ HbFlexCudaArgs a) {
   static_assert((!HB_SCATTER || D == 128) && (D == 64 || D == 128), "flex_bwd_ws: HB_WS");
@@ -1716,19 +1732,61 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
   float* sdQ = reinterpret_cast<float*>(sdS + WSM * 16);
   WsInfo* info = reinterpret_cast<WsInfo*>(sdQ + kWsDqTiles * WSM * D);
 #endif
+  uint64_t* qfull = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(info) + 16);  // [2], then qempty [2]
+  uint64_t* qempty = qfull + 2;
+  WsStep* steps = reinterpret_cast<WsStep*>(qfull + 4);  // [2]
   const int warp = threadIdx.x / 32, wg = warp / 4, g = (threadIdx.x % 32) >> 2, lq = (warp & 3) * 16 + g;
   const long long bh = bwd_pair(a) + a.bh0, b = bh / a.Hkv, hk = bh % a.Hkv, bk = a.Bkv == 1 ? 0 : b;
   const long long k0 = bwd_tile(a) * WSN, kw = k0 + wg * 64;
   Steps st(a, b, hk, k0 / a.kv_block, WSM);
+  if constexpr (kWsLoader) {
+    if (threadIdx.x == 0) {
+      // full: the writer's 128 copying threads (cp.async completion) and its thread 0's arrival after it
+      // wrote the stage's WsStep; empty: the 256 consumer threads once the step's MMAs are done
+      for (int i = 0; i < 2; ++i) cutlass::arch::ClusterBarrier::init(&qfull[i], 129);
+      for (int i = 0; i < 2; ++i) cutlass::arch::ClusterBarrier::init(&qempty[i], WSC);
+      cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+  }
 
-  if (wg == 2) {  // the dQ writer: a tile per step, until the consumers mark the last
+  if (wg == 2) {  // the dQ writer: a tile per step, until the consumers mark the last (kWsLoader: and the Q/dO copies)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" : : "n"(kWsWriterRegs) : "memory");
     if (st.done()) return;  // (no steps: the consumers hand over nothing either)
     const int wt = threadIdx.x & 127;
+    // Step `ls`'s Q and dO into stage `stage` (two ahead of the consumers), and the step's record.
+    auto load = [&](const Steps& ls, int stage) {
+      bool f = false;
+      const long long q0 = ls.q0(&f);
+      load_panels<WSM, 128>(sQ0 + stage * 2 * WSM * CH, (const Elem*)a.q + b * a.q_strides[0] + ls.h * a.q_strides[1],
+                            q0, a.q_strides[2], a.Sq, wt);
+      load_panels<WSM, 128>(sQ0 + (stage * 2 + 1) * WSM * CH,
+                            (const Elem*)a.dout + b * a.do_strides[0] + ls.h * a.do_strides[1], q0, a.do_strides[2],
+                            a.Sq, wt);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&qfull[stage]);
+      if (wt == 0) {
+        steps[stage].q0 = q0, steps[stage].h = (int)ls.h, steps[stage].full = f, steps[stage].last = ls.next().done();
+        cutlass::arch::ClusterBarrier::arrive(&qfull[stage]);
+      }
+    };
+    Steps ld = st;  // the next step to load
+    if constexpr (kWsLoader) {
+      load(ld, 0);
+      ld = ld.next();
+      if (!ld.done()) load(ld, 1), ld = ld.next();
+    }
+    int i = 0;  // the step whose dQ tile comes next
     [[maybe_unused]] HbFlexTile tw = {};  // deterministic=True: a turn that never came (dq_turn_spin)
     tw.b = b;
     bar_arrive(kWsEmpty, WST);
-    for (;;) {
+    for (;; ++i) {
+      // Step i's stage frees once its MMAs are done (just after its dQ tile): step i + 2 goes there,
+      // with step i + 1's time to land.
+      if (kWsLoader && !ld.done()) {
+        cutlass::arch::ClusterBarrier::wait(&qempty[i & 1], (uint32_t)(i >> 1) & 1u);
+        load(ld, i & 1);
+        ld = ld.next();
+      }
       bar_sync(kWsFull, WST);
       const long long off = info->off;
       const int nrows = info->nrows, last = info->last;
@@ -1760,6 +1818,7 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
       if (last) break;
       bar_arrive(kWsEmpty, WST);
     }
+    if constexpr (kWsLoader) cute::cp_async_wait<0>();
 #if HB_DETERMINISTIC
     if (wt == 0) report(a.error, tw);
 #endif
@@ -1776,6 +1835,7 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
   HbFlexTile t = {};
   t.b = b, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
 
+  // Without the writer's copies (kWsLoader), the consumers copy step i + 1's Q and dO while step i runs.
   auto load_step = [&](long long h, long long q0, int buf) {
     load_panels<WSM, WSC>(sQ0 + buf * 2 * WSM * CH, (const Elem*)a.q + b * a.q_strides[0] + h * a.q_strides[1], q0,
                           a.q_strides[2], a.Sq);
@@ -1783,20 +1843,33 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
                           (const Elem*)a.dout + b * a.do_strides[0] + h * a.do_strides[1], q0, a.do_strides[2], a.Sq);
   };
   bool full = false;
-  if (!st.done()) load_step(st.h, st.q0(&full), 0);
-  cute::cp_async_fence();
-  for (int buf = 0; !st.done(); buf ^= 1) {
-    const long long h = st.h, q0 = st.q0(&full);
+  if constexpr (kWsLoader) {
+    cute::cp_async_wait<0>();  // K and V (cons_sync below makes them every consumer's)
+  } else {
+    if (!st.done()) load_step(st.h, st.q0(&full), 0);
+    cute::cp_async_fence();
+  }
+  for (int i = 0, buf = 0, last = st.done(); !last; ++i, buf ^= 1) {
+    long long h, q0;
+    if constexpr (kWsLoader) {
+      cutlass::arch::ClusterBarrier::wait(&qfull[buf], (uint32_t)(i >> 1) & 1u);  // the writer's copies and record
+      const WsStep sp = steps[buf];
+      h = sp.h, q0 = sp.q0, full = sp.full, last = sp.last;
+      cons_sync();  // both consumers are done with the last step's tiles
+    } else {
+      h = st.h, q0 = st.q0(&full);
+      st = st.next();
+      last = st.done();
+      cute::cp_async_wait<0>();
+      cons_sync();  // this step's Q and dO are in; both consumers are done with the last step's tiles
+      if (!last) {
+        bool unused;
+        load_step(st.h, st.q0(&unused), buf ^ 1);
+      }
+      cute::cp_async_fence();
+    }
     t.h = h;
     const long long row0 = (b * a.Hq + h) * a.Sq;
-    const Steps nx = st.next();
-    cute::cp_async_wait<0>();
-    cons_sync();  // this step's Q and dO are in; both consumers are done with the last step's tiles
-    if (!nx.done()) {
-      bool unused;
-      load_step(nx.h, nx.q0(&unused), buf ^ 1);
-    }
-    cute::cp_async_fence();
     const uint4* sQ = sQ0 + buf * 2 * WSM * CH;
     const uint4* sdO = sQ + WSM * CH;
 
@@ -1936,14 +2009,14 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
       if (threadIdx.x == 0) {
         info->off = row0 - a.dq_row0 + q0;
         info->nrows = (int)lmin(WSM, a.Sq - q0);
-        info->last = nx.done();
+        info->last = last;
       }
       bar_arrive(kWsFull, WST);
     }
     cute::warpgroup_wait<0>();
     fence_acc(dv);
     fence_acc(dk);
-    st = nx;
+    if constexpr (kWsLoader) cutlass::arch::ClusterBarrier::arrive(&qempty[buf]);  // this step's Q and dO are read
   }
   report(a.error, t);
   store_rows(dv, (Elem*)a.dv + ((b * a.Hkv + hk) * a.Skv + kw) * D, lq, kvalid);
