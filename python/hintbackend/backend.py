@@ -25,6 +25,7 @@ from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler, make_
 from . import _core, compile_cache
 from .cuda_graphs import CudaGraphs
 from .dump import Dumper, structured_trace_on
+from .lean_runtime import LeanPair, LeanPlan, forward_output_count, plan_of, runtime
 from .options import Options, parse_options
 from .partition import partition
 from .sdpa_masks import drop_masks_that_mask_nothing, make_sdpa_masks_fusable
@@ -61,19 +62,22 @@ def _fallback(gm: torch.fx.GraphModule, opts: Options, name: str, reasons: List[
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options, kind: str,
                   forward_input_aliases: Optional[Set[str]] = None,
-                  cuda_graphs: Optional[CudaGraphs] = None) -> Callable:
+                  cuda_graphs: Optional[CudaGraphs] = None, lean: Optional[LeanPair] = None) -> Callable:
     """Compiles one AOT graph (kind: forward, backward or inference) into a boxed callable.
 
     `forward_input_aliases`: shared by the forward and backward of one aot_autograd call. The forward
     fills it (serialize.input_aliases); the backward, whose placeholders are named after the saved
     values, tells the core which of its inputs the caller keeps anyway (those, and the tangents, which
-    AOTAutograd's backward frame holds until it returns)."""
-    fn, _ = _compile(gm, example_inputs, opts, kind, forward_input_aliases, cuda_graphs)
+    AOTAutograd's backward frame holds until it returns).
+
+    `lean`: the pair the forward and backward of one aot_autograd call go into (lean_runtime.py)."""
+    fn, _ = _compile(gm, example_inputs, opts, kind, forward_input_aliases, cuda_graphs, lean)
     return fn
 
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options, kind: str,
-             forward_input_aliases: Optional[Set[str]], cuda_graphs: Optional[CudaGraphs]):
+             forward_input_aliases: Optional[Set[str]], cuda_graphs: Optional[CudaGraphs],
+             lean: Optional[LeanPair] = None):
     """compile_graph, also returning what the compile cache stores to rebuild it (None: a fallback)."""
     name = f"{kind}_{next(_graph_ids)}"
     kept: Set[str] = set()
@@ -93,11 +97,21 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options,
         return _fallback(gm, opts, name, [str(e)]), None
     payload = {"name": name, "document": json.dumps(doc), "constants": constants, "fx_text": fx_text,
                "fx_nodes": len(gm.graph.nodes)}
+    plan = None
+    if lean is not None and kind == "forward":  # AOTAutograd's metadata of this pair (lean_runtime.py)
+        context = torch._guards.TracingContext.try_get()
+        plan, why_not = plan_of(context.fw_metadata if context else None, lean.num_inputs, forward_output_count(gm))
+        if plan is None:
+            log.info("graph %s: AOTAutograd's runtime (not the lean one): %s", name, why_not)
+        else:
+            payload["lean"] = plan.to_json()
     fn, unsupported = _build(payload, opts, name)
     if unsupported:
         return _fallback(gm, opts, name, unsupported), None
     if cuda_graphs is not None:
         return cuda_graphs.wrap(fn, gm, example_inputs, kind, name), None
+    if lean is not None:
+        lean.take(kind, fn, plan)
     return fn, payload
 
 
@@ -195,8 +209,9 @@ def _log_decisions(name: str, fx_nodes: int, compiled: Any) -> None:
         log.debug("compiled %s (%d nodes)\n%s", name, fx_nodes, compiled.ir)
 
 
-def rebuild(kind: str, payload: dict, opts: Options) -> Callable:
-    """A compile cache hit: the C++ compile of a stored graph (compile_cache.py)."""
+def rebuild(kind: str, payload: dict, opts: Options, lean: Optional[LeanPair] = None) -> Callable:
+    """A compile cache hit: the C++ compile of a stored graph (compile_cache.py); `lean`: the pair it goes
+    into, with the forward's stored plan (lean_runtime.py)."""
     name = f"{kind}_{next(_graph_ids)}"
     # The stored document carries the name of the compile that stored it; this process names it anew (the
     # dumps, the IR and error messages all say the name of its dump folder).
@@ -205,6 +220,8 @@ def rebuild(kind: str, payload: dict, opts: Options) -> Callable:
     fn, unsupported = _build({**payload, "document": json.dumps(doc)}, opts, name)
     if unsupported:  # entries hold only graphs that compiled: another build would have another key
         raise RuntimeError(f"hintbackend: cached graph {name} no longer compiles: {unsupported}")
+    if lean is not None:
+        lean.take(kind, fn, LeanPlan.from_json(payload["lean"]) if "lean" in payload else None)
     return fn
 
 
@@ -226,24 +243,28 @@ def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Op
     # backward (partition.py), so training keeps the regions' intermediates per slice too.
     partition_fn = functools.partial(partition, settings=opts.core_settings(), base=opts.partition,
                                      save_logsumexp="save-logsumexp" not in opts.disable_passes)
+    # The lean runtime (lean_runtime.py): not with CUDA graphs, whose wrapper keeps AOTAutograd's.
+    lean = LeanPair(len(example_inputs)) if opts.lean_runtime and cuda_graphs is None else None
     not_cached = compile_cache.unavailable(opts)
     if not_cached:
         log.debug("compile cache off: %s", not_cached)
 
         def make(kind: str) -> Callable:
-            return lambda g, inputs: compile_graph(g, inputs, opts, kind, forward_input_aliases, cuda_graphs)
+            return lambda g, inputs: compile_graph(g, inputs, opts, kind, forward_input_aliases, cuda_graphs, lean)
 
-        return aot_autograd(fw_compiler=make("forward"), bw_compiler=make("backward"),
-                            inference_compiler=make("inference"), partition_fn=partition_fn)(gm, example_inputs)
+        compiled = aot_autograd(fw_compiler=make("forward"), bw_compiler=make("backward"),
+                                inference_compiler=make("inference"), partition_fn=partition_fn)(gm, example_inputs)
+        return runtime(compiled, lean) if lean is not None else compiled
 
     # The compilers return OutputCode, so torch's AOTAutograd cache stores (and on a hit loads) the whole
     # AOT result with our graphs (compile_cache.py).
     def make_cached(kind: str) -> Callable:
         def compiler(g: torch.fx.GraphModule, inputs: List[Any]) -> compile_cache.HintOutputCode:
-            fn, payload = _compile(g, inputs, opts, kind, forward_input_aliases, None)
+            fn, payload = _compile(g, inputs, opts, kind, forward_input_aliases, None, lean)
             return compile_cache.HintOutputCode(kind, fn, payload, opts, "unsupported ops" if payload is None else "")
         return SerializableAOTDispatchCompiler(compile_cache.HintOutputCode, compiler)
 
-    with compile_cache.caching(opts, gm, functools.partial(rebuild, opts=opts)):
-        return aot_autograd(fw_compiler=make_cached("forward"), bw_compiler=make_cached("backward"),
-                            inference_compiler=make_cached("inference"), partition_fn=partition_fn)(gm, example_inputs)
+    with compile_cache.caching(opts, gm, functools.partial(rebuild, opts=opts, lean=lean)):
+        compiled = aot_autograd(fw_compiler=make_cached("forward"), bw_compiler=make_cached("backward"),
+                                inference_compiler=make_cached("inference"), partition_fn=partition_fn)(gm, example_inputs)
+    return runtime(compiled, lean) if lean is not None else compiled

@@ -54,6 +54,10 @@ class Options:
     #: process loads it instead of running AOTAutograd and the passes (compile_cache.py). Also
     #: HINTBACKEND_COMPILE_CACHE=0/1.
     compile_cache: bool = True
+    #: Run a training graph with no input mutation, aliased output, tensor subclass, functionalized RNG or
+    #: saved SymInt in hintbackend's own autograd.Function instead of AOTAutograd's runtime wrappers
+    #: (lean_runtime.py; less host time a step). Also HINTBACKEND_LEAN_RUNTIME=0/1.
+    lean_runtime: bool = True
     #: The C++ compiler that builds generated CPU kernels (FlexAttention's kernel="fused"), as a command
     #: ("c++", "ccache g++"); "" turns generated CPU kernels off (the reference runs instead). Also
     #: HINTBACKEND_HOST_COMPILER; default $CXX, else the first of c++, g++, clang++ on PATH.
@@ -91,13 +95,15 @@ class Options:
 _TYPES = {"strict": bool, "dump_dir": (str, os.PathLike, type(None)), "disable_passes": (list, tuple),
           "verify_each_pass": bool, "arena": bool, "memory_plan_in_place": bool, "memory_plan_strategy": str,
           "partition": str, "cuda_graphs": bool, "cache_dir": (str, os.PathLike, type(None)), "compile_cache": bool,
+          "lean_runtime": bool,
           "host_compiler": (str, type(None)), "nvcc": (str, type(None)),
           "cutlass_include": (str, os.PathLike, type(None))}
 _WANT = {"strict": "a bool", "dump_dir": "a path string or None", "disable_passes": "a list of pass names",
          "verify_each_pass": "a bool", "arena": "a bool", "memory_plan_in_place": "a bool",
          "memory_plan_strategy": 'one of "", "greedy-by-size", "best-fit"',
          "partition": 'one of "default", "min-cut"', "cuda_graphs": "a bool",
-         "cache_dir": "a path string or None", "compile_cache": "a bool", "host_compiler": 'a compiler command ("c++"), "" (off) or None',
+         "cache_dir": "a path string or None", "compile_cache": "a bool", "lean_runtime": "a bool",
+         "host_compiler": 'a compiler command ("c++"), "" (off) or None',
          "nvcc": 'the nvcc command, "" (off) or None', "cutlass_include": "a path string or None"}
 STRATEGIES = ("", "greedy-by-size", "best-fit")
 PARTITIONS = ("default", "min-cut")
@@ -106,7 +112,7 @@ _CHOICES = {"memory_plan_strategy": STRATEGIES, "partition": PARTITIONS}
 # Settings the environment may give: variable -> option (booleans as 0/1, choices by name).
 _ENV_BOOLS = {"HINTBACKEND_ARENA": "arena", "HINTBACKEND_MEMORY_PLAN_IN_PLACE": "memory_plan_in_place",
               "HINTBACKEND_VERIFY_EACH_PASS": "verify_each_pass", "HINTBACKEND_CUDA_GRAPHS": "cuda_graphs",
-              "HINTBACKEND_COMPILE_CACHE": "compile_cache"}
+              "HINTBACKEND_COMPILE_CACHE": "compile_cache", "HINTBACKEND_LEAN_RUNTIME": "lean_runtime"}
 _ENV_CHOICES = {"HINTBACKEND_MEMORY_PLAN_STRATEGY": "memory_plan_strategy", "HINTBACKEND_PARTITION": "partition"}
 
 

@@ -50,11 +50,13 @@ SCRIPT = textwrap.dedent("""
     model = Block()
     x = torch.randn(2, 64, 16, requires_grad=True)
     fn = torch.compile(model, backend="hintbackend", options={"cache_dir": cache, "arena": arena})
-    loss = fn(x).square().sum()
+    y = fn(x)
+    loss = y.square().sum()
     loss.backward()
     torch.save({"loss": loss.detach(), "grads": [x.grad] + [p.grad for p in model.parameters()]}, out)
     counters = dict(torch._dynamo.utils.counters["aot_autograd"])
-    print(json.dumps({"counters": counters, "log": [m for m in lines if "compile cache" in m]}))
+    print(json.dumps({"counters": counters, "log": [m for m in lines if "compile cache" in m],
+                      "grad_fn": type(y.grad_fn).__name__}))
 """)
 
 
@@ -98,6 +100,8 @@ def test_a_second_process_loads_the_graphs_and_matches_bitwise(tmp_path):
     assert hit(second), second
     assert "forward and backward" in " ".join(second["log"]), second["log"]
     assert same(first, second)
+    # the lean runtime's plan is stored with the forward: a hit runs lean too (lean_runtime.py)
+    assert first["grad_fn"] == second["grad_fn"] == "_LeanFunctionBackward", (first["grad_fn"], second["grad_fn"])
     assert len(entries(cache)) == 1
 
 

@@ -1,0 +1,213 @@
+"""A lean autograd runtime for plain training graphs (option ``lean_runtime``, on by default).
+
+AOTAutograd hands back a callable that wraps our compiled forward and backward in its own runtime:
+Python wrappers that handle input mutations, outputs aliasing inputs, tensor subclasses, functionalized
+RNG, effect tokens, saved SymInts and more, on every call. For a graph that has none of these, that
+runtime is much of the host time of a small step: on the development machine's CPU, the test corpus's
+SDPA block (``SDPABlock(d=64, h=4)``, [1, 8, 64]) steps in 1.00-1.06x eager's time with this runtime and
+1.19-1.23x with AOTAutograd's (docs/memory.md, "The lean runtime").
+
+Here a graph whose AOTAutograd metadata (``ViewAndMutationMeta``, read while the forward compiles) shows
+none of those features gets a `LeanPlan`, and the backend call returns a callable that runs the compiled
+forward and backward inside one ``torch.autograd.Function`` of its own, doing only what such a graph
+needs: save the forward's saved tensors (detached where they are views, with version-counter checks
+where AOTAutograd would check them), mark the outputs that need no gradient, give the backward each
+gradient in the layout it was traced with, and return the inputs' gradients. Every other graph, and an
+inference graph, keeps AOTAutograd's runtime; the log says why (``TORCH_LOGS="+hintbackend"``).
+
+The plan is plain data (JSON), stored with the forward in the compile cache, so that a cache hit runs
+lean too. Without the cache AOTAutograd compiles the backward at the first backward: until then calls
+go through its runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+
+@dataclasses.dataclass(frozen=True)
+class LeanPlan:
+    """How one forward/backward pair is called (all from AOTAutograd's metadata of the pair)."""
+
+    num_outputs: int  # the user's outputs, first among the forward's
+    saved: Tuple[int, int]  # the forward's outputs saved with version-counter checks: [start, stop)
+    saved_unchecked: Tuple[int, int]  # those saved without (stashed on the context): [start, stop)
+    differentiable: Tuple[int, ...]  # user outputs whose gradients the backward takes, in its order
+    # The layout each tangent was traced with, as AOTAutograd records it: a memory format's name
+    # ("contiguous_format", "channels_last", ...), or [size, stride] where it guesses the output's strides.
+    tangent_layouts: Tuple[Any, ...]
+    # AOTAutograd found saved tensors the backward may overwrite (bw_donated_idxs): retain_graph is refused.
+    donated: bool = False
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_json(d: dict) -> "LeanPlan":
+        return LeanPlan(d["num_outputs"], tuple(d["saved"]), tuple(d["saved_unchecked"]),
+                        tuple(d["differentiable"]),
+                        tuple(x if isinstance(x, str) else (tuple(x[0]), tuple(x[1])) for x in d["tangent_layouts"]),
+                        d["donated"])
+
+
+def _absolute(s: slice, n: int) -> Tuple[int, int]:
+    start, stop, _ = s.indices(n)
+    return start, max(start, stop)
+
+
+def plan_of(meta: Any, num_inputs: int, num_forward_outputs: int) -> Tuple[Optional[LeanPlan], str]:
+    """The plan of a training forward from AOTAutograd's metadata, or (None, why not).
+
+    `num_inputs`: the backend call's inputs (Dynamo's); `num_forward_outputs`: the compiled forward's."""
+    from torch._functorch._aot_autograd.schemas import OutputType, PlainTensorMeta
+
+    if meta is None:
+        return None, "no AOTAutograd metadata"
+    if len(meta.input_info) != num_inputs:
+        return None, "AOTAutograd changed the inputs (duplicates, lifted parameters or synthetic bases)"
+    for i, info in enumerate(meta.input_info):
+        if info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata:
+            return None, f"input {i} is mutated"
+    for i, info in enumerate(meta.output_info):
+        if info.output_type != OutputType.non_alias:
+            return None, f"output {i} aliases an input or an intermediate ({info.output_type.name})"
+        if not issubclass(info.raw_type, torch.Tensor):
+            return None, f"output {i} is a {info.raw_type.__name__}"
+    for what, metas in (("input", meta.subclass_inp_meta), ("output", meta.subclass_fw_graph_out_meta)):
+        if not all(isinstance(m, (int, PlainTensorMeta)) for m in metas):
+            return None, f"a tensor subclass among the {what}s"
+    checks = [
+        (meta.num_intermediate_bases, "intermediate bases"),
+        (len(meta.tokens) + meta.num_backward_tokens, "effect tokens"),
+        (meta.is_rng_op_functionalized or getattr(meta, "num_graphsafe_rng_states", 0), "functionalized RNG"),
+        (meta.num_symints_saved_for_bw, "saved SymInts"),
+        (getattr(meta, "num_opaque_objects_saved_for_bw", 0) or 0, "saved opaque objects"),
+        (meta.grad_enabled_mutation is not None, "a grad-mode change inside the graph"),
+        (getattr(meta, "num_unsafe_view_outputs", 0), "unsafe views among the outputs"),
+        (getattr(meta, "dynamic_saved_tensors_idxs", None), "dynamic saved tensors"),
+        (getattr(meta, "num_outputs_rng_offset", 0), "an RNG offset output"),
+    ]
+    for present, what in checks:
+        if present:
+            return None, f"the graph has {what}"
+    differentiable = tuple(i for i, info in enumerate(meta.output_info) if info.requires_grad)
+    if len(meta.subclass_tangent_meta) != len(differentiable):
+        return None, "tangents other than the outputs' gradients"
+    layouts: List[Any] = []
+    for t in meta.subclass_tangent_meta:
+        if not isinstance(t, PlainTensorMeta) or t.memory_format is None:
+            return None, "a tangent of a tensor subclass"
+        f = t.memory_format
+        if f.memory_format is not None:
+            name = str(f.memory_format).replace("torch.", "")
+            if name not in _FORMATS:
+                return None, f"a tangent of memory format {name}"
+            layouts.append(name)
+            continue
+        size, stride = tuple(f.size or ()), tuple(f.stride or ())
+        if f.size is None or f.stride is None or not all(type(v) is int for v in size + stride):
+            return None, "a tangent of symbolic shape"
+        layouts.append((size, stride))
+    n = num_forward_outputs
+    return LeanPlan(meta.num_outputs, _absolute(meta.tensors_saved_for_backwards_with_vc_check_slice, n),
+                    _absolute(meta.tensors_saved_for_backwards_no_vc_check_slice, n), differentiable,
+                    tuple(layouts), bool(getattr(meta, "bw_donated_idxs", None))), ""
+
+
+def forward_output_count(gm: torch.fx.GraphModule) -> int:
+    out = next(iter(reversed(gm.graph.find_nodes(op="output"))))
+    return len(out.args[0])
+
+
+class LeanPair:
+    """One backend call's forward and backward, as the compilers (or the compile cache) give them."""
+
+    def __init__(self, num_inputs: int) -> None:
+        self.num_inputs = num_inputs
+        self.plan: Optional[LeanPlan] = None  # None: AOTAutograd's runtime
+        self.forward: Optional[Callable] = None
+        self.backward: Optional[Callable] = None
+
+    def take(self, kind: str, fn: Callable, plan: Optional[LeanPlan]) -> None:
+        """A compiled (or loaded) graph of the pair; an inference graph leaves the pair unused."""
+        if kind == "forward":
+            self.forward, self.plan = fn, plan
+        elif kind == "backward":
+            self.backward = fn
+
+
+_FORMATS = {"contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
+            "channels_last_3d": torch.channels_last_3d}
+
+
+def _to_layout(g: torch.Tensor, layout: Any) -> torch.Tensor:
+    """A gradient in the layout its tangent was traced with (as AOTAutograd's coerce_to_expected_memory_format)."""
+    if isinstance(layout, str):
+        f = _FORMATS[layout]
+        return g if g.is_contiguous(memory_format=f) else g.contiguous(memory_format=f)
+    size, stride = layout
+    if g.stride() == stride and g.shape == size:
+        return g
+    out = torch.empty_strided(size, stride, dtype=g.dtype, device=g.device)
+    out.copy_(g)
+    return out
+
+
+class _LeanFunction(torch.autograd.Function):
+    """The compiled forward and backward of one plain graph (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, pair: LeanPair, *args: Any) -> Any:
+        plan = pair.plan
+        outs = pair.forward(list(args))
+        a, b = plan.saved
+        ctx.save_for_backward(*[x.detach() if x._is_view() else x for x in outs[a:b]])
+        a, b = plan.saved_unchecked
+        ctx.unchecked = [x.detach() if x._is_view() else x for x in outs[a:b]]
+        ctx.pair = pair
+        user = outs[:plan.num_outputs]
+        if len(plan.differentiable) < len(user):
+            keep = set(plan.differentiable)
+            ctx.mark_non_differentiable(*[x for i, x in enumerate(user) if i not in keep])
+        ctx._materialize_non_diff_grads = False
+        return tuple(user)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, *grads: Any) -> Any:
+        pair = ctx.pair
+        plan = pair.plan
+        keep_graph = torch._C._autograd._get_current_graph_task_keep_graph()
+        if plan.donated and keep_graph:  # as AOTAutograd's runtime refuses it
+            raise RuntimeError(
+                "hintbackend: this compiled backward may overwrite the tensors its forward saved (AOTAutograd's "
+                "donated buffers), so it runs once: call backward() without retain_graph=True or create_graph=True, "
+                "or set torch._functorch.config.donated_buffer=False before compiling.")
+        args = [*ctx.saved_tensors, *ctx.unchecked]
+        ctx.unchecked = None
+        ctx.maybe_clear_saved_tensors()  # (unless retain_graph) the backward may free them as it goes
+        args += [_to_layout(grads[i], layout) for i, layout in zip(plan.differentiable, plan.tangent_layouts)]
+        return (None, *pair.backward(args))
+
+
+def runtime(aot_fn: Callable, pair: LeanPair) -> Callable:
+    """The backend call's result: AOTAutograd's callable until the pair is ready, then the lean one."""
+    import torch._dynamo
+    from torch._dynamo import compiled_autograd
+
+    def run(*args: Any) -> Any:
+        # Compiled autograd traces AOTAutograd's backward nodes specially: under it, AOTAutograd's runtime.
+        if pair.plan is None or pair.backward is None or not torch.is_grad_enabled() or \
+                compiled_autograd.compiled_autograd_enabled:
+            return aot_fn(*args)
+        return _LeanFunction.apply(pair, *args)
+
+    for attr in ("zero_grad", "named_parameters", "named_buffers", "serialize"):
+        if hasattr(aot_fn, attr):
+            setattr(run, attr, getattr(aot_fn, attr))
+    run.hintbackend_lean = pair  # type: ignore[attr-defined]
+    return torch._dynamo.disable(run, reason="do not trace hintbackend's compiled graph")

@@ -1,0 +1,200 @@
+"""The lean runtime (python/hintbackend/lean_runtime.py, option lean_runtime): a plain training graph runs
+in hintbackend's own autograd.Function instead of AOTAutograd's runtime wrappers, with the same results
+bit for bit as AOTAutograd's runtime and eager's within float32 rounding, the same autograd checks, and
+AOTAutograd's runtime wherever the graph needs more (mutated inputs, outputs that alias inputs)."""
+
+import logging
+
+import pytest
+import torch
+
+from conftest import device
+from hintbackend.options import parse_options
+from test_models import SDPABlock
+
+LEAN, AOT = "_LeanFunctionBackward", "CompiledFunctionBackward"
+
+
+def grad_fn_name(t: torch.Tensor) -> str:
+    return type(t.grad_fn).__name__
+
+
+def steps(model, x, options, n=3, loss=lambda y: y.float().square().mean()):
+    """n training steps of the compiled model: the gradients of the last and each step's output grad_fn."""
+    torch._dynamo.reset()
+    fn = torch.compile(model, backend="hintbackend", options=options)
+    names = []
+    for _ in range(n):
+        for p in model.parameters():
+            p.grad = None
+        x.grad = None
+        y = fn(x)
+        names.append(grad_fn_name(y if isinstance(y, torch.Tensor) else y[0]))
+        loss(y).backward()
+    return [x.grad] + [p.grad for p in model.parameters()], names
+
+
+def eager_grads(model, x, loss=lambda y: y.float().square().mean()):
+    for p in model.parameters():
+        p.grad = None
+    x.grad = None
+    loss(model(x)).backward()
+    return [x.grad] + [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_plain_block_runs_lean_and_matches_aot_bitwise_and_eager(tmp_path, cache):
+    torch.manual_seed(0)
+    model = SDPABlock(d=64, h=4).to(device()).train()
+    x = torch.randn(2, 8, 64, device=device(), requires_grad=True)
+    opts = {"cache_dir": str(tmp_path), "compile_cache": cache}
+    lean, names = steps(model, x, {**opts, "lean_runtime": True})
+    # Without the cache AOTAutograd compiles the backward at the first backward: the first step is its.
+    assert names == ([LEAN] * 3 if cache else [AOT, LEAN, LEAN]), names
+    aot, names = steps(model, x, {**opts, "lean_runtime": False})
+    assert names == [AOT] * 3
+    assert all(torch.equal(a, b) for a, b in zip(lean, aot))
+    for a, b in zip(lean, eager_grads(model, x)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+class TwoOutputs(torch.nn.Module):
+    """An output that needs no gradient (an index) beside one that does."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 5)
+
+    def forward(self, x):
+        y = torch.tanh(self.lin(x))
+        return y, y.detach().argmax(-1)
+
+
+def test_outputs_without_gradient_and_gradients_of_another_layout(tmp_path):
+    torch.manual_seed(0)
+    model = TwoOutputs().to(device())
+    x = torch.randn(4, 6, device=device(), requires_grad=True)
+    w = torch.randn(5, 4, device=device())
+    # y.t() * w: the gradient reaching the compiled graph is transposed (not the traced layout)
+    loss = lambda out: (out[0].t() * w).sum()  # noqa: E731
+    got, names = steps(model, x, {"cache_dir": str(tmp_path)}, loss=loss)
+    assert names == [LEAN] * 3
+    y, idx = torch.compile(model, backend="hintbackend", options={"cache_dir": str(tmp_path)})(x)
+    assert not idx.requires_grad and idx.dtype == torch.int64
+    torch.testing.assert_close(idx, model(x)[1], rtol=0, atol=0)
+    for a, b in zip(got, eager_grads(model, x, loss=loss)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+class Aliasing(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.lin(x), x.view(-1)  # the second output is a view of the input
+
+
+@pytest.mark.parametrize("model", ["batchnorm", "aliasing"])
+def test_graphs_that_need_more_keep_aot_runtime_and_say_why(tmp_path, caplog, model):
+    torch.manual_seed(0)
+    if model == "batchnorm":  # training BatchNorm mutates its running statistics (inputs of the graph)
+        m, x, why = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.BatchNorm1d(6)), torch.randn(8, 6), "is mutated"
+    else:
+        m, x, why = Aliasing(), torch.randn(8, 6), "aliases an input"
+    m, x = m.to(device()), x.to(device()).requires_grad_()
+    loss = lambda y: (y[0] if isinstance(y, tuple) else y).square().mean()  # noqa: E731
+    with caplog.at_level(logging.INFO, logger="hintbackend"):
+        got, names = steps(m, x, {"cache_dir": str(tmp_path)}, loss=loss)
+    assert names == [AOT] * 3
+    assert any("AOTAutograd's runtime (not the lean one)" in r.getMessage() and why in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    for a, b in zip(got, eager_grads(m, x, loss=loss)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_autograd_checks_hold(tmp_path):
+    """A saved tensor changed in place before the backward is an error, as in eager; a second
+    differentiation of the compiled backward is refused with a clear error."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 6).to(device())
+    fn = torch.compile(lin, backend="hintbackend", options={"cache_dir": str(tmp_path)})
+    x = torch.randn(4, 6, device=device(), requires_grad=True)
+    xs = x * 1.0  # a non-leaf input, which the forward saves for the weight's gradient
+    y = fn(xs)
+    assert grad_fn_name(y) == LEAN
+    with torch.no_grad():
+        xs.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.square().sum().backward()
+    y = fn(x)
+    (gx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|differentiate twice|does not require grad"):
+        gx.sum().backward()
+
+
+def test_no_grad_calls_and_the_option_off(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 3).to(device())
+    x = torch.randn(4, 6, device=device())
+    fn = torch.compile(lin, backend="hintbackend", options={"cache_dir": str(tmp_path)})
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), lin(x), rtol=1e-5, atol=1e-6)
+    monkeypatch.setenv("HINTBACKEND_LEAN_RUNTIME", "0")
+    torch._dynamo.reset()
+    fn = torch.compile(lin, backend="hintbackend", options={"cache_dir": str(tmp_path)})
+    assert grad_fn_name(fn(x)) == AOT
+    with pytest.raises(ValueError, match="option 'lean_runtime' must be a bool"):
+        parse_options({"lean_runtime": "yes"})
+    monkeypatch.setenv("HINTBACKEND_LEAN_RUNTIME", "yes")
+    with pytest.raises(ValueError, match="HINTBACKEND_LEAN_RUNTIME='yes' must be 0 or 1"):
+        parse_options({})
+
+
+def test_the_backward_frees_what_the_forward_saved_as_aot_runtime_does(tmp_path):
+    """The lean backward releases the saved tensors before the compiled backward runs (unless retain_graph),
+    so that the backward can free each after its last use: the step's peak of live tensor bytes is
+    AOTAutograd's runtime's (CPU; benchmarks/memory_models.py's LiveBytes). Without that release it was
+    2 MiB above (16 against 14 MiB at B2 S128 d256)."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    from memory_models import LiveBytes
+
+    if device() != "cpu":
+        pytest.skip("live tensor bytes are counted on CPU")
+    peaks = {}
+    for lean in (True, False):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = SDPABlock(d=256, h=8).train()
+        x = torch.randn(2, 128, 256)
+        fn = torch.compile(model, backend="hintbackend", options={"cache_dir": str(tmp_path), "lean_runtime": lean})
+        for _ in range(2):  # compile; the gradients' own memory
+            fn(x).square().mean().backward()
+        with LiveBytes() as mode:
+            y = fn(x)
+            assert grad_fn_name(y) == (LEAN if lean else AOT)
+            y.square().mean().backward()
+        peaks[lean] = mode.peak
+    assert peaks[True] == peaks[False], peaks
+
+
+def test_retain_graph_is_refused_where_aot_runtime_refuses_it(tmp_path):
+    """AOTAutograd marks saved tensors the backward may overwrite (donated buffers); a second backward would
+    read them overwritten, so both runtimes refuse retain_graph=True there."""
+    torch.manual_seed(0)
+    model = SDPABlock(d=64, h=4).to(device()).train()
+    x = torch.randn(1, 8, 64, device=device())
+    errors = {}
+    for lean in (True, False):
+        torch._dynamo.reset()
+        fn = torch.compile(model, backend="hintbackend", options={"cache_dir": str(tmp_path), "lean_runtime": lean})
+        y = fn(x)
+        assert grad_fn_name(y) == (LEAN if lean else AOT)
+        with pytest.raises(RuntimeError) as e:
+            y.square().mean().backward(retain_graph=True)
+        errors[lean] = str(e.value)
+    assert "donated" in errors[True] and "retain_graph=True" in errors[True], errors[True]
+    assert "donated buffers" in errors[False], errors[False]
