@@ -7,6 +7,8 @@ process (issue 12: compiled peak at or below eager, close to Inductor, step time
                                                             # CPU: the losses' [N, vocab] tensors at full weight
     python benchmarks/memory_models.py --models sdpa --profile --cuda-graphs
                                                             # where a step's time goes; with CUDA graphs too
+    python benchmarks/memory_models.py --models sdpa --aot-runtime
+                                                            # also with AOTAutograd's runtime (lean_runtime off)
 
 Models: HF Llama, GPT-2 and BERT (masked LM), 4 layers, hidden 512, 8 heads, SDPA attention, random init,
 train mode (their default dropout), bf16 on CUDA, B4 S1024 (the issue's setting); then the test corpus's
@@ -189,6 +191,8 @@ def compiled(peer: str, model: nn.Module):
         fn = torch.compile(model, backend="hintbackend", options={"cuda_graphs": True})
     elif peer == "hb no arena":
         fn = torch.compile(model, backend="hintbackend", options={"arena": False})
+    elif peer == "hb aot runtime":  # AOTAutograd's runtime wrappers instead of the lean one (lean_runtime.py)
+        fn = torch.compile(model, backend="hintbackend", options={"lean_runtime": False})
     else:
         fn = torch.compile(model, backend="hintbackend")
     return fn
@@ -311,6 +315,8 @@ def main() -> None:
                         "the AOT forward save for the backward")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="also hintbackend with cuda_graphs=True (mode=\"reduce-overhead\"): host time per step gone")
+    p.add_argument("--aot-runtime", action="store_true",
+                   help="also hintbackend with lean_runtime=False (AOTAutograd's runtime wrappers: their host time)")
     p.add_argument("--profile", action="store_true",
                    help="also torch.profiler tables of eager's and hintbackend's steps (where the time goes)")
     args = p.parse_args()
@@ -320,6 +326,8 @@ def main() -> None:
     peers = ["eager"] + ([] if args.no_inductor else ["inductor"]) + ["hintbackend"]
     if args.cuda_graphs:
         peers.append("hb cuda graphs")
+    if args.aot_runtime:
+        peers.append("hb aot runtime")
     if args.diagnose:
         peers += ["hb default partition", "hb no save-logsumexp", "hb no loss folds", "hb no arena", "aot_eager"]
     rows = []

@@ -7,7 +7,9 @@ On CUDA it also times hintbackend with CUDA graphs (mode="reduce-overhead", issu
 0.3x eager per call) and, with --inductor, Inductor's reduce-overhead.
 
 Prints a table of median microseconds per call and the ratio to eager, for inference (no_grad) and
-for a training step (forward + backward).
+for a training step (forward + backward). hintbackend-aot is hintbackend with lean_runtime=False: the same
+graphs inside AOTAutograd's runtime wrappers (python/hintbackend/lean_runtime.py), so the training row
+shows what the lean runtime saves.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def main() -> None:
     torch.manual_seed(0)
     model = Chain().to(dev)
     x = torch.randn(8, 16, device=dev)
-    backends = ["eager", "aot_eager", "hintbackend"] + (["inductor"] if args.inductor else [])
+    # hintbackend-aot: lean_runtime=False, AOTAutograd's runtime wrappers around the same graphs
+    backends = ["eager", "aot_eager", "hintbackend", "hintbackend-aot"] + (["inductor"] if args.inductor else [])
     if dev.startswith("cuda"):
         backends += ["hintbackend+cg"] + (["inductor+cg"] if args.inductor else [])
     rows = []
@@ -70,6 +73,8 @@ def main() -> None:
                 fn = model
             elif name.endswith("+cg"):  # CUDA graphs
                 fn = torch.compile(model, backend=name[:-3], mode="reduce-overhead")
+            elif name == "hintbackend-aot":
+                fn = torch.compile(model, backend="hintbackend", options={"lean_runtime": False})
             else:
                 fn = torch.compile(model, backend=name)
             if mode == "inference":
@@ -87,7 +92,7 @@ def main() -> None:
             times[name] = per_call_us(call, args.iters, sync)
         rows.append((mode, times))
     print(f"per-call time, Chain model (50 ops, 8x16 fp32) on {dev}, torch {torch.__version__}; median of 5 x {args.iters // 5} calls")
-    ratios = ["hintbackend"] + (["hintbackend+cg"] if "hintbackend+cg" in backends else [])
+    ratios = ["hintbackend", "hintbackend-aot"] + (["hintbackend+cg"] if "hintbackend+cg" in backends else [])
     print(f"{'mode':<11} " + " ".join(f"{b + ' us':>16}" for b in backends) + "".join(f"{r + '/eager':>22}" for r in ratios))
     for mode, t in rows:
         print(f"{mode:<11} " + " ".join(f"{t[b]:>16.1f}" for b in backends)
