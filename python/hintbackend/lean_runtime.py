@@ -26,6 +26,7 @@ import dataclasses
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
+from torch._functorch._aot_autograd.runtime_wrappers import coerce_to_expected_memory_format
 from torch.autograd.function import once_differentiable
 
 
@@ -52,6 +53,13 @@ class LeanPlan:
                         tuple(d["differentiable"]),
                         tuple(x if isinstance(x, str) else (tuple(x[0]), tuple(x[1])) for x in d["tangent_layouts"]),
                         d["donated"])
+
+    def tangent_formats(self) -> List[Any]:
+        """The layouts as AOTAutograd's MemoryFormatMeta, for its coerce_to_expected_memory_format."""
+        from torch._functorch._aot_autograd.schemas import MemoryFormatMeta
+
+        return [MemoryFormatMeta(memory_format=getattr(torch, x)) if isinstance(x, str)
+                else MemoryFormatMeta(size=x[0], stride=x[1]) for x in self.tangent_layouts]
 
 
 def _absolute(s: slice, n: int) -> Tuple[int, int]:
@@ -104,7 +112,7 @@ def plan_of(meta: Any, num_inputs: int, num_forward_outputs: int) -> Tuple[Optio
         f = t.memory_format
         if f.memory_format is not None:
             name = str(f.memory_format).replace("torch.", "")
-            if name not in _FORMATS:
+            if getattr(torch, name, None) is not f.memory_format:
                 return None, f"a tangent of memory format {name}"
             layouts.append(name)
             continue
@@ -129,6 +137,10 @@ class LeanPair:
     def __init__(self, num_inputs: int) -> None:
         self.num_inputs = num_inputs
         self.plan: Optional[LeanPlan] = None  # None: AOTAutograd's runtime
+        # Built once from the plan: the tangents' layouts as AOTAutograd's MemoryFormatMeta, and the user
+        # outputs that take no gradient (marked so).
+        self.tangent_formats: List[Any] = []
+        self.nondifferentiable: Tuple[int, ...] = ()
         self.forward: Optional[Callable] = None
         self.backward: Optional[Callable] = None
 
@@ -136,25 +148,11 @@ class LeanPair:
         """A compiled (or loaded) graph of the pair; an inference graph leaves the pair unused."""
         if kind == "forward":
             self.forward, self.plan = fn, plan
+            if plan is not None:
+                self.tangent_formats = plan.tangent_formats()
+                self.nondifferentiable = tuple(i for i in range(plan.num_outputs) if i not in plan.differentiable)
         elif kind == "backward":
             self.backward = fn
-
-
-_FORMATS = {"contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
-            "channels_last_3d": torch.channels_last_3d}
-
-
-def _to_layout(g: torch.Tensor, layout: Any) -> torch.Tensor:
-    """A gradient in the layout its tangent was traced with (as AOTAutograd's coerce_to_expected_memory_format)."""
-    if isinstance(layout, str):
-        f = _FORMATS[layout]
-        return g if g.is_contiguous(memory_format=f) else g.contiguous(memory_format=f)
-    size, stride = layout
-    if g.stride() == stride and g.shape == size:
-        return g
-    out = torch.empty_strided(size, stride, dtype=g.dtype, device=g.device)
-    out.copy_(g)
-    return out
 
 
 class _LeanFunction(torch.autograd.Function):
@@ -170,9 +168,8 @@ class _LeanFunction(torch.autograd.Function):
         ctx.unchecked = [x.detach() if x._is_view() else x for x in outs[a:b]]
         ctx.pair = pair
         user = outs[:plan.num_outputs]
-        if len(plan.differentiable) < len(user):
-            keep = set(plan.differentiable)
-            ctx.mark_non_differentiable(*[x for i, x in enumerate(user) if i not in keep])
+        if pair.nondifferentiable:
+            ctx.mark_non_differentiable(*[user[i] for i in pair.nondifferentiable])
         ctx._materialize_non_diff_grads = False
         return tuple(user)
 
@@ -190,7 +187,8 @@ class _LeanFunction(torch.autograd.Function):
         args = [*ctx.saved_tensors, *ctx.unchecked]
         ctx.unchecked = None
         ctx.maybe_clear_saved_tensors()  # (unless retain_graph) the backward may free them as it goes
-        args += [_to_layout(grads[i], layout) for i, layout in zip(plan.differentiable, plan.tangent_layouts)]
+        args += [coerce_to_expected_memory_format(grads[i], f)  # AOTAutograd's own coercion
+                 for i, f in zip(plan.differentiable, pair.tangent_formats)]
         return (None, *pair.backward(args))
 
 
