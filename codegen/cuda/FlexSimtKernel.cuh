@@ -137,7 +137,7 @@ __device__ __forceinline__ void fwd_elems(float (&s)[R][C], const HbFlexCudaArgs
 #pragma unroll
     for (int j = 0; j < C; ++j) {
       const int ki = k0 + tx + 16 * j;
-      s[i][j] = score_elem<GUARD>(s[i][j], a, b, h, qi, ki, !GUARD || (qi < sq && ki < skv), full, t);
+      s[i][j] = score_elem<GUARD>(s[i][j], a, b, h, qi, ki, !GUARD || (qi < sq && ki < skv), full, t) * kElemToBase2;
     }
   }
 }

@@ -261,10 +261,16 @@ struct Steps {
 // and wgmma's m64nN accumulators (a warp's 16 rows of its warpgroup's 64) are both this layout.
 
 // One score: scaled, through the score_mod and the mask_mod (partial blocks only); -inf where masked or
-// outside both sequences (`in`); then base 2. GUARD false: the tile lies inside both sequences, and the
+// outside both sequences (`in`). Base 2 once multiplied by kElemToBase2 (the caller does: the tensor-core
+// kernels in softmax_tile's exponent, fwd_scores). GUARD false: the tile lies inside both sequences, and the
 // score_mod is called unconditionally, so that the compiler may share the reads every element makes alike
 // (`slope[h]`, `bias[q]`) instead of one guarded load per element. Positions are int: sequence lengths are
 // below 2^31. Every forward kernel's per-element work (score_elems below, the SIMT kernels' fwd_elems).
+// With a score_mod, score_elem leaves log2 e to its caller, whose exponent takes it in its FFMA: one
+// multiply a score less (H200, the lab's forward, B4 H16 S4096: ALiBi D 64 0.89 -> 0.85 ms, D 128 1.12 ->
+// 1.07; softcap D 64 1.08 -> 1.00, D 128 1.20 -> 1.18; relative bias D 128 1.73 -> 1.66). Without one it
+// multiplies, as before: there the change moved the D 64 forward's code and cost it 2% (0.74 -> 0.76 ms).
+constexpr float kElemToBase2 = HB_SCORE_ELEM ? kLog2e : 1.f;
 template <bool GUARD>
 __device__ __forceinline__ float score_elem(float s, const HbFlexCudaArgs& a, long long b, long long h, int qi, int ki,
                                             bool in, bool full, HbFlexTile& t) {
@@ -276,7 +282,7 @@ __device__ __forceinline__ float score_elem(float s, const HbFlexCudaArgs& a, lo
 #if HB_MASK_MOD
   if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
 #endif
-  return keep ? x * kLog2e : -INFINITY;
+  return keep ? (HB_SCORE_ELEM ? x : x * kLog2e) : -INFINITY;
 }
 
 // A thread's scores of a tile (score_elem each). `inside`: the tile lies inside both sequences. Such a
@@ -298,8 +304,9 @@ __device__ __forceinline__ void score_elems(float (&s)[NC / 8][4], const HbFlexC
   }
 }
 
-// Returns the factor the scores still need: on a tile with nothing to call per element, when the scale is
-// positive, it is left to softmax_tile's exponent (one FFMA a score instead of a multiply and a subtract).
+// Returns the factor the scores still need, left to softmax_tile's exponent (one FFMA a score instead of
+// a multiply and a subtract): kElemToBase2 after score_elems; on a tile with nothing to call per element,
+// when the scale is positive, the scale times log2 e.
 template <int NC>
 __device__ __forceinline__ float fwd_scores(float (&s)[NC / 8][4], const HbFlexCudaArgs& a, long long b, long long h,
                                             long long qi0, long long k0, bool full, bool inside, HbFlexTile& t) {
@@ -310,12 +317,11 @@ __device__ __forceinline__ float fwd_scores(float (&s)[NC / 8][4], const HbFlexC
     for (int j = 0; j < NC / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] *= sl;
-  } else if (inside) {
-    score_elems<NC, false>(s, a, b, h, (int)qi0, (int)k0, full, t);
-  } else {
-    score_elems<NC, true>(s, a, b, h, (int)qi0, (int)k0, full, t);
+    return 1.f;
   }
-  return 1.f;
+  if (inside) score_elems<NC, false>(s, a, b, h, (int)qi0, (int)k0, full, t);
+  else score_elems<NC, true>(s, a, b, h, (int)qi0, (int)k0, full, t);
+  return kElemToBase2;
 }
 
 // 2^x by the hardware's approximation (the one exp2f uses), subnormal results flushed to 0: exp2f spends
@@ -326,8 +332,8 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-// Online softmax over a tile of base-2 scores, each still to be multiplied by sl > 0 (fwd_scores; 1 where
-// they are final), each row's 4 threads sharing its maximum: s becomes P, the running max m and sum l
+// Online softmax over a tile of scores, each base 2 once multiplied by sl > 0 (fwd_scores), each row's 4
+// threads sharing its maximum: s becomes P, the running max m and sum l
 // move, and corr is what the output accumulator must be scaled by.
 template <int NC>
 __device__ __forceinline__ void softmax_tile(float (&s)[NC / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
