@@ -185,7 +185,8 @@ class _LeanFunction(torch.autograd.Function):
                 "donated buffers), so it runs once: call backward() without retain_graph=True or create_graph=True, "
                 "or set torch._functorch.config.donated_buffer=False before compiling.")
         args = [*ctx.saved_tensors, *ctx.unchecked]
-        ctx.unchecked = None
+        if not keep_graph:  # (retain_graph: a later backward takes them again)
+            ctx.unchecked = None
         ctx.maybe_clear_saved_tensors()  # (unless retain_graph) the backward may free them as it goes
         args += [coerce_to_expected_memory_format(grads[i], f)  # AOTAutograd's own coercion
                  for i, f in zip(plan.differentiable, pair.tangent_formats)]

@@ -198,3 +198,21 @@ def test_retain_graph_is_refused_where_aot_runtime_refuses_it(tmp_path):
         errors[lean] = str(e.value)
     assert "donated" in errors[True] and "retain_graph=True" in errors[True], errors[True]
     assert "donated buffers" in errors[False], errors[False]
+
+
+def test_retain_graph_where_nothing_is_donated(tmp_path):
+    """Where AOTAutograd marked no donated buffer (a linear layer saves only its input), retain_graph=True
+    works as in eager: a second backward over the same graph adds the same gradients again."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 6).to(device())
+    ref = torch.nn.Linear(6, 6).to(device())
+    ref.load_state_dict(lin.state_dict())
+    fn = torch.compile(lin, backend="hintbackend", options={"cache_dir": str(tmp_path)})
+    x = torch.randn(4, 6, device=device(), requires_grad=True)
+    y, r = fn(x), ref(x)
+    assert grad_fn_name(y) == LEAN
+    for _ in range(2):
+        y.square().sum().backward(retain_graph=True)
+        r.square().sum().backward(retain_graph=True)
+    torch.testing.assert_close(lin.weight.grad, ref.weight.grad)
+    torch.testing.assert_close(lin.bias.grad, ref.bias.grad)
