@@ -249,6 +249,11 @@ def profile(name: str, peer: str, make, loss_fn, x: torch.Tensor, device: str, d
     events = prof.key_averages()
     busy = sum(getattr(e, key) for e in events if e.device_type.name == "CUDA") / 1e3 / 3 if device == "cuda" else 0.0
     print(f"== profile: {name}, {peer}: {wall:.2f} ms a step (profiled), device busy {busy:.2f} ms")
+    # What a host-bound step spends its host time on beyond the ops: kernel launches and the runtime calls
+    # that can block, counted a step (a launch is host time whether or not the device is busy).
+    calls = [(e.key, e.count / 3) for e in events if e.key.startswith(("cuda", "cuLaunch")) or e.key == "aten::copy_"]
+    if calls:
+        print("a step: " + ", ".join(f"{k} {c:g}" for k, c in sorted(calls, key=lambda kc: -kc[1])))
     print(events.table(sort_by=key, row_limit=18, max_name_column_width=60))
 
 
