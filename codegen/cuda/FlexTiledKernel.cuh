@@ -260,17 +260,18 @@ struct Steps {
 // (lq = 16 x warp + lane / 4) and key column 8 j + 2 (lane % 4) + c of the tile. mma.sync's m16n8 tiles
 // and wgmma's m64nN accumulators (a warp's 16 rows of its warpgroup's 64) are both this layout.
 
+// With a score_mod, score_elem leaves log2 e to its caller, whose exponent takes it in its FFMA: one
+// multiply a score less (H200, the lab's forward, B4 H16 S4096: ALiBi D 64 0.89 -> 0.85 ms, D 128 1.12 ->
+// 1.07; softcap D 64 1.08 -> 1.00, D 128 1.20 -> 1.18; relative bias D 128 1.73 -> 1.66). Without one it
+// multiplies, as before: there the change moved the D 64 forward's code and cost it 2% (0.74 -> 0.76 ms).
+constexpr float kElemToBase2 = HB_SCORE_ELEM ? kLog2e : 1.f;
+
 // One score: scaled, through the score_mod and the mask_mod (partial blocks only); -inf where masked or
 // outside both sequences (`in`). Base 2 once multiplied by kElemToBase2 (the caller does: the tensor-core
 // kernels in softmax_tile's exponent, fwd_scores). GUARD false: the tile lies inside both sequences, and the
 // score_mod is called unconditionally, so that the compiler may share the reads every element makes alike
 // (`slope[h]`, `bias[q]`) instead of one guarded load per element. Positions are int: sequence lengths are
 // below 2^31. Every forward kernel's per-element work (score_elems below, the SIMT kernels' fwd_elems).
-// With a score_mod, score_elem leaves log2 e to its caller, whose exponent takes it in its FFMA: one
-// multiply a score less (H200, the lab's forward, B4 H16 S4096: ALiBi D 64 0.89 -> 0.85 ms, D 128 1.12 ->
-// 1.07; softcap D 64 1.08 -> 1.00, D 128 1.20 -> 1.18; relative bias D 128 1.73 -> 1.66). Without one it
-// multiplies, as before: there the change moved the D 64 forward's code and cost it 2% (0.74 -> 0.76 ms).
-constexpr float kElemToBase2 = HB_SCORE_ELEM ? kLog2e : 1.f;
 template <bool GUARD>
 __device__ __forceinline__ float score_elem(float s, const HbFlexCudaArgs& a, long long b, long long h, int qi, int ki,
                                             bool in, bool full, HbFlexTile& t) {
@@ -333,8 +334,8 @@ __device__ __forceinline__ float ex2(float x) {
 }
 
 // Online softmax over a tile of scores, each base 2 once multiplied by sl > 0 (fwd_scores), each row's 4
-// threads sharing its maximum: s becomes P, the running max m and sum l
-// move, and corr is what the output accumulator must be scaled by.
+// threads sharing its maximum: s becomes P, the running max m and sum l move, and corr is what the output
+// accumulator must be scaled by.
 template <int NC>
 __device__ __forceinline__ void softmax_tile(float (&s)[NC / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
                                              float sl = 1.f) {
