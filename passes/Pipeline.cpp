@@ -8,6 +8,7 @@
 #include "passes/FoldCrossEntropyBackward.h"
 #include "passes/FoldCrossEntropyForward.h"
 #include "passes/FoldSelectBackward.h"
+#include "passes/FoldTransposePairs.h"
 #include "passes/HintPropagation.h"
 #include "passes/MemoryPlan.h"
 #include "passes/MemorySchedule.h"
@@ -36,6 +37,10 @@ const std::vector<PassInfo>& pipeline() {
        "a sum of select_backward gradients covering a dimension (unbind's gradient) into one stack: no n "
        "full-size zero tensors alive together; before slice-legality and the fusions, which would otherwise "
        "slice or fuse the adds"},
+      {"fold-transpose-pairs", fold_transpose_pairs,
+       "a transpose of a transpose (AOTAutograd's linear backward: t(t(w)), t(t(mm))) read as its source: "
+       "fewer dispatches a step; before slice-legality, so the slicing rules and every later pass see mm "
+       "read the weight and the gradient returned directly"},
       {"slice-legality", slice_legality_pass,
        "analysis after hint-propagation (regions and hints final): the dump says what each region can slice"},
       {"slice-schedule", slice_schedule,

@@ -548,6 +548,68 @@ graph g {
 
 // The helper itself: each kind of CHECK line fails when its text is where it must not be, or is not
 // where it must be.
+TEST(ir_text, fold_transpose_pairs_in_a_linear_backward) {
+  // AOTAutograd's linear backward: mm reads t(t(w)), and the weight's gradient is t(t(mm_1)). Both pairs
+  // read as their source, and the four views go.
+  file_check(R"(
+// RUN: fold-transpose-pairs
+graph g {
+  %w: f32[16, 8] = placeholder
+  %x: f32[4, 8] = placeholder
+  %grad: f32[4, 16] = placeholder
+  %t_3: f32[8, 16][1, 8] = aten::t.default(%w) !view
+  %t_4: f32[16, 8] = aten::t.default(%t_3) !view
+  %mm: f32[4, 8] = aten::mm.default(%grad, %t_4)
+  %t_5: f32[16, 4][1, 16] = aten::t.default(%grad) !view
+  %mm_1: f32[16, 8] = aten::mm.default(%t_5, %x)
+  %t_6: f32[8, 16][1, 8] = aten::t.default(%mm_1) !view
+  %t_7: f32[16, 8] = aten::t.default(%t_6) !view
+  return (%mm, %t_7)
+}
+// CHECK-NOT: %t_3
+// CHECK-NOT: %t_4
+// CHECK: %mm: f32[4, 8] = aten::mm.default(%grad, %w)
+// CHECK-NEXT: %t_5: f32[16, 4][1, 16] = aten::t.default(%grad) !view
+// CHECK-NEXT: %mm_1: f32[16, 8] = aten::mm.default(%t_5, %x)
+// CHECK-NEXT: return (%mm, %mm_1)
+// CHECK-NEXT: }
+// CHECK-NEXT: // note: fold-transpose-pairs graph g: 2 pairs (%t_4 reads %w, %t_7 reads %mm_1)
+)");
+}
+
+TEST(ir_text, fold_transpose_pairs_leaves_outputs_that_would_alias) {
+  // The outer view returned while its source is an input, or returned too: left as is (an output would
+  // be the input itself, or two outputs one tensor). Other dims, or a transpose after t, are not a pair;
+  // transpose(transpose(x, 0, 2), 2, 0) is, and a triple folds into one transpose.
+  file_check(R"(
+// RUN: fold-transpose-pairs
+graph g {
+  %w: f32[16, 8] = placeholder
+  %y: f32[2, 3, 4] = placeholder
+  %a: f32[8, 16][1, 8] = aten::t.default(%w) !view
+  %b: f32[16, 8] = aten::t.default(%a) !view
+  %r: f32[2, 3, 4] = aten::relu.default(%y)
+  %p: f32[4, 3, 2][1, 4, 12] = aten::transpose.int(%r, 0, 2) !view
+  %q: f32[2, 3, 4] = aten::transpose.int(%p, 2, 0) !view
+  %u: f32[3, 4, 2][4, 1, 12] = aten::transpose.int(%p, 0, 1) !view
+  %e: f32[2, 3, 4] = aten::exp.default(%q)
+  %m: f32[8, 16] = aten::relu.default(%a)
+  %t1: f32[16, 8][1, 16] = aten::t.default(%m) !view
+  %t2: f32[8, 16] = aten::t.default(%t1) !view
+  %t3: f32[16, 8][1, 16] = aten::t.default(%t2) !view
+  return (%b, %e, %u, %t3)
+}
+// CHECK: %b: f32[16, 8] = aten::t.default(%a) !view
+// CHECK: %p: f32[4, 3, 2][1, 4, 12] = aten::transpose.int(%r, 0, 2) !view
+// CHECK-NOT: %q:
+// CHECK: %u: f32[3, 4, 2][4, 1, 12] = aten::transpose.int(%p, 0, 1) !view
+// CHECK-NEXT: %e: f32[2, 3, 4] = aten::exp.default(%r)
+// CHECK-NEXT: %m: f32[8, 16] = aten::relu.default(%a)
+// CHECK-NEXT: %t3: f32[16, 8][1, 16] = aten::t.default(%m) !view
+// CHECK-NEXT: return (%b, %e, %u, %t3)
+)");
+}
+
 TEST(file_check, fails_on_a_missing_a_misplaced_or_a_forbidden_line) {
   EXPECT_NONFATAL_FAILURE(file_check(R"(
 graph g {
