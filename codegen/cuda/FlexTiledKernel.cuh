@@ -283,7 +283,7 @@ __device__ __forceinline__ float score_elem(float s, const HbFlexCudaArgs& a, lo
 #if HB_MASK_MOD
   if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
 #endif
-  return keep ? (HB_SCORE_ELEM ? x : x * kLog2e) : -INFINITY;
+  return keep ? x * (kLog2e / kElemToBase2) : -INFINITY;  // (x itself with a score_mod)
 }
 
 // A thread's scores of a tile (score_elem each). `inside`: the tile lies inside both sequences. Such a
