@@ -1418,13 +1418,17 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   uint32_t pa[WFN / 16][4] = {};  // P of the tile before, as A fragments
+  // Tile i's stage (i % FNS) and its mbarriers' phase ((i / FNS) & 1), and tile i - 1's (0 and 0 at i = 0,
+  // whose P V, of a P of 0, reads value stage 0), counted along instead of divided out each tile.
+  int st = 0, pst = 0;
+  uint32_t ph = 0, pph = 0;
   for (int i = 0; i < ntiles; ++i) {
     bool full = false;
     const long long k0 = walk.first(i, &full);
-    wait(kfull, i);
-    wait(vfull, i > 0 ? i - 1 : 0);
+    cutlass::arch::ClusterBarrier::wait(&kfull[st], ph);
+    cutlass::arch::ClusterBarrier::wait(&vfull[pst], pph);
     cutlass::arch::fence_view_async_shared();
-    const uint4* sK = sKs + (i % FNS) * WFN * CH;
+    const uint4* sK = sKs + st * WFN * CH;
     float s[WFN / 8][4];
     fence_acc(s);
     fence_acc(o);
@@ -1434,7 +1438,7 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
     for (int kk = 0; kk < D / 16; ++kk) wg_ss<Major::K, Major::K, WFN>(kmajor<WFM>(sQ, wg * 64, kk), kmajor<WFN>(sK, 0, kk), s, kk > 0);
     cute::warpgroup_commit_batch();
     {  // at i = 0, P is 0: a product that adds nothing keeps the MMAs' order the same in every step
-      const uint4* sV = sVs + ((i > 0 ? i - 1 : 0) % FNS) * WFN * CH;
+      const uint4* sV = sVs + pst * WFN * CH;
 #pragma unroll
       for (int kk = 0; kk < WFN / 16; ++kk) wg_rs<Major::MN, D>(pa[kk], mnmajor<WFN>(sV, kk), o, true);
       cute::warpgroup_commit_batch();
@@ -1442,14 +1446,14 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
     named_arrive(2 - wg);
     cute::warpgroup_wait<1>();
     fence_acc(s);
-    cutlass::arch::ClusterBarrier::arrive(&kempty[i % FNS]);
+    cutlass::arch::ClusterBarrier::arrive(&kempty[st]);
 
     const float sl = fwd_scores<WFN>(s, a, b, h, q0 + warp * 16 + g, k0, full, k0 + WFN <= a.Skv && q0 + WFM <= a.Sq, t);
     float corr[2];
     softmax_tile<WFN>(s, m, l, corr, sl);
     cute::warpgroup_wait<0>();
     fence_acc(o);
-    if (i > 0) cutlass::arch::ClusterBarrier::arrive(&vempty[(i - 1) % FNS]);
+    if (i > 0) cutlass::arch::ClusterBarrier::arrive(&vempty[pst]);
     rescale(o, corr);
     a_frags<WFN>(s, pa);
 #if !HB_FWD_PRODUCER
@@ -1462,11 +1466,13 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
       load(V, a.v_strides[2], sVs, vfull, i - 2 + FNS, wtid, wg);
     }
 #endif
+    pst = st, pph = ph;
+    if (++st == FNS) st = 0, ph ^= 1u;
   }
   if (ntiles > 0) {
-    wait(vfull, ntiles - 1);
+    cutlass::arch::ClusterBarrier::wait(&vfull[pst], pph);  // tile ntiles - 1's, after the loop's last step
     cutlass::arch::fence_view_async_shared();
-    const uint4* sV = sVs + ((ntiles - 1) % FNS) * WFN * CH;
+    const uint4* sV = sVs + pst * WFN * CH;
     fence_acc(o);
     cute::warpgroup_arrive();
 #pragma unroll
