@@ -1428,10 +1428,15 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
   // A score_mod that only shifts rows (score + t(b, h, q)) runs once per row, not per score (HB_ROW_SHIFT):
   // in the forward always, in the backward where no logsumexp gradient asks for t's gradient (the joint is
   // skipped then, and the buffers' gradients are zero).
-  bool row_shift = false;
+  // A score_mod that adds c(b, h) * (kv_idx - q_idx) (ALiBi, a relative position) is a ramp along each row:
+  // the tensor-core forwards read c = score_mod(0, b, h, 0, 1) once a tile and add each score's bias in
+  // two FFMAs (HB_KV_RAMP). The backward still calls score_mod per score (its ramp is not yet checked on a
+  // GPU: docs/flex-attention.md, "ALiBi as a ramp").
+  bool row_shift = false, kv_ramp = false;
   if (cuda && out.score_mod) {
     const FlexAnalysis fa = analyze_flex(g, node);
     row_shift = backward ? fused_row_shift(g, node, fa) : fa.score_row_shift;
+    kv_ramp = fa.score_kv_ramp && !row_shift && !backward;
   }
   if (cuda) {
     const bool f32 = elem == DType::Float32;
@@ -1441,6 +1446,8 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
         << (out.joint && !row_shift ? 1 : 0) << "\n#define HB_SCATTER "
         << (out.any_buffer_grad() && !row_shift ? 1 : 0) << "\n";
     if (row_shift) src << "#define HB_ROW_SHIFT 1\n";
+    // (#ifndef: an nvcc flag -DHB_KV_RAMP=0 times or checks the per-score path in the same build.)
+    if (kv_ramp) src << "#ifndef HB_KV_RAMP\n#define HB_KV_RAMP 1\n#endif\n";
     out.row_shift = row_shift;
     if (backward && n.hints.deterministic.value_or(false)) src << "#define HB_DETERMINISTIC 1\n";
     if (tj && tj->line())
@@ -1465,7 +1472,8 @@ std::optional<FlexKernelSource> generate_flex_kernel(const Graph& g, int node, s
       sum << ", SIMT (CUDA cores, float FMA" << (elem == DType::Float32 ? ", no TF32" : "") << ")";
     sum << "; ";
   }
-  sum << "score_mod: " << (out.score_mod ? plural(ts->ops(), "op") + (row_shift ? " run once per row (a row shift)" : "")
+  sum << "score_mod: " << (out.score_mod ? plural(ts->ops(), "op") + (row_shift ? " run once per row (a row shift)"
+                                                                     : kv_ramp ? ", a ramp in kv_idx - q_idx (its slope once a tile)" : "")
                                          : "identity")
       << "; mask_mod: " << (out.mask_mod ? plural(tm->ops(), "op") : "none");
   if (backward) {

@@ -572,6 +572,52 @@ double softcap_of(const Graph& score) {
   return ok ? c : 0;
 }
 
+// Whether the bias `t` (node t of a score_mod graph with placeholders ph: score, b, h, q_idx, kv_idx,
+// buffers) is c * (kv_idx - q_idx) or c * (q_idx - kv_idx), the difference alone, or a product of it and c
+// (either order), with c reading neither the score nor q_idx nor kv_idx (a constant, or a buffer read by b
+// or h: ALiBi's slope[h]): a ramp along each row, whose slope score_mod(0, b, h, 0, 1) gives. The bias
+// must be computed in float32 or float64 (or integers): a half-precision product rounds the bias, which a
+// ramp evaluated in float would not.
+bool kv_ramp_of(const Graph& score, int t, const std::vector<int>& ph) {
+  auto ok_type = [&](int i) {
+    const ValueType& v = score.nodes[i].type;
+    if (v.kind != ValueType::Kind::Tensor) return v.kind == ValueType::Kind::Int || v.kind == ValueType::Kind::Float;
+    return v.tensor.dtype != DType::Float16 && v.tensor.dtype != DType::BFloat16 && v.tensor.dtype != DType::Bool;
+  };
+  auto difference = [&](const Arg& a) {
+    if (a.kind != Arg::Kind::Ref) return false;
+    const Node& d = score.nodes[a.ref];
+    const Arg* alpha = d.kwarg("alpha");
+    if (d.target != "aten::sub.Tensor" || d.args.size() != 2 || (alpha && !(alpha->kind == Arg::Kind::Int && alpha->i == 1)))
+      return false;
+    const Arg &x = d.args[0], &y = d.args[1];
+    if (x.kind != Arg::Kind::Ref || y.kind != Arg::Kind::Ref) return false;
+    return (x.ref == ph[4] && y.ref == ph[3]) || (x.ref == ph[3] && y.ref == ph[4]);
+  };
+  auto constant_in_row = [&](const Arg& a) {  // reads none of score, q_idx, kv_idx
+    if (a.kind == Arg::Kind::Float || a.kind == Arg::Kind::Int) return true;
+    if (a.kind != Arg::Kind::Ref) return false;
+    std::vector<int> stack = {a.ref};
+    std::vector<bool> seen(score.nodes.size(), false);
+    while (!stack.empty()) {
+      const int i = stack.back();
+      stack.pop_back();
+      if (seen[i]) continue;
+      seen[i] = true;
+      score.nodes[i].for_each_input([&](const Arg& r) { stack.push_back(r.ref); });
+    }
+    return !seen[ph[0]] && !seen[ph[3]] && !seen[ph[4]];
+  };
+  if (t < 0 || !ok_type(t)) return false;
+  const Arg self = Arg::of_ref(t, score.nodes[t].name);
+  if (difference(self)) return true;
+  const Node& m = score.nodes[t];
+  if (m.target != "aten::mul.Tensor" || m.args.size() != 2) return false;
+  for (int side = 0; side < 2; ++side)
+    if (difference(m.args[side]) && constant_in_row(m.args[1 - side])) return true;
+  return false;
+}
+
 }  // namespace
 
 FlexAnalysis analyze_flex(const Graph& g, int node) {
@@ -631,6 +677,7 @@ FlexAnalysis analyze_flex(const Graph& g, int node) {
           if (seen[ph[4]]) {
             r.score_bias = true;
             if (t.kind == Arg::Kind::Ref) r.bias_layout = bias_layout(*score, t.ref);
+            r.score_kv_ramp = t.kind == Arg::Kind::Ref && kv_ramp_of(*score, t.ref, ph);
           } else {
             r.score_row_shift = true;
           }

@@ -90,6 +90,10 @@ struct FlexAnalysis {
   // cuDNN adds t as a bias tensor built as bias_layout says ([B|1, H, Sq, Skv]; bias_reads_* are the
   // indices t reads), and the backward sends cuDNN's dBias into t's buffers the same way.
   bool score_bias = false;
+  // score_bias with t = c * (kv_idx - q_idx) or c * (q_idx - kv_idx), c independent of the score, q_idx and
+  // kv_idx (ALiBi's slope[h], a relative position's constant): the generated CUDA kernels evaluate t as a
+  // ramp along each row, c = score_mod(0, b, h, 0, 1) read once a tile (HB_KV_RAMP).
+  bool score_kv_ramp = false;
   bool bias_reads_b = false, bias_reads_h = false, bias_reads_q = false;  // (score_row_shift or score_bias)
   FlexBiasLayout bias_layout;  // score_bias: how t reads its buffer
   // score_mod translates to cuDNN pointwise nodes (ALiBi, relative position): cuDNN evaluates it inside

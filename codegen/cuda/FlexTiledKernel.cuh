@@ -22,6 +22,9 @@
 //                   run the identity, the forward moves each row's logsumexp and max by t = score_mod(0, b,
 //                   h, q, 0), and the backward (only where no logsumexp gradient asks for t's) takes the
 //                   logsumexp back by t per row first (fwd_store, flex_bwd_pre)
+//   HB_KV_RAMP      1 (forward only): score_mod is score + c(b, h) * (kv - q) (ALiBi; c * (q - kv) has the
+//                   slope -c): the tensor-core forwards read c = score_mod(0, b, h, 0, 1) once a tile and add
+//                   each score's bias along the row as a ramp (KvRamp below) instead of calling score_mod
 // and the ABI structs of codegen/FlexKernelAbi.h (HbFlexCudaArgs and what it holds).
 //
 // Layout and semantics follow the reference (backend/runtime/FlexAttention.h): scores are
@@ -70,6 +73,9 @@
 #endif
 #ifndef HB_ROW_SHIFT
 #define HB_ROW_SHIFT 0
+#endif
+#ifndef HB_KV_RAMP
+#define HB_KV_RAMP 0
 #endif
 #ifndef HB_F32
 #define HB_F32 0
@@ -266,19 +272,44 @@ struct Steps {
 // multiplies, as before: there the change moved the D 64 forward's code and cost it 2% (0.74 -> 0.76 ms).
 constexpr float kElemToBase2 = HB_SCORE_ELEM ? kLog2e : 1.f;
 
+// HB_KV_RAMP: the score_mod's bias c (kv - q) at a thread's elements of a tile in the accumulator layout.
+// Element (j, r, c) of the thread whose first row is qi0 lies at kv - q = d + c + 8 (j - r), d = k0 - qi0 +
+// 2 (lane % 4), so its bias is base[c] + c8 (j - r): one FFMA, and the same one for (j, 0) and (j + 1, 1).
+// Within a tile the distances are small (|j - r| < NC / 8), so the ramp rounds as the score_mod's own
+// product c * (kv - q) does, to within an ulp of the bias.
+struct KvRamp {
+  float base[2], c8;
+  __device__ __forceinline__ float at(int j, int r, int c) const { return fmaf(c8, (float)(j - r), base[c]); }
+};
+#if HB_KV_RAMP
+__device__ __forceinline__ KvRamp kv_ramp(long long b, long long h, int qi0, int k0, HbFlexTile& t) {
+  const float c = hb_score_mod<float>(0.f, b, h, 0, 1, &t);  // score_mod(0, b, h, 0, 1) = c * (1 - 0)
+  const int d = k0 - qi0 + 2 * (int)(threadIdx.x & 3);
+  return {{c * (float)d, c * (float)(d + 1)}, c * 8.f};
+}
+#else
+__device__ __forceinline__ KvRamp kv_ramp(long long, long long, int, int, HbFlexTile&) { return {{0.f, 0.f}, 0.f}; }
+#endif
+
 // One score: scaled, through the score_mod and the mask_mod (partial blocks only); -inf where masked or
 // outside both sequences (`in`). Base 2 once multiplied by kElemToBase2 (the caller does: the tensor-core
 // kernels in softmax_tile's exponent, fwd_scores). GUARD false: the tile lies inside both sequences, and the
 // score_mod is called unconditionally, so that the compiler may share the reads every element makes alike
 // (`slope[h]`, `bias[q]`) instead of one guarded load per element. Positions are int: sequence lengths are
 // below 2^31. Every forward kernel's per-element work (score_elems below, the SIMT kernels' fwd_elems).
-template <bool GUARD>
+// RAMP (HB_KV_RAMP, the tensor-core layout's callers): the score_mod is the scaled score plus `bias`.
+template <bool GUARD, bool RAMP = false>
 __device__ __forceinline__ float score_elem(float s, const HbFlexCudaArgs& a, long long b, long long h, int qi, int ki,
-                                            bool in, bool full, HbFlexTile& t) {
-  float x = s * a.scale;
+                                            bool in, bool full, HbFlexTile& t, float bias = 0.f) {
+  float x;
+  if (RAMP) {
+    x = fmaf(s, a.scale, bias);
+  } else {
+    x = s * a.scale;
 #if HB_SCORE_ELEM
-  if (!GUARD || in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
+    if (!GUARD || in) x = hb_score_mod<float>(x, b, h, qi, ki, &t);
 #endif
+  }
   bool keep = in;
 #if HB_MASK_MOD
   if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
@@ -292,6 +323,7 @@ template <int NC, bool GUARD>
 __device__ __forceinline__ void score_elems(float (&s)[NC / 8][4], const HbFlexCudaArgs& a, long long b, long long h,
                                             int qi0, int k0, bool full, HbFlexTile& t) {
   const int t4 = threadIdx.x & 3, sq = (int)a.Sq, skv = (int)a.Skv;
+  const KvRamp ramp = kv_ramp(b, h, qi0, k0, t);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int qi = qi0 + 8 * r;
@@ -300,7 +332,8 @@ __device__ __forceinline__ void score_elems(float (&s)[NC / 8][4], const HbFlexC
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int ki = k0 + j * 8 + 2 * t4 + c;
-        s[j][2 * r + c] = score_elem<GUARD>(s[j][2 * r + c], a, b, h, qi, ki, !GUARD || (qi < sq && ki < skv), full, t);
+        s[j][2 * r + c] = score_elem<GUARD, HB_KV_RAMP>(s[j][2 * r + c], a, b, h, qi, ki, !GUARD || (qi < sq && ki < skv),
+                                                        full, t, ramp.at(j, r, c));
       }
   }
 }

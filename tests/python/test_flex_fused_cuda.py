@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+import flex_reference
 from conftest import device
 from flex_reference import SCORE_MODS, causal, dense, kernels_text, outputs_and_grads, rel
 from hintbackend import hinted_context
@@ -102,6 +103,24 @@ def run_case(tmp_path, score, mask, dtype=torch.bfloat16, shape=(2, 4, 4, 300, 6
 @pytest.mark.parametrize("score", list(SCORE_MODS))
 def test_cuda_fused_score_mods_under_a_causal_mask(tmp_path, score):
     run_case(tmp_path, score, "causal")
+
+
+# Ramps (HB_KV_RAMP): score + c * (kv - q), the forward reading the slope once a tile and adding the bias
+# along each row; the backward calls score_mod per score. ALiBi under a window's partial blocks at D64 (GQA,
+# S 700 ends inside a key tile), a relative position (q - kv) * 0.01 under a causal mask at D128, and a
+# learned slope. (Added to SCORE_MODS after the test above took its list.)
+SCORE_MODS["relpos"] = flex_reference.SCORE_MODS["relpos"]
+SCORE_MODS["alibi_learned"] = ((lambda B, H, S: (H,)), True, flex_reference.SCORE_MODS["alibi"][2])
+
+
+@pytest.mark.parametrize("score,mask,shape", [
+    ("alibi", "window", (1, 4, 2, 700, 64)),
+    ("relpos", "causal", (2, 4, 4, 1000, 128)),
+    ("alibi_learned", "none", (1, 4, 4, 700, 128)),
+])
+def test_cuda_fused_ramps(tmp_path, score, mask, shape):
+    kernels = run_case(tmp_path, score, mask, shape=shape)
+    assert kernels.count("a ramp in kv_idx - q_idx") == 1, kernels  # the forward's
 
 
 # Head dim 128 with the BlockMask's 128-row blocks: the Hopper forward's ping-pong kernel (flex_fwd_pp:

@@ -20,6 +20,7 @@
 #include "backend/ir/Parser.h"
 #include "codegen/FlexKernelAbi.h"
 #include "codegen/FlexKernelGen.h"
+#include "codegen/FlexLowering.h"
 #include "codegen/HostCompiler.h"
 #include "codegen/KernelSelect.h"
 #include "codegen/TargetModel.h"
@@ -942,6 +943,27 @@ TEST(flex_kernel_gen, a_row_shift_runs_once_per_row) {
   const KernelChoice c = select_kernel(*g, fb, target);
   EXPECT_EQ(c.kind, KernelKind::FlexFusedBackward) << c.why;
   ASSERT_NE(c.module, nullptr);
+}
+
+// ALiBi with a slope buffer read by (b, h), score + lb[b, h] * (kv - q): the CUDA forward adds the bias as
+// a ramp (HB_KV_RAMP; flex_lowering's a_slope_times_the_distance_is_a_ramp); the backward calls score_mod
+// per element, its slope learned (the joint scatters into it) or not.
+TEST(flex_kernel_gen, alibi_backward_calls_score_mod_per_element) {
+  std::string ir = without_softcap(cuda_backward_ir());
+  ir = replace(ir, "  %index: f32[] = aten::index.Tensor(%lb, [%add, %h])\n  %add_1: f32[] = aten::add.Tensor(%s, %index)\n",
+               "  %index: f32[] = aten::index.Tensor(%lb, [%b, %h])\n  %ramp: f32[] = aten::mul.Tensor(%index, %sub)\n"
+               "  %add_1: f32[] = aten::add.Tensor(%s, %ramp)\n");
+  ir = replace_all(ir, "bf16[1, 2, 200, 64]", "bf16[1, 2, 200, 64]@cuda:0");
+  std::string why;
+  for (const char* ret : {"return [%g, none, none, none, none, %scatter]", "return [%g, none, none, none, none, none]"}) {
+    auto g = parse_graph(replace(ir, "return [%g, none, none, none, none, %scatter]", ret));
+    const int fb = g->find("fb");
+    EXPECT_TRUE(analyze_flex(*g, fb).score_kv_ramp);
+    const std::optional<FlexKernelSource> b = generate_flex_kernel(*g, fb, &why, FlexKernelDevice::Cuda);
+    ASSERT_TRUE(b.has_value()) << why;
+    EXPECT_EQ(b->source.find("#define HB_KV_RAMP 1\n"), std::string::npos) << ret;
+    EXPECT_EQ(b->summary.find("a ramp"), std::string::npos) << b->summary;
+  }
 }
 
 TEST(flex_kernel_gen, selection_on_cuda_builds_the_generated_kernel) {

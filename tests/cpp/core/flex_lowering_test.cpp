@@ -287,6 +287,53 @@ bool with_cuda_kernels(Target* t) {
   return true;
 }
 
+// score + c * (kv_idx - q_idx), c reading neither the score nor the positions (ALiBi's slope[h], a
+// relative position's constant): a ramp along each row, which the generated CUDA kernels add as such
+// (HB_KV_RAMP) instead of calling score_mod per score. Anything else stays a plain bias.
+TEST(flex_lowering, a_slope_times_the_distance_is_a_ramp) {
+  auto ramp = [](const std::string& body, const std::string& buf = "f32[4]") {
+    auto g = flex_graph("bf16", "@cuda:0", "", body, true, buf);
+    const int flex = g->find("flex_attention");
+    const FlexAnalysis a = analyze_flex(*g, flex);
+    EXPECT_TRUE(a.score_bias) << body;
+    std::string why;
+    const std::optional<FlexKernelSource> s = generate_flex_kernel(*g, flex, &why, FlexKernelDevice::Cuda);
+    EXPECT_TRUE(s.has_value()) << why;
+    const bool in_source = s && s->source.find("#define HB_KV_RAMP 1\n") != std::string::npos;
+    EXPECT_EQ(in_source, a.score_kv_ramp) << body;
+    if (s && in_source)
+      EXPECT_NE(s->summary.find("a ramp in kv_idx - q_idx (its slope once a tile)"), std::string::npos) << s->summary;
+    return a.score_kv_ramp;
+  };
+  const std::string kv_less_q = "  %d: i32[] = aten::sub.Tensor(%kv_idx, %q_idx)\n";
+  const std::string q_less_kv = "  %d: i32[] = aten::sub.Tensor(%q_idx, %kv_idx)\n";
+  const std::string slope_h = "  %c: f32[] = aten::index.Tensor(%buf, [%h])\n";
+  // ALiBi, either order of the product and of the sum.
+  EXPECT_TRUE(ramp(kv_less_q + slope_h + "  %m: f32[] = aten::mul.Tensor(%c, %d)\n  %out: f32[] = aten::add.Tensor(%score, %m)\n"));
+  EXPECT_TRUE(ramp(kv_less_q + slope_h + "  %m: f32[] = aten::mul.Tensor(%d, %c)\n  %out: f32[] = aten::add.Tensor(%m, %score)\n"));
+  // A relative position, (q - kv) * 0.01, and the bare distance.
+  EXPECT_TRUE(ramp(q_less_kv + "  %m: f32[] = aten::mul.Tensor(%d, 0.01)\n  %out: f32[] = aten::add.Tensor(%score, %m)\n"));
+  EXPECT_TRUE(ramp(kv_less_q + "  %out: f32[] = aten::add.Tensor(%score, %d)\n"));
+  // Not ramps: a slope read by q_idx, the distance squared, a distance to the head, a product rounded to bf16.
+  EXPECT_FALSE(ramp(kv_less_q + "  %c: f32[] = aten::index.Tensor(%buf, [%q_idx])\n"
+                    "  %m: f32[] = aten::mul.Tensor(%c, %d)\n  %out: f32[] = aten::add.Tensor(%score, %m)\n", "f32[128]"));
+  EXPECT_FALSE(ramp(kv_less_q + "  %m: i32[] = aten::mul.Tensor(%d, %d)\n  %out: f32[] = aten::add.Tensor(%score, %m)\n"));
+  EXPECT_FALSE(ramp("  %d: i32[] = aten::sub.Tensor(%kv_idx, %h)\n  %out: f32[] = aten::add.Tensor(%score, %d)\n"));
+  EXPECT_FALSE(ramp(kv_less_q + "  %c: bf16[] = aten::index.Tensor(%buf, [%h])\n"
+                    "  %m: bf16[] = aten::mul.Tensor(%c, %d)\n  %out: f32[] = aten::add.Tensor(%score, %m)\n", "bf16[4]"));
+
+  // nvcc builds ALiBi's forward where CUTLASS's headers are named (CI: HB_TEST_CUTLASS_INCLUDE).
+  Target t;
+  if (!with_cuda_kernels(&t)) GTEST_SKIP() << "nvcc or HB_TEST_CUTLASS_INCLUDE missing";
+  auto g = flex_graph("bf16", "@cuda:0", "kernel=fused",
+                      kv_less_q + slope_h + "  %m: f32[] = aten::mul.Tensor(%c, %d)\n  %out: f32[] = aten::add.Tensor(%score, %m)\n",
+                      true, "f32[4]");
+  const KernelChoice c = select_kernel(*g, g->find("flex_attention"), t);
+  EXPECT_EQ(c.kind, KernelKind::FlexFusedForward) << c.why;
+  EXPECT_NE(c.module, nullptr);
+  EXPECT_NE(c.why.find("a ramp in kv_idx - q_idx"), std::string::npos) << c.why;
+}
+
 // A bias cuDNN would materialize past 8 GiB gives way to the generated kernel, which reads the table in
 // place (at S 65536 over 4 heads, 64 GiB). Without CUTLASS the generated CUDA kernel cannot be built, so
 // cuDNN runs and says why the rule did not apply; with nvcc and CUTLASS (HB_TEST_CUTLASS_INCLUDE, as CI
