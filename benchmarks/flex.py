@@ -24,7 +24,9 @@ GPU after every step, so the host time before a step's first kernel and between 
 counts), and "queued", steps launched back to back as a training loop does (per-step CUDA events, one
 synchronization at the end): the host runs ahead and only GPU time and GPU idle time count.
 
-Rows: none, causal (mask); softcap; qbias, hbias (learned per-query / per-head bias, grad); relbias, relbias16
+Rows: none, causal, window (causal sliding window of 1024), document (packed documents of 256-1024 tokens, causal
+within each; the mask reads a buffer of document ids) (masks; TFLOP/s of window and document counted at the
+block mask's density); softcap; qbias, hbias (learned per-query / per-head bias, grad); relbias, relbias16
 (learned relative bias lb[q - kv + S - 1, h], fp32 / bf16 buffer, grad; relbiast, relbias16t: the same with
 the table stored [H][2S - 1] and passed transposed, so that a head's diagonals are contiguous); dense, dense16 (learned [1, H, S, S]
 fp32 / bf16 bias, grad); alibi (slope buffer, no grad); relpos ((q - kv) * 0.01). The sdpa-cudnn column of a
@@ -72,6 +74,35 @@ def measure_queued(step, steps: int) -> float:
 
 def causal(b, h, q, kv):
     return q >= kv
+
+
+WINDOW = 1024  # row window: the causal sliding window of the shared FACTS zoo
+
+
+def window(b, h, q, kv):
+    return (q >= kv) & (q - kv <= WINDOW)
+
+
+# Row document: packed documents, causal within each; DOCS["ids"][i] is token i's document (made in main()).
+DOCS = {}
+
+
+def document(b, h, q, kv):
+    return (DOCS["ids"][q] == DOCS["ids"][kv]) & (q >= kv)
+
+
+def document_ids(S: int, device: str) -> torch.Tensor:
+    """Token i's document for documents of random lengths (seeded: every run the same layout), 256 to 1024
+    tokens each, the last one cut at S."""
+    g = torch.Generator().manual_seed(1)
+    lengths = []
+    while sum(lengths) < S:
+        lengths.append(int(torch.randint(256, 1025, (1,), generator=g)))
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[:S]
+    return ids.to(device=device, dtype=torch.int32)
+
+
+MASKS = {"causal": causal, "window": window, "document": document}
 
 
 def softcap(score, b, h, q, kv):
@@ -244,7 +275,8 @@ def main() -> None:
             torch.manual_seed(0)
             q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=getattr(torch, args.dtype)) for _ in range(4))
             q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-            bm = create_block_mask(causal, None, None, S, S, device="cuda") if row == "causal" else None
+            DOCS["ids"] = document_ids(S, "cuda")
+            bm = create_block_mask(MASKS[row], None, None, S, S, device="cuda") if row in MASKS else None
             BIASES["q"] = torch.randn(S, device="cuda", requires_grad=True)
             BIASES["h"] = torch.randn(H, device="cuda", requires_grad=True)
             BIASES["S"] = S
@@ -277,6 +309,8 @@ def main() -> None:
                     sdpa_mask = score_mod(torch.zeros((), device="cuda"), 0, hi, qi, ki).expand(1, H, S, S)
                     sdpa_mask = sdpa_mask.to(torch.bfloat16).contiguous()
             flops = 3.5 * 4 * B * H * S * S * D / (2 if row == "causal" else 1)
+            if row in ("window", "document"):
+                flops *= 1 - bm.sparsity() / 100  # the blocks computed
 
             def attn(q, k, v):
                 return flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
@@ -297,7 +331,8 @@ def main() -> None:
                     (("hb-cudnn",) if args.cudnn else ()) + \
                     (("hb-aten",) if args.reference else ()) + \
                     (("hb-cg",) if args.cuda_graphs else ()):
-                if (peer == "sdpa-cudnn" and score_mod is not None and sdpa_mask is None) or \
+                if (peer == "sdpa-cudnn" and ((score_mod is not None and sdpa_mask is None) or
+                                              (row in MASKS and row != "causal"))) or \
                         (peer == "cudnn-bias" and BIASES["mat"] is None):
                     res[peer] = None
                     continue
