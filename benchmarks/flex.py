@@ -246,7 +246,7 @@ def main() -> None:
     add_shape_args(p, head_dim=False)  # --dims: the head dims
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--dims", default="64,128")
-    p.add_argument("--rows", default="none,causal,softcap,qbias,hbias,relbias,relbias16,dense,dense16,alibi,relpos")
+    p.add_argument("--rows", default="none,causal,window,document,softcap,qbias,hbias,relbias,relbias16,dense,dense16,alibi,relpos")
     p.add_argument("--profile", action="store_true",
                    help="print the CUDA kernels of one step of each peer (torch.profiler), heaviest first")
     p.add_argument("--check", action="store_true",
