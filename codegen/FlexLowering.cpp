@@ -572,6 +572,21 @@ double softcap_of(const Graph& score) {
   return ok ? c : 0;
 }
 
+// The nodes `a` reads, transitively, itself included (none for a constant): seen[i] for node i of g.
+std::vector<bool> inputs_of(const Graph& g, const Arg& a) {
+  std::vector<bool> seen(g.nodes.size(), false);
+  std::vector<int> stack;
+  if (a.kind == Arg::Kind::Ref) stack.push_back(a.ref);
+  while (!stack.empty()) {
+    const int i = stack.back();
+    stack.pop_back();
+    if (seen[i]) continue;
+    seen[i] = true;
+    g.nodes[i].for_each_input([&](const Arg& r) { stack.push_back(r.ref); });
+  }
+  return seen;
+}
+
 // Whether the bias `t` (node t of a score_mod graph with placeholders ph: score, b, h, q_idx, kv_idx,
 // buffers) is c * (kv_idx - q_idx) or c * (q_idx - kv_idx), the difference alone, or a product of it and c
 // (either order), with c reading neither the score nor q_idx nor kv_idx (a constant, or a buffer read by b
@@ -597,15 +612,7 @@ bool kv_ramp_of(const Graph& score, int t, const std::vector<int>& ph) {
   auto constant_in_row = [&](const Arg& a) {  // reads none of score, q_idx, kv_idx
     if (a.kind == Arg::Kind::Float || a.kind == Arg::Kind::Int) return true;
     if (a.kind != Arg::Kind::Ref) return false;
-    std::vector<int> stack = {a.ref};
-    std::vector<bool> seen(score.nodes.size(), false);
-    while (!stack.empty()) {
-      const int i = stack.back();
-      stack.pop_back();
-      if (seen[i]) continue;
-      seen[i] = true;
-      score.nodes[i].for_each_input([&](const Arg& r) { stack.push_back(r.ref); });
-    }
+    const std::vector<bool> seen = inputs_of(score, a);
     return !seen[ph[0]] && !seen[ph[3]] && !seen[ph[4]];
   };
   if (t < 0 || !ok_type(t)) return false;
@@ -659,17 +666,7 @@ FlexAnalysis analyze_flex(const Graph& g, int node) {
           const Arg& s0 = add.args[side];
           const Arg& t = add.args[1 - side];
           if (s0.kind != Arg::Kind::Ref || s0.ref != ph[0]) continue;
-          // t's inputs, transitively.
-          std::vector<int> stack;
-          if (t.kind == Arg::Kind::Ref) stack.push_back(t.ref);
-          std::vector<bool> seen(score->nodes.size(), false);
-          while (!stack.empty()) {
-            const int i = stack.back();
-            stack.pop_back();
-            if (seen[i]) continue;
-            seen[i] = true;
-            score->nodes[i].for_each_input([&](const Arg& a) { stack.push_back(a.ref); });
-          }
+          const std::vector<bool> seen = inputs_of(*score, t);  // t's inputs, transitively
           if (seen[ph[0]]) continue;
           r.bias_reads_b = seen[ph[1]];
           r.bias_reads_h = seen[ph[2]];

@@ -546,8 +546,6 @@ graph g {
 )");
 }
 
-// The helper itself: each kind of CHECK line fails when its text is where it must not be, or is not
-// where it must be.
 TEST(ir_text, fold_transpose_pairs_in_a_linear_backward) {
   // AOTAutograd's linear backward: mm reads t(t(w)), and the weight's gradient is t(t(mm_1)). Both pairs
   // read as their source, and the four views go.
@@ -610,6 +608,8 @@ graph g {
 )");
 }
 
+// The helper itself: each kind of CHECK line fails when its text is where it must not be, or is not
+// where it must be.
 TEST(file_check, fails_on_a_missing_a_misplaced_or_a_forbidden_line) {
   EXPECT_NONFATAL_FAILURE(file_check(R"(
 graph g {
