@@ -1028,6 +1028,13 @@ class Translator {
     } else if ((op == "_to_copy" || op == "to" || op == "convert_element_type" || op == "clone" || op == "alias" ||
                 op == "detach" || op == "lift_fresh_copy" || op == "view" || op == "reshape" || op == "_unsafe_view" ||
                 op == "type_as" || op == "contiguous" || op == "positive") && unary) {
+      // Within a kind the generated code computes in one type (T is float for every floating dtype), so a
+      // conversion there is its operand, not a statement: a bf16 joint's `_to_copy(grad)` stays `grad`,
+      // the identity (HB_JOINT 0), and the backward keeps its split schedule.
+      if (a[0].kind == R) {
+        vals_[i] = a[0];
+        return true;
+      }
       def(i, R, cast(a[0], R), int_range(a[0].kind == K::Int || a[0].kind == K::Bool ? a[0].range : std::nullopt));
       vals_[i].const_true = a[0].const_true;
     } else if (op == "scalar_tensor" || op == "full" || op == "new_full" || op == "full_like" || op == "new_ones" ||

@@ -312,7 +312,9 @@ __device__ __forceinline__ float score_elem(float s, const HbFlexCudaArgs& a, lo
   }
   bool keep = in;
 #if HB_MASK_MOD
-  if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
+  // GUARD false: called whatever `in` says (it is true), so that nothing conditions one element's call
+  // against another's (fwd_scores).
+  if (!full) keep = GUARD ? keep && hb_mask_mod(b, h, qi, ki, &t) : hb_mask_mod(b, h, qi, ki, &t);
 #endif
   return keep ? x * (kLog2e / kElemToBase2) : -INFINITY;  // (x itself with a score_mod)
 }
@@ -353,7 +355,11 @@ __device__ __forceinline__ float fwd_scores(float (&s)[NC / 8][4], const HbFlexC
       for (int e = 0; e < 4; ++e) s[j][e] *= sl;
     return 1.f;
   }
-  if (inside) score_elems<NC, false>(s, a, b, h, (int)qi0, (int)k0, full, t);
+  // Inside both sequences, `full` as a literal in each copy: a partial tile's mask_mod calls then share one
+  // basic block, so the reads every element of a row or column makes alike (`doc[q]`, `doc[kv]`) are made
+  // once (2 + NC / 4 a thread, not 2 per score: score_elem).
+  if (inside && HB_MASK_MOD && full) score_elems<NC, false>(s, a, b, h, (int)qi0, (int)k0, true, t);
+  else if (inside) score_elems<NC, false>(s, a, b, h, (int)qi0, (int)k0, false, t);
   else score_elems<NC, true>(s, a, b, h, (int)qi0, (int)k0, full, t);
   return kElemToBase2;
 }
@@ -627,7 +633,9 @@ __device__ __forceinline__ void p_ds_elem(float& s, float& dp, const HbFlexCudaA
 #endif
   bool keep = in && lse != -INFINITY;
 #if HB_MASK_MOD
-  if (keep && !full) keep = hb_mask_mod(b, h, qi, ki, &t);
+  // GUARD false: the mask_mod is called first, whatever the row's logsumexp, so that its reads are shared
+  // across the step's elements (score_elem; bwd_p_ds passes `full` as a literal).
+  if (!full) keep = GUARD ? keep && hb_mask_mod(b, h, qi, ki, &t) : hb_mask_mod(b, h, qi, ki, &t) && keep;
 #endif
   const float p = keep ? ex2(x * kLog2e - lse) : 0.f;
   float ds = p * (dp - delta);
@@ -696,9 +704,13 @@ __device__ __forceinline__ void bwd_p_ds(float (&s)[NC / 8][4], float (&dp)[NC /
       return;
     }
 #endif
-    p_ds_elems<NC, false, true>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
+    // (`full` as a literal in each copy inside both sequences: fwd_scores says why)
+    if (HB_MASK_MOD && full) p_ds_elems<NC, false, true>(s, dp, a, b, h, (int)q0, lq, (int)k0, true, row0, t, line);
+    else p_ds_elems<NC, false, true>(s, dp, a, b, h, (int)q0, lq, (int)k0, false, row0, t, line);
+  } else if (inside && HB_MASK_MOD && full) {
+    p_ds_elems<NC, false, false>(s, dp, a, b, h, (int)q0, lq, (int)k0, true, row0, t, line);
   } else if (inside) {
-    p_ds_elems<NC, false, false>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
+    p_ds_elems<NC, false, false>(s, dp, a, b, h, (int)q0, lq, (int)k0, false, row0, t, line);
   } else {
     p_ds_elems<NC, true, false>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
   }

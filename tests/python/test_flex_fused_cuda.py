@@ -108,7 +108,8 @@ def test_cuda_fused_score_mods_under_a_causal_mask(tmp_path, score):
 # Ramps (HB_KV_RAMP): score + c * (kv - q), the forward reading the slope once a tile and adding the bias
 # along each row; the backward calls score_mod per score. ALiBi under a window's partial blocks at D64 (GQA,
 # S 700 ends inside a key tile), a relative position (q - kv) * 0.01 under a causal mask at D128, and a
-# learned slope. (Added to SCORE_MODS after the test above took its list.)
+# learned slope; the joint of a slope that gets no gradient is the identity though it converts the gradient
+# (FlexKernelGen.cpp). (Added to SCORE_MODS after the test above took its list.)
 SCORE_MODS["relpos"] = flex_reference.SCORE_MODS["relpos"]
 SCORE_MODS["alibi_learned"] = ((lambda B, H, S: (H,)), True, flex_reference.SCORE_MODS["alibi"][2])
 
@@ -121,6 +122,8 @@ SCORE_MODS["alibi_learned"] = ((lambda B, H, S: (H,)), True, flex_reference.SCOR
 def test_cuda_fused_ramps(tmp_path, score, mask, shape):
     kernels = run_case(tmp_path, score, mask, shape=shape)
     assert kernels.count("a ramp in kv_idx - q_idx") == 1, kernels  # the forward's
+    if score != "alibi_learned":  # a bf16 joint returns _to_copy(grad): still the identity (split schedule)
+        assert "joint: identity" in kernels, kernels
 
 
 # Head dim 128 with the BlockMask's 128-row blocks: the Hopper forward's ping-pong kernel (flex_fwd_pp:

@@ -966,6 +966,30 @@ TEST(flex_kernel_gen, alibi_backward_calls_score_mod_per_element) {
   }
 }
 
+// A bf16 model's joint converts the score gradient it returns (`_to_copy(grad)`, bf16 -> f32 -> bf16):
+// the generated code computes every floating dtype in T, so the joint is still the identity (HB_JOINT 0),
+// and the CUDA backward keeps its split schedule. A conversion across kinds (to an integer) is a statement.
+TEST(flex_kernel_gen, a_joint_that_converts_the_gradient_is_the_identity) {
+  std::string ir = replace_all(without_softcap(cuda_backward_ir()), "bf16[1, 2, 200, 64]", "bf16[1, 2, 200, 64]@cuda:0");
+  ir = replace(ir, "return [%g, none, none, none, none, %scatter]",
+               "%c: bf16[] = aten::_to_copy.default(%g, dtype=dtype.bfloat16)\n  %c_1: f32[] = aten::_to_copy.default(%c, "
+               "dtype=dtype.float32)\n  return [%c_1, none, none, none, none, none]");
+  std::string why;
+  auto g = parse_graph(ir);
+  std::optional<FlexKernelSource> b = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
+  ASSERT_TRUE(b.has_value()) << why;
+  EXPECT_NE(b->source.find("#define HB_JOINT 0\n"), std::string::npos);
+  EXPECT_NE(b->summary.find("joint: identity"), std::string::npos) << b->summary;
+  EXPECT_EQ(b->source.find("hb_joint("), std::string::npos);
+  // Through an integer (truncation): a real joint.
+  g = parse_graph(replace(ir, "%c: bf16[] = aten::_to_copy.default(%g, dtype=dtype.bfloat16)",
+                          "%c: i64[] = aten::_to_copy.default(%g, dtype=dtype.int64)"));
+  b = generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda);
+  ASSERT_TRUE(b.has_value()) << why;
+  EXPECT_NE(b->source.find("#define HB_JOINT 1\n"), std::string::npos);
+  EXPECT_NE(b->summary.find("joint: 5 ops"), std::string::npos) << b->summary;
+}
+
 TEST(flex_kernel_gen, selection_on_cuda_builds_the_generated_kernel) {
   const char* cutlass = std::getenv("HB_TEST_CUTLASS_INCLUDE");
   if (!cutlass || !*cutlass || std::system("nvcc --version > /dev/null 2>&1") != 0)
