@@ -966,7 +966,7 @@ TEST(flex_kernel_gen, alibi_backward_calls_score_mod_per_element) {
   }
 }
 
-// A bf16 model's joint converts the score gradient it returns (`_to_copy(grad)`, bf16 -> f32 -> bf16):
+// A bf16 model's joint converts the score gradient it returns (`_to_copy(grad)`; here grad -> bf16 -> f32):
 // the generated code computes every floating dtype in T, so the joint is still the identity (HB_JOINT 0),
 // and the CUDA backward keeps its split schedule. A conversion across kinds (to an integer) is a statement.
 TEST(flex_kernel_gen, a_joint_that_converts_the_gradient_is_the_identity) {
