@@ -246,8 +246,9 @@ double rel_err(const std::vector<T>& x, const std::vector<double>& ref) {
   return num / den;
 }
 
-bool check(long long S, bool causal, long long pairs = 0) {  // pairs: dQ's pairs a launch (0: flex_dq_pairs)
-  Problem p(1, 2, S, causal, 1);
+// pairs: dQ's pairs a launch (0: flex_dq_pairs); with B 2, pairs 2 takes the two streams (HB_DQ_STREAMS)
+bool check(long long S, bool causal, long long pairs = 0, long long B = 1) {
+  Problem p(B, 2, S, causal, 1);
   if (pairs) p.a.dq_pairs = pairs;
   p.forward();
   p.backward();
@@ -265,9 +266,9 @@ bool check(long long S, bool causal, long long pairs = 0) {  // pairs: dQ's pair
                        rel_err(download(p.dq_out, n), download(dq, n)), rel_err(download(p.dk, n), download(dk, n)),
                        rel_err(download(p.dv, n), download(dv, n))};
   const bool ok = e[0] < 2e-2 && e[1] < 1e-3 && e[2] < 2e-2 && e[3] < 2e-2 && e[4] < 2e-2;
-  std::printf("check D%d S%lld%s%s: max rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e: %s\n", HB_D, S,
-              causal ? " block-causal" : "", pairs ? ", dQ a pair a launch" : "", e[0], e[1], e[2], e[3], e[4],
-              ok ? "ok" : "FAILED");
+  std::printf("check B%lld D%d S%lld%s, dQ %lld of %lld pairs a launch: max rel err out %.2e lse %.2e dq %.2e dk %.2e "
+              "dv %.2e: %s\n", B, HB_D, S, causal ? " block-causal" : "", p.a.dq_pairs, 2 * B, e[0], e[1], e[2], e[3],
+              e[4], ok ? "ok" : "FAILED");
   return ok;
 }
 
@@ -300,7 +301,7 @@ int main(int argc, char** argv) {
 #ifdef HB_LAB_MODS
   bool ok = true;
 #else
-  bool ok = check(320, false) && check(384, true) && check(384, true, 1);
+  bool ok = check(320, false) && check(384, true) && check(384, true, 1) && check(384, true, 2, 2);
 #endif
   Problem p(B, H, S, causal, 2);
   const double flops = 4.0 * B * H * S * S * HB_D * (causal ? 0.5 : 1.0);

@@ -23,7 +23,8 @@ TorchDispatchMode that sees every op's results, eager's and hintbackend's runtim
 calls ATen through the dispatcher; its arenas are ATen tensors too): the same accounting for both. The mode
 lets torch.compile run its compiled graphs under it (ignore_compile_internals); Inductor's CPU code
 allocates outside the dispatcher, so run --no-inductor on CPU.
-Time: the median of --steps steps (CUDA events on CUDA, the wall clock on CPU).
+Time: the median of --rounds x --steps steps (CUDA events around each on CUDA, the wall clock on CPU), the
+peers taking turns round by round after each has compiled (run_peers).
 A peer that fails (Inductor does on some models) prints its error in place of the numbers.
 """
 
@@ -140,9 +141,10 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-def measure(step: Callable[[], None], device: str, steps: int) -> Tuple[float, float]:
-    """(peak MiB above what was allocated before the step, median ms per step)."""
-    for _ in range(2):  # compile, allocate the gradients
+def peak_of(step: Callable[[], None], device: str) -> float:
+    """MiB above what was allocated before one warm step, at the step's most (the first two steps compile and
+    allocate the gradients)."""
+    for _ in range(2):
         step()
     if device == "cuda":
         torch.cuda.synchronize()
@@ -151,25 +153,34 @@ def measure(step: Callable[[], None], device: str, steps: int) -> Tuple[float, f
         base = torch.cuda.memory_allocated()
         step()
         torch.cuda.synchronize()
-        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-        times = []
-        for _ in range(steps):
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    with LiveBytes() as lb:
+        step()
+    return lb.peak / 2**20
+
+
+def time_steps(step: Callable[[], None], device: str, steps: int) -> List[float]:
+    """The ms of each of `steps` steps (CUDA events around each on CUDA, the wall clock on CPU)."""
+    times = []
+    for _ in range(steps):
+        if device == "cuda":
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             step()
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b))
-    else:
-        with LiveBytes() as lb:
-            step()
-        peak = lb.peak / 2**20
-        times = []
-        for _ in range(steps):
+        else:
             t0 = time.perf_counter()
             step()
             times.append((time.perf_counter() - t0) * 1e3)
-    return peak, statistics.median(times)
+    return times
+
+
+def measure(step: Callable[[], None], device: str, steps: int) -> Tuple[float, float]:
+    """(peak MiB above what was allocated before the step, median ms of `steps` steps), one peer alone."""
+    peak = peak_of(step, device)
+    return peak, statistics.median(time_steps(step, device, steps))
 
 
 def compiled(peer: str, model: nn.Module):
@@ -199,9 +210,11 @@ def compiled(peer: str, model: nn.Module):
 
 
 def training_step(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor, device: str,
-                  dtype: torch.dtype) -> Callable[[], None]:
-    """A fresh model (seed 0) as `peer` runs it, and one training step of it: forward, loss, backward."""
-    torch._dynamo.reset()
+                  dtype: torch.dtype, reset: bool = True) -> Callable[[], None]:
+    """A fresh model (seed 0) as `peer` runs it, and one training step of it: forward, loss, backward.
+    reset: forget what Dynamo compiled before (run_peers keeps every peer's compiled model alive at once)."""
+    if reset:
+        torch._dynamo.reset()
     torch.manual_seed(0)
     model = make().to(device=device, dtype=dtype).train()
     fn = compiled(peer, model)
@@ -213,19 +226,38 @@ def training_step(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Te
     return step
 
 
-def run_peer(peer: str, make: Callable[[], nn.Module], loss_fn, x: torch.Tensor, device: str, dtype: torch.dtype,
-             steps: int) -> Tuple[Optional[float], Optional[float], str]:
-    step = training_step(peer, make, loss_fn, x, device, dtype)
-    try:
-        peak, ms = measure(step, device, steps)
-        return peak, ms, ""
-    except Exception as e:  # a peer that cannot run this model: say so in its cell
-        traceback.print_exc(limit=3)
-        return None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:60] if str(e) else ''}"
-    finally:
-        del step
+def run_peers(peers: List[str], make: Callable[[], nn.Module], loss_fn, x: torch.Tensor, device: str,
+              dtype: torch.dtype, steps: int, rounds: int) -> Dict[str, Tuple[Optional[float], Optional[float], str]]:
+    """Each peer's (peak MiB, median ms a step, error). Every peer compiles and has its peak measured first;
+    then the peers' steps are timed in `rounds` rounds of `steps` steps each, the peers taking turns, so that
+    a drift of the host's or the GPU's clocks over the run falls on every peer alike (a step of a small
+    block is host time, which moves by 10-30% from one stretch of steps to the next)."""
+    torch._dynamo.reset()
+    live: Dict[str, Callable[[], None]] = {}
+    out: Dict[str, Tuple[Optional[float], Optional[float], str]] = {}
+    peaks: Dict[str, float] = {}
+    for peer in peers:
+        step = training_step(peer, make, loss_fn, x, device, dtype, reset=False)
+        try:
+            peaks[peer] = peak_of(step, device)
+            live[peer] = step
+        except Exception as e:  # a peer that cannot run this model: say so in its cell
+            traceback.print_exc(limit=3)
+            out[peer] = (None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:60] if str(e) else ''}")
         if device == "cuda":
             torch.cuda.empty_cache()
+    times: Dict[str, List[float]] = {peer: [] for peer in live}
+    for _ in range(rounds):
+        for peer, step in live.items():
+            step()  # one untimed step: the turn's first touches what the other peers' turns evicted
+            times[peer] += time_steps(step, device, steps)
+    for peer in live:
+        out[peer] = (peaks[peer], statistics.median(times[peer]), "")
+    live.clear()
+    torch._dynamo.reset()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return {peer: out[peer] for peer in peers}
 
 
 def profile(name: str, peer: str, make, loss_fn, x: torch.Tensor, device: str, dtype: torch.dtype) -> None:
@@ -311,7 +343,8 @@ def main() -> None:
                         "[N, vocab] tensors weigh as they do at full size")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="parameters' dtype (default: bfloat16 on CUDA, float32 on CPU)")
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=20, help="timed steps a peer a round")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of timed steps, the peers taking turns")
     p.add_argument("--models", default="", help="comma-separated substrings of model names to run")
     p.add_argument("--no-inductor", action="store_true")
     p.add_argument("--diagnose", action="store_true",
@@ -353,7 +386,7 @@ def main() -> None:
         if args.profile:
             for peer in ("eager", "hintbackend"):
                 profile(name, peer, make, loss_fn, x, dev, dtype)
-        res = {peer: run_peer(peer, make, loss_fn, x, dev, dtype, args.steps) for peer in peers}
+        res = run_peers(peers, make, loss_fn, x, dev, dtype, args.steps, args.rounds)
         rows.append((name, res))
         print(f"{name}: " + ", ".join(f"{k} {v[0] if v[0] is None else round(v[0])} MiB / "
                                       f"{v[1] if v[1] is None else round(v[1], 2)} ms {v[2]}" for k, v in res.items()),

@@ -106,6 +106,13 @@
     if (pairs < 2 * least) return pairs;                                                              \
     const long long launches = pairs / least;                                                         \
     return (pairs + launches - 1) / launches;                                                         \
+  }                                                                                                  \
+  /* The streams those launches take (per: flex_dq_pairs'): 2 where there are several launches and not */ \
+  /* deterministic=True; then each launch takes per / 2 pairs and one half of the workspace, the halves */ \
+  /* in turn, one on the caller's stream and one on a side stream, so that a launch's last CTAs share   */ \
+  /* the GPU with the next launch's first (hb_flex_cuda_backward).                                      */ \
+  inline long long flex_dq_streams(long long pairs, long long per, int deterministic) {              \
+    return per < pairs && per >= 2 && !deterministic ? 2 : 1;                                          \
   }
 
 /* The generated prelude's CUDA hb_scatter (codegen/FlexKernelGen.cpp says what it does), one text for the */

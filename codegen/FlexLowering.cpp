@@ -885,10 +885,12 @@ std::optional<FlexDqLaunches> flex_cuda_dq_launches(const Graph& g, int node) {
   if (hkv <= 0 || hq % hkv != 0) return std::nullopt;
   FlexDqLaunches r;
   r.pairs = q->shape[0].value * hkv;
-  r.per_launch = flex_dq_pairs(r.pairs, k->shape[2].value);
+  const int64_t per = flex_dq_pairs(r.pairs, k->shape[2].value);
+  r.streams = flex_dq_streams(r.pairs, per, n.hints.deterministic.value_or(false) ? 1 : 0);
+  r.per_launch = per / r.streams;
   r.launches = (r.pairs + r.per_launch - 1) / r.per_launch;
   const int64_t d = flex_cuda_head_dim(q->shape[3].value, v->shape[3].value);
-  r.workspace_bytes = r.per_launch * (hq / hkv) * q->shape[2].value * (d > 0 ? d : q->shape[3].value) * 4;
+  r.workspace_bytes = per * (hq / hkv) * q->shape[2].value * (d > 0 ? d : q->shape[3].value) * 4;
   return r;
 }
 

@@ -175,7 +175,9 @@ CudnnBackwardGroup cudnn_backward_group(const Graph& g, int node, const FlexAnal
 // the runtime allocates it). nullopt off CUDA, with symbolic sizes, or where Hq is not a multiple of Hkv.
 // One rule for the memory plan (kernel_workspace_bytes) and the kernels dump.
 struct FlexDqLaunches {
-  int64_t pairs = 0, per_launch = 0, launches = 1, workspace_bytes = 0;
+  // per_launch: a launch's pairs (flex_dq_pairs' on one stream, half of it on two: flex_dq_streams);
+  // workspace_bytes: the float workspace of flex_dq_pairs' pairs (both streams' halves).
+  int64_t pairs = 0, per_launch = 0, launches = 1, streams = 1, workspace_bytes = 0;
 };
 std::optional<FlexDqLaunches> flex_cuda_dq_launches(const Graph& g, int node);
 

@@ -159,13 +159,15 @@ std::string dbias_precision_why(const Graph& g, int node, const FlexAnalysis& a)
 }
 
 // The CUDA backward's dQ launches (flex_cuda_dq_launches) where they are more than one: "; dQ summed in
-// float 16 of 64 (b, kv head) pairs a launch (4 launches, 32 MiB)". Nothing on the CPU or with symbolic sizes.
+// float 8 of 64 (b, kv head) pairs a launch, on two streams in turn (8 launches, 32 MiB)" (deterministic=True:
+// "16 of 64 ... a launch (4 launches, 32 MiB)"). Nothing on the CPU or with symbolic sizes.
 std::string dq_launches_note(const Graph& g, int node) {
   const std::optional<FlexDqLaunches> l = flex_cuda_dq_launches(g, node);
   if (!l || l->launches <= 1) return "";
   return "; dQ summed in float " + std::to_string(l->per_launch) + " of " + std::to_string(l->pairs) +
-         " (b, kv head) pairs a launch (" + std::to_string(l->launches) + " launches, " +
-         std::to_string((l->workspace_bytes + (1 << 20) - 1) >> 20) + " MiB)";
+         " (b, kv head) pairs a launch" + (l->streams == 2 ? ", on two streams in turn" : "") + " (" +
+         std::to_string(l->launches) + " launches, " + std::to_string((l->workspace_bytes + (1 << 20) - 1) >> 20) +
+         " MiB)";
 }
 
 // cuDNN's backward calls (cudnn_backward_group) where they are more than one: "; 4 calls of 1 batch" or

@@ -52,6 +52,7 @@
 #include <cuda_runtime.h>
 
 #include <climits>
+#include <mutex>
 
 #include <cute/arch/copy_sm75.hpp>
 #include <cute/arch/copy_sm80.hpp>
@@ -2178,6 +2179,24 @@ __global__ void flex_dq_round(const float* __restrict__ acc, Elem* __restrict__ 
   }
 }
 
+// The backward's dQ launches on two streams (hb_flex_cuda_backward): 1 keeps them on the caller's stream.
+#ifndef HB_DQ_STREAMS
+#define HB_DQ_STREAMS 2
+#endif
+// A side stream of the current device, made once and kept (non-blocking: ordered by events only).
+inline cudaError_t side_stream(cudaStream_t* out) {
+  static std::mutex mu;
+  static cudaStream_t streams[64] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!streams[dev] && (e = cudaStreamCreateWithFlags(&streams[dev], cudaStreamNonBlocking)) != cudaSuccess) return e;
+  *out = streams[dev];
+  return cudaSuccess;
+}
+
 #if HB_SIMT_FWD || HB_SIMT_BWD
 namespace simt {  // codegen/cuda/FlexSimtKernel.cuh, pasted after this text
 int launch_fwd(const HbFlexCudaArgs& a, void* stream);
@@ -2263,26 +2282,49 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
   if (e != cudaSuccess) return (int)e;
   const long long tiles = (a->Skv + hbk::BN - 1) / hbk::BN;
 #endif
-  for (long long p0 = 0; p0 < pairs; p0 += per) {
-    const long long n = per < pairs - p0 ? per : pairs - p0, floats = n * pair_rows * HB_D;
+  // Two streams (flex_dq_streams; HB_DQ_STREAMS 1 keeps one): the workspace's halves take turns, half the
+  // pairs a launch, the launches of one half on the caller's stream and of the other on a side stream, so
+  // that a launch's last CTAs (the longest under a causal mask, ragged under a document mask) share the GPU
+  // with the next launch's first instead of leaving SMs idle until they end.
+  const int nstreams = HB_DQ_STREAMS > 1 ? (int)flex_dq_streams(pairs, per, HB_DETERMINISTIC) : 1;
+  const long long group = per / nstreams;  // (both halves within the caller's workspace of per pairs)
+  cudaStream_t streams[2] = {(cudaStream_t)stream, (cudaStream_t)stream};
+  cudaEvent_t fork = nullptr, join = nullptr;
+  if (nstreams == 2) {
+    if ((e = hbk::side_stream(&streams[1])) != cudaSuccess) return (int)e;
+    if ((e = cudaEventCreateWithFlags(&fork, cudaEventDisableTiming)) != cudaSuccess) return (int)e;
+    if ((e = cudaEventCreateWithFlags(&join, cudaEventDisableTiming)) != cudaSuccess) return (int)e;
+    if ((e = cudaEventRecord(fork, streams[0])) != cudaSuccess) return (int)e;  // after flex_bwd_pre
+    if ((e = cudaStreamWaitEvent(streams[1], fork, 0)) != cudaSuccess) return (int)e;
+  }
+  for (long long p0 = 0, k = 0; p0 < pairs; p0 += group, ++k) {
+    const long long n = group < pairs - p0 ? group : pairs - p0, floats = n * pair_rows * HB_D;
+    const cudaStream_t st = streams[k % nstreams];
+    main_args.dq = a->dq + (k % nstreams) * group * pair_rows * HB_D;
     main_args.bh0 = p0, main_args.dq_row0 = p0 * pair_rows, main_args.pairs_fast = per < pairs;
-    if ((e = cudaMemsetAsync(a->dq, 0, floats * sizeof(float), (cudaStream_t)stream)) != cudaSuccess) return (int)e;
+    if ((e = cudaMemsetAsync(main_args.dq, 0, floats * sizeof(float), st)) != cudaSuccess) return (int)e;
 #if HB_SIMT_BWD
-    if ((e = (cudaError_t)hbk::simt::launch_bwd(main_args, n, stream)) != cudaSuccess) return (int)e;
+    if ((e = (cudaError_t)hbk::simt::launch_bwd(main_args, n, st)) != cudaSuccess) return (int)e;
 #elif HB_WG
 #if HB_WS
     if (ws)
-      hbk::flex_bwd_ws<<<hbk::bwd_grid(tiles, n, per < pairs), hbk::WST, hbk::kBwdWsSmem, (cudaStream_t)stream>>>(main_args);
+      hbk::flex_bwd_ws<<<hbk::bwd_grid(tiles, n, per < pairs), hbk::WST, hbk::kBwdWsSmem, st>>>(main_args);
     else
 #endif
-      hbk::flex_bwd_wg<<<hbk::bwd_grid(tiles, n, per < pairs), hbk::WBT, hbk::kBwdWgSmem, (cudaStream_t)stream>>>(main_args);
+      hbk::flex_bwd_wg<<<hbk::bwd_grid(tiles, n, per < pairs), hbk::WBT, hbk::kBwdWgSmem, st>>>(main_args);
 #else
-    hbk::flex_bwd<<<hbk::bwd_grid(tiles, n, per < pairs), hbk::BT, hbk::kBwdSmem, (cudaStream_t)stream>>>(main_args);
+    hbk::flex_bwd<<<hbk::bwd_grid(tiles, n, per < pairs), hbk::BT, hbk::kBwdSmem, st>>>(main_args);
 #endif
     const long long blocks = (floats / 4 + 255) / 256;
-    hbk::flex_dq_round<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, (cudaStream_t)stream>>>(
-        a->dq, (hbk::Elem*)a->dq_out + p0 * pair_rows * HB_D, floats);
+    hbk::flex_dq_round<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(
+        main_args.dq, (hbk::Elem*)a->dq_out + p0 * pair_rows * HB_D, floats);
     if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
+  }
+  if (nstreams == 2) {  // the caller's stream goes on once the side stream's launches are done
+    if ((e = cudaEventRecord(join, streams[1])) != cudaSuccess) return (int)e;
+    if ((e = cudaStreamWaitEvent(streams[0], join, 0)) != cudaSuccess) return (int)e;
+    cudaEventDestroy(fork);  // (released once their work completes)
+    cudaEventDestroy(join);
   }
 #if HB_DETERMINISTIC && HB_SCATTER
   if (a->run_joint && a->score_buffers[HB_LINE_BUF].grad) {

@@ -142,9 +142,9 @@ def test_cuda_fused_head_dim_128(tmp_path, score, mask, dtype):
 # Head dim 128 with 128-key blocks: the Hopper backward's flex_bwd_ws (two consumer warpgroups per 128 keys
 # and a dQ writer, FlexTiledKernel.cuh), full blocks on its split schedule (a score_mod per element there), a
 # mask's partial blocks and a joint's tiles through bwd_p_ds; S 700 and 1000 end inside a key tile, GQA,
-# fp16, and B8 H16 S1024, whose backward runs in two dQ launches. A buffer gradient: the relative bias's
-# diagonals summed per consumer (line_reduce), its steps across a sequence's end adding per element, and the
-# wrapped table's run-time probe.
+# fp16, and B8 H16 S1024, whose backward runs in four dQ launches on two streams. A buffer gradient: the
+# relative bias's diagonals summed per consumer (line_reduce), its steps across a sequence's end adding per
+# element, and the wrapped table's run-time probe.
 @pytest.mark.parametrize("score,mask,dtype,shape", [
     ("identity", "none", torch.bfloat16, (1, 4, 2, 700, 128)),
     ("identity", "causal", torch.bfloat16, (2, 4, 4, 1000, 128)),
@@ -161,7 +161,7 @@ def test_cuda_fused_head_dim_128(tmp_path, score, mask, dtype):
 def test_cuda_fused_hopper_backward_head_dim_128(tmp_path, score, mask, dtype, shape):
     kernels = run_case(tmp_path, score, mask, dtype=dtype, shape=shape)
     if shape[0] == 8:
-        assert "(2 launches, " in kernels, kernels
+        assert "on two streams in turn (4 launches, " in kernels, kernels
 
 
 @pytest.mark.parametrize("mask", ["none", "window"])
@@ -189,9 +189,44 @@ def test_cuda_fused_shapes(tmp_path, shape):
 def test_cuda_fused_dq_in_launches_of_pairs(tmp_path, score, mask, deterministic):
     result = run_case(tmp_path, score, mask, shape=(32, 16, 16, 256, 64), deterministic=deterministic)
     kernels = result[0] if deterministic else result
-    assert "dQ summed in float 256 of 512 (b, kv head) pairs a launch (2 launches, 16 MiB)" in kernels, kernels
+    want = ("256 of 512 (b, kv head) pairs a launch (2 launches, 16 MiB)" if deterministic else
+            "128 of 512 (b, kv head) pairs a launch, on two streams in turn (4 launches, 16 MiB)")
+    assert "dQ summed in float " + want in kernels, kernels
     if deterministic:
         assert torch.equal(result[1][2], result[2][2]), "dq differs between two deterministic runs"
+
+
+# Since the sixteenth session the dQ launches of several pairs take two streams (the workspace's halves in
+# turn, HB_DQ_STREAMS in FlexTiledKernel.cuh): the same case recorded and replayed as CUDA graphs, where the
+# side stream's launches join the capture through their events, against float64 on fresh inputs each step.
+def test_cuda_fused_dq_launches_on_two_streams_under_cuda_graphs(tmp_path):
+    B, H, S, D = 32, 16, 256, 64
+    bm = create_block_mask(causal, None, None, S, S, device="cuda")
+
+    def attn(q, k, v):
+        with hinted_context(kernel="fused"):
+            return flex_attention(q, k, v, block_mask=bm)
+
+    torch._dynamo.reset()
+    f = torch.compile(attn, backend="hintbackend", options={"cuda_graphs": True, "dump_dir": str(tmp_path)})
+    def run(fn, q, k, v, dout, dtype):  # [out, dq, dk, dv] of sum(fn(q, k, v) * dout), on copies in dtype
+        qq, kk, vv = (t.to(dtype).requires_grad_(True) for t in (q, k, v))
+        out = fn(qq, kk, vv)
+        (out.double() * dout).sum().backward()
+        return [out.detach().double(), qq.grad.double(), kk.grad.double(), vv.grad.double()]
+
+    for step in range(3):
+        torch.manual_seed(100 + step)
+        q, k, v, dout = (torch.randn(B, H, S, D, dtype=torch.float64, device="cuda") for _ in range(4))
+        torch.compiler.cudagraph_mark_step_begin()
+        got = run(f, q, k, v, dout, torch.bfloat16)
+        base = run(lambda qq, kk, vv: flex_attention(qq, kk, vv, block_mask=bm), q, k, v, dout, torch.bfloat16)
+        ref = run(lambda qq, kk, vv: dense(qq, kk, vv, None, causal)[0], q, k, v, dout, torch.float64)
+        for name, g, b, r in zip(["out", "dq", "dk", "dv"], got, base, ref):
+            assert torch.isfinite(g).all(), name
+            assert rel(g, r) <= 2 * rel(b, r) + 1e-4, f"step {step} {name}: {rel(g, r):.3g} vs {rel(b, r):.3g}"
+    kernels = kernels_text(tmp_path)
+    assert "128 of 512 (b, kv head) pairs a launch, on two streams in turn (4 launches, 16 MiB)" in kernels, kernels
 
 
 # Head dims between the built ones (16, 32, 64, 128; 256 forward only) run on the next one up, q, k, v,

@@ -294,6 +294,19 @@ TEST(flex_kernel_gen, the_cuda_backward_sums_dq_a_launch_of_pairs_at_a_time) {
   ASSERT_TRUE(generate_flex_kernel(*g, g->find("fb"), &why, FlexKernelDevice::Cuda)) << why;
   EXPECT_EQ(kernel_workspace_bytes(*g, n, false, false, /*fused_cuda=*/true),
             int64_t{4} * 16 * 4096 * 4 + int64_t{16} * 4096 * 128 * 4);
+  // Several launches take two streams (flex_dq_streams): each launch half the pairs and half the workspace,
+  // the halves in turn, so twice the launches over the same workspace; deterministic=True keeps one stream.
+  EXPECT_EQ(flex_dq_streams(64, 16, 0), 2);
+  EXPECT_EQ(flex_dq_streams(64, 16, 1), 1);
+  EXPECT_EQ(flex_dq_streams(64, 64, 0), 1);  // one launch
+  EXPECT_EQ(flex_dq_streams(2, 1, 0), 1);    // a pair a launch: no halves
+  std::optional<FlexDqLaunches> l = flex_cuda_dq_launches(*g, g->find("fb"));
+  ASSERT_TRUE(l.has_value());
+  EXPECT_EQ(l->pairs, 64);
+  EXPECT_EQ(l->streams, 2);
+  EXPECT_EQ(l->per_launch, 8);
+  EXPECT_EQ(l->launches, 8);
+  EXPECT_EQ(l->workspace_bytes, int64_t{16} * 4096 * 128 * 4);
 }
 
 TEST(flex_kernel_gen, refuses_what_it_cannot_express_naming_the_node) {
