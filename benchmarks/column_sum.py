@@ -1,5 +1,6 @@
-"""Column sums on CUDA: ATen's one-pass `x.sum(0)` against the two float32 sums that split-column-sum
-(passes/SplitColumnSum.h) writes, side by side in one process. Prints, per shape and dtype, the memory
+"""Column sums on CUDA: ATen's one-pass `x.sum(0)` against two float32 sums as ATen ops (what
+split-column-sum, passes/SplitColumnSum.h, wrote until the sixteenth session) and hintbackend::column_sum
+(what it writes now: the same sums in two kernels of ours), side by side in one process. Prints, per shape and dtype, the memory
 each allocates beyond its result (torch.cuda.max_memory_allocated above what was allocated before), the
 time per call, and the error against float64.
 
@@ -12,6 +13,8 @@ import argparse
 import time
 
 import torch
+
+import hintbackend
 
 
 def split_rows(n: int) -> int:
@@ -53,10 +56,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=50)
     args = p.parse_args()
+    hintbackend._core()  # registers hintbackend::column_sum
     torch.manual_seed(0)
     print(f"column sums on {torch.cuda.get_device_name()}, torch {torch.__version__}: extra MiB / ms per call / "
           "relative error against float64")
-    print(f"{'dtype':9} {'rows x cols':>14} {'one-pass':>28} {'two sums (r)':>34}")
+    print(f"{'dtype':9} {'rows x cols':>14} {'one-pass':>28} {'two sums (r)':>34} {'column_sum':>28}")
     for dtype in (torch.bfloat16, torch.float32):
         for n, c in [(2048, 512), (2048, 2048), (4096, 512), (4096, 2048), (8192, 4096), (16384, 1024),
                      (4096, 30522)]:
@@ -69,8 +73,10 @@ def main() -> None:
 
             one = lambda: x.sum(0, keepdim=True)  # noqa: E731
             two = lambda: two_sums(x, r)  # noqa: E731
+            ours = lambda: torch.ops.hintbackend.column_sum(x, 1, True, r, x.dtype)  # noqa: E731
             print(f"{str(dtype)[6:]:9} {n:>7} x {c:<6} {extra_mib(one):7.2f} / {ms(one, args.iters):.4f} / {err(one()):.1e}"
-                  f"   {extra_mib(two):7.2f} / {ms(two, args.iters):.4f} / {err(two()):.1e} ({r})")
+                  f"   {extra_mib(two):7.2f} / {ms(two, args.iters):.4f} / {err(two()):.1e} ({r})"
+                  f"   {extra_mib(ours):7.2f} / {ms(ours, args.iters):.4f} / {err(ours()):.1e}")
 
 
 if __name__ == "__main__":

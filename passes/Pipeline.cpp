@@ -53,10 +53,10 @@ const std::vector<PassInfo>& pipeline() {
        "log-softmax and nll_loss_forward into one op taking the rows a chunk at a time (no [N, C] log-"
        "probabilities); beside fold-cross-entropy-backward and for the same reasons"},
       {"split-column-sum", split_column_sum,
-       "on CUDA, a sum over a contiguous tensor's leading dims (a bias gradient) into two sums that ATen runs "
-       "without staging partial sums in a global buffer; after slice-schedule (whose legality rules read the "
-       "plain sum), before pointwise-fusion (which may take the final cast) and the memory passes, which plan "
-       "the partial sums"},
+       "on CUDA, a sum over a contiguous tensor's leading dims (a bias gradient) into hintbackend::column_sum "
+       "(float32 partial sums, then their sum: nothing staged in a global buffer as ATen's sum does); after "
+       "slice-schedule (whose legality rules read the plain sum), before the memory passes, which place its result (its parts x C float partial sums are the "
+       "op's own workspace, from the caching allocator)"},
       {"row-softmax-fusion", row_softmax_fusion,
        "softmax chains and their gradients into row kernels; after slice-schedule (whose legality rules read "
        "the plain ops, and whose loop bodies it fuses too: a DFS backward recomputes the softmax in its "

@@ -3,44 +3,21 @@
 #include <optional>
 #include <sstream>
 
-#include "backend/ir/GraphEdit.h"
-
 namespace hb {
 
 namespace {
 
 constexpr const char* kSum = "aten::sum.dim_IntList";
+constexpr const char* kColumnSum = "hintbackend::column_sum.default";
 constexpr int64_t kMinRows = 512, kMinOutputs = 128, kMaxRowsPerPartial = 1024;
 
 bool on_cuda(const TensorType& t) { return t.device.rfind("cuda", 0) == 0; }
-
-Arg int_list(const std::vector<int64_t>& v) {
-  Arg a;
-  a.kind = Arg::Kind::List;
-  for (int64_t x : v) a.items.push_back(Arg::of_int(x));
-  return a;
-}
 
 Arg of_bool(bool b) {
   Arg a;
   a.kind = Arg::Kind::Bool;
   a.b = b;
   return a;
-}
-
-TensorType contiguous(std::vector<int64_t> sizes, DType dtype, const std::string& device) {
-  TensorType t;
-  t.dtype = dtype;
-  t.device = device;
-  int64_t stride = 1;
-  t.shape.resize(sizes.size());
-  t.stride.resize(sizes.size());
-  for (size_t k = sizes.size(); k-- > 0;) {
-    t.shape[k].value = sizes[k];
-    t.stride[k].value = stride;
-    stride *= sizes[k];
-  }
-  return t;
 }
 
 struct Split {
@@ -101,64 +78,15 @@ bool split_column_sum(Graph& g, PassContext& ctx) {
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
     const std::optional<Split> s = plan(g, g.nodes[i]);
     if (!s) continue;
-    const std::string name = g.nodes[i].name;
-    const TensorType out = g.nodes[i].type.tensor;
-    const Arg x = g.nodes[i].args[0];
-    const std::string& dev = out.device;
-    // The rows as r x m, then (keepdim) k - 1 ones, then the kept dims.
-    std::vector<int64_t> rows_shape = {s->r, s->rows / s->r};
-    if (s->keepdim) rows_shape.insert(rows_shape.end(), s->k - 1, 1);
-    rows_shape.insert(rows_shape.end(), s->kept.begin(), s->kept.end());
-    std::vector<int64_t> part_shape(rows_shape);
-    part_shape.erase(part_shape.begin() + 1);
-
-    Node view;
-    view.name = unique_name(g, name + "_rows");
-    view.target = "aten::view.default";
-    view.args = {x, int_list(rows_shape)};
-    view.type.kind = ValueType::Kind::Tensor;
-    view.type.tensor = contiguous(rows_shape, g.tensor_type(x)->dtype, dev);
-    view.effects.is_view = true;
-    int at = insert_node_like(g, i, view, i);
-    ++i;
-
-    Node part;
-    part.name = unique_name(g, name + "_part");
-    part.target = kSum;
-    part.args = {Arg::of_ref(at, view.name), int_list({1}), of_bool(false)};
-    part.kwargs = {{"dtype", Arg::of_dtype(DType::Float32)}};
-    part.type.kind = ValueType::Kind::Tensor;
-    part.type.tensor = contiguous(part_shape, DType::Float32, dev);
-    at = insert_node_like(g, i, part, i);
-    ++i;
-
-    // The last node keeps the original's name and index (its users' references stay valid).
-    std::vector<int64_t> out_sizes;
-    for (const Dim& d : out.shape) out_sizes.push_back(d.value);
-    int last = i;
-    if (out.dtype != DType::Float32) {
-      Node total;
-      total.name = unique_name(g, name + "_f32");
-      total.target = kSum;
-      total.args = {Arg::of_ref(at, part.name), int_list({0}), of_bool(s->keepdim)};
-      total.kwargs = {{"dtype", Arg::of_dtype(DType::Float32)}};
-      total.type.kind = ValueType::Kind::Tensor;
-      total.type.tensor = contiguous(out_sizes, DType::Float32, dev);
-      at = insert_node_like(g, i, total, i);
-      ++i;
-      last = i;
-      Node& cast = g.nodes[last];
-      cast.target = "aten::_to_copy.default";
-      cast.args = {Arg::of_ref(at, total.name)};
-      cast.kwargs = {{"dtype", Arg::of_dtype(out.dtype)}};
-    } else {
-      Node& total = g.nodes[last];
-      total.args = {Arg::of_ref(at, part.name), int_list({0}), of_bool(s->keepdim)};
-      total.kwargs = {{"dtype", Arg::of_dtype(DType::Float32)}};
-    }
-    g.nodes[last].effects = OpEffects{};
-    note << (split++ ? "; " : ": ") << "%" << name << " over " << s->rows << " rows of " << s->outputs
-         << " as " << s->r << " partial sums of " << s->rows / s->r << " rows";
+    // In place: the node keeps its name, index and type (its users' references stay valid).
+    Node& n = g.nodes[i];
+    const Arg x = n.args[0];
+    n.target = kColumnSum;
+    n.args = {x, Arg::of_int(s->k), of_bool(s->keepdim), Arg::of_int(s->r), Arg::of_dtype(n.type.tensor.dtype)};
+    n.kwargs.clear();
+    n.effects = OpEffects{};
+    note << (split++ ? "; " : ": ") << "%" << n.name << " over " << s->rows << " rows of " << s->outputs << " as "
+         << s->r << " partial sums of " << s->rows / s->r << " rows";
   }
   if (!split) return false;
   ctx.notes.push_back("split-column-sum graph " + g.name + note.str());

@@ -16,6 +16,7 @@
 #include "backend/ir/Liveness.h"
 #include "backend/runtime/Args.h"
 #include "backend/runtime/Call.h"
+#include "backend/runtime/ColumnSum.h"
 #include "backend/runtime/CrossEntropyBackward.h"
 #include "backend/runtime/CrossEntropyForward.h"
 #include "backend/runtime/Placement.h"
@@ -138,6 +139,7 @@ Executor::Executor(Program program, std::shared_ptr<const std::vector<at::Tensor
   link_row_softmax_ops();  // the ops row-softmax-fusion writes must be registered with the dispatcher
   link_cross_entropy_backward_ops();  // and the ones fold-cross-entropy-backward and -forward write
   link_cross_entropy_forward_ops();
+  link_column_sum_ops();  // and the one split-column-sum writes
   placeholders_ = g.placeholders();
   const Liveness live = liveness(g);
   std::vector<int> step_of(g.nodes.size(), -1);

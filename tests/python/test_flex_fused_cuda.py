@@ -229,6 +229,40 @@ def test_cuda_fused_dq_launches_on_two_streams_under_cuda_graphs(tmp_path):
     assert "128 of 512 (b, kv head) pairs a launch, on two streams in turn (4 launches, 16 MiB)" in kernels, kernels
 
 
+# The forward's logsumexp and max_scores (return_aux) against float64 at D64 and D128 (the ping-pong
+# forward), with scores that grow along the keys so that the running max moves often.
+@pytest.mark.parametrize("D", [64, 128])
+def test_cuda_fused_forward_max_scores_and_logsumexp(tmp_path, D):
+    from torch.nn.attention.flex_attention import AuxRequest
+    B, H, S = 2, 4, 1000
+    torch.manual_seed(7 + D)
+    q, k, v = (torch.randn(B, H, S, D, dtype=torch.float64, device="cuda") for _ in range(3))
+    ramp = torch.linspace(0, 6, S, dtype=torch.float64, device="cuda")
+    k = k * (1 + ramp[None, None, :, None])  # later keys score higher: the running max moves
+    bm = create_block_mask(causal, None, None, S, S, device="cuda")
+    aux = AuxRequest(lse=True, max_scores=True)
+
+    def fused(qq, kk, vv):
+        with hinted_context(kernel="fused"):
+            return flex_attention(qq, kk, vv, block_mask=bm, return_aux=aux)
+
+    torch._dynamo.reset()
+    f = torch.compile(fused, backend="hintbackend", options={"dump_dir": str(tmp_path)})
+    lo = [t.to(torch.bfloat16) for t in (q, k, v)]
+    out, got = f(*lo)
+    eout, eaux = flex_attention(*lo, block_mask=bm, return_aux=aux)
+    scores = (q @ k.transpose(-1, -2)) / D ** 0.5
+    keep = torch.ones(S, S, dtype=torch.bool, device="cuda").tril()
+    scores = scores.masked_fill(~keep, float("-inf"))
+    ref_lse, ref_max = torch.logsumexp(scores, -1), scores.amax(-1)
+    ref_out = torch.softmax(scores, -1) @ v
+    for name, g, e, r in [("out", out, eout, ref_out), ("lse", got.lse, eaux.lse, ref_lse),
+                          ("max_scores", got.max_scores, eaux.max_scores, ref_max)]:
+        assert torch.isfinite(g).all(), name
+        assert rel(g, r) <= 2 * rel(e, r) + 1e-4, f"{name}: {rel(g, r):.3g} vs eager {rel(e, r):.3g}"
+    assert "flex-attention-fused" in kernels_text(tmp_path)
+
+
 # Head dims between the built ones (16, 32, 64, 128; 256 forward only) run on the next one up, q, k, v,
 # out and dO padded with zero columns; a value head dim unlike q's takes the built one that holds both.
 @pytest.mark.parametrize("shape,value_dim", [((1, 4, 2, 300, 96), None), ((2, 2, 2, 200, 80), None),

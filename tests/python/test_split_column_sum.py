@@ -1,18 +1,59 @@
-"""split-column-sum (passes/SplitColumnSum.h) on the GPU: a Linear's bias gradient, a column sum over the
-rows of the output gradient, runs as two float32 sums instead of ATen's one-pass sum, which stages its
-partial sums in a global buffer larger than the gradient itself. Gradients are checked against float64
-at no worse than twice eager's error; the step's peak must drop by most of that buffer. The IR rewrite
-itself is checked without a GPU in tests/cpp/core/split_column_sum_test.cpp."""
+"""split-column-sum (passes/SplitColumnSum.h) and its op, hintbackend::column_sum (backend/runtime/
+ColumnSum.h): a Linear's bias gradient, a column sum over the rows of the output gradient, runs as float32
+partial sums and their sum instead of ATen's one-pass sum, which stages its partial sums in a global buffer
+larger than the gradient itself. The op is checked against float64 on fresh random inputs on the test
+device (on CPU its ATen form, on CUDA its kernels) at no worse than twice eager's error, and bitwise the
+same from run to run. On the GPU, the model's gradients against float64 and the step's largest block and
+peak. The IR rewrite itself is checked without a GPU in tests/cpp/core/split_column_sum_test.cpp."""
+
+import zlib
 
 import pytest
 import torch
 import torch.nn as nn
 
+import hintbackend
 from conftest import device
 from helpers import graph_dirs
 
-pytestmark = pytest.mark.skipif(device() != "cuda" or not torch.cuda.is_available(),
-                                reason="needs HINTBACKEND_TEST_DEVICE=cuda and a GPU")
+hintbackend._core()  # registers the ops
+ops = torch.ops.hintbackend
+cuda_only = pytest.mark.skipif(device() != "cuda" or not torch.cuda.is_available(),
+                               reason="needs HINTBACKEND_TEST_DEVICE=cuda and a GPU")
+
+
+# (shape, leading dims summed, keepdim, parts): a bias gradient's [N, C] (C a multiple of the kernel's
+# 16-byte vectors, and not: 1001), two leading dims of a 3-d gradient, keepdim.
+CASES = [((2048, 512), 1, False, 32), ((1024, 1001), 1, False, 32), ((4, 256, 768), 2, False, 32),
+         ((8, 128, 1, 256), 2, True, 64)]
+
+
+@pytest.mark.parametrize("dtype,out_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+                                             (torch.float32, torch.float32), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("shape,dims,keepdim,parts", CASES)
+def test_column_sum_matches_float64(shape, dims, keepdim, parts, dtype, out_dtype):
+    torch.manual_seed(zlib.crc32(repr((shape, dims, dtype, out_dtype)).encode()))
+    x = (torch.randn(shape, device=device()) + 0.5).to(dtype)  # a mean, so that rounding shows
+    lead = list(range(dims))
+    ref = x.double().sum(lead, keepdim=keepdim)
+    eager = x.sum(lead, keepdim=keepdim, dtype=torch.float32).to(out_dtype)
+    got = ops.column_sum(x, dims, keepdim, parts, out_dtype)
+    assert got.dtype == out_dtype and got.shape == ref.shape, (got.dtype, got.shape, ref.shape)
+    err = ((got.double() - ref).norm() / ref.norm()).item()
+    base = ((eager.double() - ref).norm() / ref.norm()).item()
+    assert err <= 2 * base + 1e-6, f"{err:.3g} vs eager {base:.3g}"
+    assert torch.equal(got, ops.column_sum(x, dims, keepdim, parts, out_dtype))  # the same adds every run
+    out = torch.empty_like(got)
+    r = ops.column_sum.out(x, dims, keepdim, parts, out_dtype, out=out)
+    assert r.data_ptr() == out.data_ptr() and torch.equal(out, got)
+
+
+def test_column_sum_names_a_wrong_out():
+    x = torch.randn(512, 256, device=device())
+    with pytest.raises(RuntimeError, match=r"column_sum.out: out must be Float of shape \[256\]"):
+        ops.column_sum.out(x, 1, False, 32, torch.float32, out=torch.empty(255, device=device()))
+    with pytest.raises(RuntimeError, match="dims must be in"):
+        ops.column_sum(x, 2, False, 32, torch.float32)
 
 
 def mlp(dtype):
@@ -31,6 +72,7 @@ def rel(a, ref):
     return ((a.double() - ref).norm() / ref.norm()).item()
 
 
+@cuda_only
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_bias_gradients_match_float64(tmp_path, dtype):
     x = torch.randn(4, 512, 512, device="cuda", dtype=torch.float64)
@@ -45,8 +87,11 @@ def test_bias_gradients_match_float64(tmp_path, dtype):
     notes = "".join(open(tmp_path / d / "notes.txt").read() for d in graph_dirs(str(tmp_path)))
     assert "over 2048 rows of 2048 as 32 partial sums of 64 rows" in notes, notes  # b1
     assert "over 2048 rows of 512 as 32 partial sums of 64 rows" in notes, notes   # b2
+    ir = "".join(open(tmp_path / d / "ir-final.txt").read() for d in graph_dirs(str(tmp_path)))
+    assert ir.count("hintbackend::column_sum.default(") == 2, ir
 
 
+@cuda_only
 def test_no_block_larger_than_the_largest_tensor():
     """ATen's one-pass column sum of the first Linear's [2048, 2048] bf16 output gradient stages 32 MiB
     (benchmarks/column_sum.py). With the pass no allocation of the training step is larger than the
