@@ -1,8 +1,8 @@
 // CUDA kernels for hintbackend::column_sum (backend/runtime/ColumnSum.h has its semantics): a column sum
 // of an [N, C] matrix as `parts` float32 partial sums of N / parts rows each, then their float32 sum in
-// part order, rounded once into the result's dtype. Two launches and one float workspace of parts x C,
-// where ATen's sum, the two sums split-column-sum wrote before, and the cast took three launches and three
-// ops' host time. Part of hb_runtime, built only where nvcc and a CUDA torch exist (HB_WITH_CUDA).
+// part order, rounded once into the result's dtype. Two launches of one op and a float workspace of parts x
+// C, where the view, the two ATen sums and the cast split-column-sum wrote before took three launches and
+// four ops' host time. Part of hb_runtime, built only where nvcc and a CUDA torch exist (HB_WITH_CUDA).
 #pragma once
 #include <ATen/core/Tensor.h>
 
