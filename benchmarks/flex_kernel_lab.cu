@@ -5,7 +5,10 @@
 // times the forward and the backward at the benchmark size (CUDA events, median of --iters).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I<cutlass include> -I. -DHB_D=128 benchmarks/flex_kernel_lab.cu -o lab
-//   ./lab [B H S] [iters] [causal]
+//   ./lab [B H S] [iters] [mask]
+//
+// mask: 0 every 128-block full, 1 block-causal, 2 no mask as torch passes block_mask=None (one partial block
+// of 2^30 rows each way, so a walk's tiles are tiles of one block).
 //
 // -DHB_LAB_TEMPLATE='"file"' builds another copy of the template (an experiment); -DHB_DETERMINISTIC=1 the
 // deterministic=True kernels (dQ added in key-tile order), whose two backward runs must give the same bits. benchmarks/gpu_session.sh lab
@@ -149,7 +152,7 @@ double to_float_any(Elem x) { return double(float(x)); }
 
 struct Problem {
   long long B, H, S;
-  bool causal;
+  bool causal, one_block;
   Elem *q, *k, *v, *dout, *out, *dk, *dv, *dq_out;
   float *lse, *mx, *delta, *dq;
   int *lists[8];
@@ -157,7 +160,8 @@ struct Problem {
   long long counters = 0;
   HbFlexCudaArgs a;
 
-  Problem(long long B_, long long H_, long long S_, bool causal_, unsigned seed) : B(B_), H(H_), S(S_), causal(causal_) {
+  Problem(long long B_, long long H_, long long S_, int mask, unsigned seed)
+      : B(B_), H(H_), S(S_), causal(mask == 1), one_block(mask == 2) {
     const long long n = B * H * S * HB_D;
     std::mt19937 gen(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -193,6 +197,11 @@ struct Problem {
     auto list = [&](int* num, int* idx) { return HbFlexBlockList{num, idx, 1, 1, nblk, nblk}; };
     a.kv_list = list(lists[0], lists[1]), a.kv_full_list = list(lists[2], lists[3]);
     a.q_list = list(lists[4], lists[5]), a.q_full_list = list(lists[6], lists[7]);
+    if (one_block) {  // torch's empty BlockMask: kv_num_blocks [1], kv_indices [0], no full lists
+      a.q_block = a.kv_block = 1LL << 30;
+      a.kv_list = a.q_list = HbFlexBlockList{upload(std::vector<int>{1}), upload(std::vector<int>{0}), 1, 1, 1, 1};
+      a.kv_full_list = a.q_full_list = HbFlexBlockList{nullptr, nullptr, 1, 1, 1, 1};
+    }
 #ifdef HB_LAB_MODS
     lab_buffers(a, B, H, S);
     a.run_joint = 1;
@@ -246,9 +255,12 @@ double rel_err(const std::vector<T>& x, const std::vector<double>& ref) {
   return num / den;
 }
 
+const char* mask_name(int mask) { return mask == 1 ? " block-causal" : mask == 2 ? " one 2^30 block" : ""; }
+
 // pairs: dQ's pairs a launch (0: flex_dq_pairs); with B 2, pairs 2 takes the two streams (HB_DQ_STREAMS)
-bool check(long long S, bool causal, long long pairs = 0, long long B = 1) {
-  Problem p(B, 2, S, causal, 1);
+bool check(long long S, int mask, long long pairs = 0, long long B = 1) {
+  Problem p(B, 2, S, mask, 1);
+  const bool causal = mask == 1;
   if (pairs) p.a.dq_pairs = pairs;
   p.forward();
   p.backward();
@@ -267,7 +279,7 @@ bool check(long long S, bool causal, long long pairs = 0, long long B = 1) {
                        rel_err(download(p.dv, n), download(dv, n))};
   const bool ok = e[0] < 2e-2 && e[1] < 1e-3 && e[2] < 2e-2 && e[3] < 2e-2 && e[4] < 2e-2;
   std::printf("check B%lld D%d S%lld%s, dQ %lld of %lld pairs a launch: max rel err out %.2e lse %.2e dq %.2e dk %.2e "
-              "dv %.2e: %s\n", B, HB_D, S, causal ? " block-causal" : "", p.a.dq_pairs, 2 * B, e[0], e[1], e[2], e[3],
+              "dv %.2e: %s\n", B, HB_D, S, mask_name(mask), p.a.dq_pairs, 2 * B, e[0], e[1], e[2], e[3],
               e[4], ok ? "ok" : "FAILED");
   return ok;
 }
@@ -297,25 +309,26 @@ int main(int argc, char** argv) {
   const long long B = argc > 3 ? std::atoll(argv[1]) : 4, H = argc > 3 ? std::atoll(argv[2]) : 16,
                   S = argc > 3 ? std::atoll(argv[3]) : 4096;
   const int iters = argc > 4 ? std::atoi(argv[4]) : 20;
-  const bool causal = argc > 5 && std::atoi(argv[5]) != 0;
+  const int mask = argc > 5 ? std::atoi(argv[5]) : 0;
+  const bool causal = mask == 1;
 #ifdef HB_LAB_MODS
   bool ok = true;
 #else
-  bool ok = check(320, false) && check(384, true) && check(384, true, 1) && check(384, true, 2, 2);
+  bool ok = check(320, 0) && check(320, 2) && check(384, 1) && check(384, 1, 1) && check(384, 1, 2, 2);
 #endif
-  Problem p(B, H, S, causal, 2);
+  Problem p(B, H, S, mask, 2);
   const double flops = 4.0 * B * H * S * S * HB_D * (causal ? 0.5 : 1.0);
   const float f = time_ms([&] { p.forward(); }, iters), b = time_ms([&] { p.backward(); }, iters);
   std::printf("time D%d B%lld H%lld S%lld%s: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s), "
               "both %.0f TFLOP/s (dQ summed %lld of %lld pairs a launch)\n", HB_D, B, H, S,
-              causal ? " block-causal" : "", f, flops / f * 1e-9, b, 2.5 * flops / b * 1e-9,
+              mask_name(mask), f, flops / f * 1e-9, b, 2.5 * flops / b * 1e-9,
               3.5 * flops / (f + b) * 1e-9, p.a.dq_pairs, B * H);
   if (p.a.dq_pairs < B * H) {  // the same backward in one launch, its dQ workspace every pair's
     const long long pairs = p.a.dq_pairs;
     p.a.dq_pairs = 0;
     const float one = time_ms([&] { p.backward(); }, iters);
     std::printf("time D%d B%lld H%lld S%lld%s: backward in one launch %.3f ms (%.0f TFLOP/s): %.3fx\n", HB_D, B, H,
-                S, causal ? " block-causal" : "", one, 2.5 * flops / one * 1e-9, b / one);
+                S, mask_name(mask), one, 2.5 * flops / one * 1e-9, b / one);
     p.a.dq_pairs = pairs;
   }
 #if HB_DETERMINISTIC

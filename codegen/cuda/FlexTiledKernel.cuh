@@ -213,23 +213,39 @@ struct Walk {
   }
   __device__ int count() const { return (npart + nfull) * sub; }
   // The backward's step i: the lists' tiles in order, or with deterministic=True in reverse (dq_turn_wait:
-  // then a causal or banded mask's key tiles reach each query tile in the same step, in turn order).
-  // (Without the division where sub is 1, as first does, the backward was 2-4% slower at D 128 on the
-  // H200: the loop's code moved; the lab, the thirteenth session.)
+  // then a causal or banded mask's key tiles reach each query tile in the same step, in turn order). The
+  // SIMT backward's; the tensor-core backwards count along (Steps).
   __device__ long long step(int i, bool* is_full) const {
     i = HB_DETERMINISTIC ? count() - 1 - i : i;
     const int k = i / sub;
-    *is_full = k >= npart;
-    const long long blk = *is_full ? full[k - npart] : part[k];
-    return blk * block + (long long)(i % sub) * tile;
+    return at(k, i - k * sub, is_full);
   }
   // The forward's tile i. sub is 1 where the block list's blocks are the kernel's tiles, the usual case:
   // no division there, about 30 instructions a tile off flex_fwd_pp's consumers (SASS, D 64).
   __device__ long long first(int i, bool* is_full) const {
     const int k = sub == 1 ? i : i / sub, r = sub == 1 ? 0 : i - k * sub;
+    return at(k, r, is_full);
+  }
+  // Tile r of the lists' block k (partial blocks first, then full ones).
+  __device__ long long at(int k, int r, bool* is_full) const {
     *is_full = k >= npart;
     const long long blk = *is_full ? full[k - npart] : part[k];
     return blk * block + (long long)r * tile;
+  }
+};
+
+// A walk's tiles in order, counted along instead of divided out: tile r of block k. Where a block holds
+// several tiles, first's division ran for each tile in every producer and consumer thread of flex_fwd_pp:
+// so it did for every call without a BlockMask, since torch passes block_mask=None as one block of 2^30
+// rows each way (the walk: 32 tiles of block 0 at S 4096), and the lab timed its 128-row blocks. Measured
+// on the H200 (benchmarks/flex_kernel_lab.cu, mask 2: torch's empty BlockMask; B4 H16 S4096): forward
+// D 64 0.77 -> 0.70 ms, D 128 0.98 -> 0.92; with Steps counting along too, the backward D 64 2.36 -> 2.33
+// (128-row blocks 2.38 -> 2.34, block-causal 1.31 -> 1.29), D 128 about the same (3.52 -> 3.50).
+struct WalkPos {
+  int k = 0, r = 0;
+  __device__ long long at(const Walk& w, bool* is_full) const { return w.at(k, r, is_full); }
+  __device__ void advance(const Walk& w) {
+    if (++r == w.sub) r = 0, ++k;
   }
 };
 
@@ -241,21 +257,29 @@ struct Steps {
   const HbFlexCudaArgs* a;
   long long b, kblk, tile, h, hend;
   Walk walk;
-  int i = 0;
+  // The step: tile r of the walk's block k, counted along (backwards with HB_DETERMINISTIC, in Walk::step's
+  // order) rather than divided out of a step number (WalkPos says why).
+  int k = 0, r = 0;
   __device__ Steps(const HbFlexCudaArgs& args, long long b_, long long hk, long long kblk_, long long tile_)
       : a(&args), b(b_), kblk(kblk_), tile(tile_), h(hk * (args.Hq / args.Hkv)),
         hend((hk + 1) * (args.Hq / args.Hkv)), walk(head(h)) {
+    begin();
     settle();
   }
   __device__ Walk head(long long hh) const { return Walk(a->q_list, a->q_full_list, b, hh, kblk, a->q_block, tile, a->Sq); }
-  __device__ void settle() {  // past heads with no step
-    while (i >= walk.count() && ++h < hend) walk = head(h), i = 0;
-  }
   __device__ bool done() const { return h >= hend; }
-  __device__ long long q0(bool* full) const { return walk.step(i, full); }
+  __device__ void begin() {
+    if (HB_DETERMINISTIC) k = walk.npart + walk.nfull - 1, r = walk.sub - 1;
+    else k = r = 0;
+  }
+  __device__ void settle() {  // past heads with no step
+    while ((HB_DETERMINISTIC ? k < 0 : k >= walk.npart + walk.nfull) && ++h < hend) walk = head(h), begin();
+  }
+  __device__ long long q0(bool* full) const { return walk.at(k, r, full); }
   __device__ Steps next() const {
     Steps n = *this;
-    ++n.i;
+    if (!HB_DETERMINISTIC && ++n.r == walk.sub) n.r = 0, ++n.k;
+    if (HB_DETERMINISTIC && --n.r < 0) n.r = walk.sub - 1, --n.k;
     n.settle();
     return n;
   }
@@ -1426,23 +1450,30 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
   __syncthreads();
   // Tile i's copies into its stage, each of the kLoaders threads taking its share of the rows, its copies'
   // completion arriving on full.
-  auto load = [&](const Elem* src, long long ld, uint4* tiles, uint64_t* full, int i, int tid, int part) {
-    bool f;
-    const long long k0 = walk.first(i, &f);
+  auto load = [&](const Elem* src, long long ld, uint4* tiles, uint64_t* full, int i, long long k0, int tid, int part) {
     load_panels<WFN, 128, kLoaders / 128>(tiles + (i % FNS) * WFN * CH, src, k0, ld, a.Skv, tid, part);
     cutlass::arch::cpasync_barrier_arrive_noinc(&full[i % FNS]);
   };
+#if !HB_FWD_PRODUCER
+  auto tile_at = [&](int i) {
+    bool f;
+    return walk.first(i, &f);
+  };
+#endif
   auto wait = [](uint64_t* b_, int i) { cutlass::arch::ClusterBarrier::wait(&b_[i % FNS], (uint32_t)(i / FNS) & 1u); };
 #if HB_FWD_PRODUCER
   if (wg == 2) {  // the producer: Q, then key tile i and value tile i as their stages free up
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" : : "n"(kFpProducerRegs) : "memory");
     load_panels<WFM, 128>(sQ, Q, q0, a.q_strides[2], a.Sq, wtid);
     cutlass::arch::cpasync_barrier_arrive_noinc(qfull);
-    for (int i = 0; i < ntiles; ++i) {
+    WalkPos pos;
+    for (int i = 0; i < ntiles; ++i, pos.advance(walk)) {
+      bool f;
+      const long long k0 = pos.at(walk, &f);
       if (i >= FNS) wait(kempty, i - FNS);
-      load(K, a.k_strides[2], sKs, kfull, i, wtid, 0);
+      load(K, a.k_strides[2], sKs, kfull, i, k0, wtid, 0);
       if (i >= FNS) wait(vempty, i - FNS);
-      load(V, a.v_strides[2], sVs, vfull, i, wtid, 0);
+      load(V, a.v_strides[2], sVs, vfull, i, k0, wtid, 0);
     }
     cute::cp_async_wait<0>();
     return;
@@ -1453,8 +1484,8 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
   load_panels<WFM, 128, 2>(sQ, Q, q0, a.q_strides[2], a.Sq, wtid, wg);
   if (ntiles == 0) cute::cp_async_wait<0>();
   for (int i = 0; i < FNS && i < ntiles; ++i) {
-    load(K, a.k_strides[2], sKs, kfull, i, wtid, wg);
-    load(V, a.v_strides[2], sVs, vfull, i, wtid, wg);
+    load(K, a.k_strides[2], sKs, kfull, i, tile_at(i), wtid, wg);
+    load(V, a.v_strides[2], sVs, vfull, i, tile_at(i), wtid, wg);
   }
 #endif
   HbFlexTile t = {};
@@ -1468,9 +1499,10 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
   // whose P V, of a P of 0, reads value stage 0), counted along instead of divided out each tile.
   int st = 0, pst = 0;
   uint32_t ph = 0, pph = 0;
-  for (int i = 0; i < ntiles; ++i) {
+  WalkPos pos;
+  for (int i = 0; i < ntiles; ++i, pos.advance(walk)) {
     bool full = false;
-    const long long k0 = walk.first(i, &full);
+    const long long k0 = pos.at(walk, &full);
     cutlass::arch::ClusterBarrier::wait(&kfull[st], ph);
     cutlass::arch::ClusterBarrier::wait(&vfull[pst], pph);
     cutlass::arch::fence_view_async_shared();
@@ -1505,11 +1537,11 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
 #if !HB_FWD_PRODUCER
     if (i >= 1 && i - 1 + FNS < ntiles) {  // key tile i + 2's copies into key tile i - 1's stage
       wait(kempty, i - 1);
-      load(K, a.k_strides[2], sKs, kfull, i - 1 + FNS, wtid, wg);
+      load(K, a.k_strides[2], sKs, kfull, i - 1 + FNS, tile_at(i - 1 + FNS), wtid, wg);
     }
     if (i >= 2 && i - 2 + FNS < ntiles) {  // value tile i + 1's into value tile i - 2's
       wait(vempty, i - 2);
-      load(V, a.v_strides[2], sVs, vfull, i - 2 + FNS, wtid, wg);
+      load(V, a.v_strides[2], sVs, vfull, i - 2 + FNS, tile_at(i - 2 + FNS), wtid, wg);
     }
 #endif
     pst = st, pph = ph;

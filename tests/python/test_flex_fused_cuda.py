@@ -170,6 +170,18 @@ def test_cuda_fused_masks(tmp_path, score, mask):
     run_case(tmp_path, score, mask)
 
 
+# Without a BlockMask torch passes one block of 2^30 rows each way, so every walk is many tiles of block 0,
+# counted along (WalkPos, Steps in FlexTiledKernel.cuh): S a multiple of the tiles, S ending inside a tile
+# under GQA and fp16 with a ramp, a learned relative bias whose gradient the backward scatters.
+@pytest.mark.parametrize("score,dtype,shape", [
+    ("softcap", torch.bfloat16, (2, 2, 2, 576, 64)),
+    ("alibi", torch.float16, (1, 4, 2, 1000, 64)),
+    ("relative", torch.bfloat16, (2, 2, 2, 450, 64)),
+])
+def test_cuda_fused_without_a_block_mask(tmp_path, score, dtype, shape):
+    run_case(tmp_path, score, "none", dtype=dtype, shape=shape)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16])
 def test_cuda_fused_float16(tmp_path, dtype):
     run_case(tmp_path, "softcap_relative", "causal", dtype=dtype)
