@@ -236,21 +236,28 @@ def run_peers(peers: List[str], make: Callable[[], nn.Module], loss_fn, x: torch
     live: Dict[str, Callable[[], None]] = {}
     out: Dict[str, Tuple[Optional[float], Optional[float], str]] = {}
     peaks: Dict[str, float] = {}
+    def failed(e: Exception) -> str:  # what a peer's cell says when it cannot run this model
+        traceback.print_exc(limit=3)
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:60] if str(e) else ''}"
+
     for peer in peers:
-        step = training_step(peer, make, loss_fn, x, device, dtype, reset=False)
         try:
+            step = training_step(peer, make, loss_fn, x, device, dtype, reset=False)
             peaks[peer] = peak_of(step, device)
             live[peer] = step
-        except Exception as e:  # a peer that cannot run this model: say so in its cell
-            traceback.print_exc(limit=3)
-            out[peer] = (None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:60] if str(e) else ''}")
+        except Exception as e:
+            out[peer] = (None, None, failed(e))
         if device == "cuda":
             torch.cuda.empty_cache()
     times: Dict[str, List[float]] = {peer: [] for peer in live}
     for _ in range(rounds):
-        for peer, step in live.items():
-            step()  # one untimed step: the turn's first touches what the other peers' turns evicted
-            times[peer] += time_steps(step, device, steps)
+        for peer, step in list(live.items()):
+            try:
+                step()  # one untimed step: the turn's first touches what the other peers' turns evicted
+                times[peer] += time_steps(step, device, steps)
+            except Exception as e:  # failed after it compiled: its peak stands, the others go on
+                out[peer] = (peaks[peer], None, failed(e))
+                del live[peer]
     for peer in live:
         out[peer] = (peaks[peer], statistics.median(times[peer]), "")
     live.clear()
@@ -258,6 +265,17 @@ def run_peers(peers: List[str], make: Callable[[], nn.Module], loss_fn, x: torch
     if device == "cuda":
         torch.cuda.empty_cache()
     return {peer: out[peer] for peer in peers}
+
+
+def table_cell(peak: Optional[float], ms: Optional[float], err: str) -> str:
+    """A peer's cell: peak / ms, or where it failed (while compiling: no peak; in the timed rounds: no ms)."""
+    if peak is None:
+        return "fails: " + err[:14]
+    return f"{peak:.0f} / " + (f"{ms:.2f}" if ms is not None else "fails: " + err[:7])
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> float:
+    return a / b if a is not None and b else float("nan")
 
 
 def profile(name: str, peer: str, make, loss_fn, x: torch.Tensor, device: str, dtype: torch.dtype) -> None:
@@ -401,14 +419,11 @@ def main() -> None:
     for name, res in rows:
         line = f"{name:<32}"
         for peer in peers:
-            peak, ms, err = res[peer]
-            line += f"{(f'{peak:.0f} / {ms:.2f}' if peak is not None else 'fails: ' + err[:14]):>22}"
+            line += f"{table_cell(*res[peer]):>22}"
         hb, ea = res["hintbackend"], res["eager"]
-        ok = hb[0] is not None and ea[0] is not None
-        line += f"{(hb[0] / ea[0]) if ok and ea[0] else float('nan'):>15.2f}{(hb[1] / ea[1]) if ok else float('nan'):>13.2f}"
+        line += f"{ratio(hb[0], ea[0]):>15.2f}{ratio(hb[1], ea[1]):>13.2f}"
         if "inductor" in peers:
-            ind = res["inductor"]
-            line += f"{(hb[0] / ind[0]) if ind[0] and hb[0] is not None else float('nan'):>13.2f}"
+            line += f"{ratio(hb[0], res['inductor'][0]):>13.2f}"
         print(line)
     if "hb cuda graphs" in peers:
         print("hb cuda graphs: its peak leaves out the CUDA graphs' memory pool, which recording allocated "

@@ -1,0 +1,41 @@
+"""The benchmark scripts' own bookkeeping (what their tables print when a peer fails), on CPU with stand-in
+steps: nothing compiles here."""
+
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+import memory_models  # noqa: E402
+
+
+def test_memory_models_a_peer_failing_in_its_timed_rounds_keeps_its_peak(monkeypatch):
+    """run_peers measures every peer's peak, then times them in turns: a peer that fails only in the timed
+    rounds keeps its peak, gets the error in its time, and the others are still timed; a peer that fails
+    before its peak gets the error alone."""
+    calls = {"good": 0, "late": 0, "early": 0}
+
+    def training_step(peer, make, loss_fn, x, device, dtype, reset=True):
+        def step():
+            calls[peer] += 1
+            if peer == "early":
+                raise RuntimeError("cannot compile")
+            if peer == "late" and calls[peer] > 4:  # peak_of's three steps, then round 1's untimed one
+                raise ValueError("failed in round 1")
+            torch.ones(4096).sum()  # a 16 KiB tensor: the peak LiveBytes counts (and the sum's 4 bytes)
+        return step
+
+    monkeypatch.setattr(memory_models, "training_step", training_step)
+    res = memory_models.run_peers(["good", "late", "early"], None, None, torch.zeros(1), "cpu", torch.float32,
+                                  steps=3, rounds=2)
+    good, late, early = res["good"], res["late"], res["early"]
+    assert good[0] == late[0] and 16 / 1024 <= good[0] < 17 / 1024, (good, late)  # the tensor and its sum
+    assert good[1] is not None and good[1] >= 0 and good[2] == ""
+    assert late[1] is None and late[2] == "ValueError: failed in round 1"
+    assert early == (None, None, "RuntimeError: cannot compile")
+    assert calls["good"] == 3 + 2 * (1 + 3), calls  # the peak's 3 steps, then 2 rounds of 1 untimed + 3 timed
+    assert calls["late"] == 5, calls  # not called again after it failed
+    assert memory_models.table_cell(*late) == "0 / fails: ValueEr"
+    assert memory_models.table_cell(*early) == "fails: RuntimeError: "  # the first 14 characters, as before
+    assert memory_models.ratio(late[1], good[1]) != memory_models.ratio(late[1], good[1])  # nan
