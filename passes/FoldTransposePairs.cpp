@@ -68,15 +68,7 @@ bool fold_transpose_pairs(Graph& g, PassContext& ctx) {
     ++folded;
   }
   if (!folded) return false;
-  for (Node& m : g.nodes) {
-    auto rewire = [&](Arg& a) {
-      if (becomes[a.ref] == a.ref) return;
-      a.ref = becomes[a.ref];
-      a.s = g.nodes[a.ref].name;
-    };
-    for (Arg& a : m.args) a.for_each_ref_mut(rewire);
-    for (auto& kv : m.kwargs) kv.second.for_each_ref_mut(rewire);
-  }
+  redirect_uses(g, becomes);
   ctx.notes.push_back("fold-transpose-pairs graph " + g.name + ": " + std::to_string(folded) + " pair" +
                       (folded == 1 ? "" : "s") + note.str() + (folded > 4 ? ", ...)" : ")"));
   remove_nodes(g, keep);

@@ -9,6 +9,7 @@
 #include "passes/FoldCrossEntropyForward.h"
 #include "passes/FoldSelectBackward.h"
 #include "passes/FoldTransposePairs.h"
+#include "passes/FoldZeroInputs.h"
 #include "passes/HintPropagation.h"
 #include "passes/MemoryPlan.h"
 #include "passes/MemorySchedule.h"
@@ -26,6 +27,10 @@ const std::vector<PassInfo>& pipeline() {
       // First: later passes and the runtime should not see (or allocate for) values nobody uses.
       {"dead-code-elimination", dead_code_elimination,
        "drops side-effect-free nodes whose values nobody uses, before anything plans memory for them"},
+      {"fold-zero-inputs", fold_zero_inputs,
+       "adds of a placeholder the caller passes as zeros (an undefined gradient: ctx.zero_inputs, else it does "
+       "nothing) read as their other operand; first after DCE, so that every later pass sees the placeholder "
+       "unread"},
       // Then: regions are checked once, on the graph the scheduling passes will see.
       {"hint-propagation", hint_propagation,
        "checks the user's hinted_context hints against the graph (after DCE, so unused values cannot fail "

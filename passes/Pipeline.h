@@ -24,6 +24,9 @@ struct PassContext {
   MemoryPlanOptions memory;
   // Passes turned off by name (options["disable_passes"] or HINTBACKEND_DISABLE_PASSES=a,b).
   std::set<std::string> disabled;
+  // Placeholders the caller will pass as zeros, by name (the lean runtime's undefined gradients):
+  // fold-zero-inputs folds the adds that read them. Empty for every usual compile.
+  std::set<std::string> zero_inputs;
   // Verify the IR after every pass (HINTBACKEND_VERIFY_EACH_PASS=1; tests turn it on).
   bool verify_each = false;
   // Free-form notes passes leave for the dump ("slice-legality: %mm ends the region: ...").

@@ -117,6 +117,7 @@ py::dict plan_data(const MemoryPlan& p, const Graph& g) {
 // The settings of one compile, read once in Python (options.py) and passed down as values.
 struct CompileSettings {
   std::vector<std::string> disable_passes;
+  std::vector<std::string> zero_inputs;  // placeholders passed as zeros (fold-zero-inputs)
   bool verify_each_pass = false;
   std::string memory_plan_strategy;  // "" = the planner keeps the better of its strategies
   bool memory_plan_in_place = true;
@@ -135,6 +136,7 @@ struct CompileSettings {
   PassContext pass_context() const {
     PassContext ctx;
     ctx.disabled.insert(disable_passes.begin(), disable_passes.end());
+    ctx.zero_inputs.insert(zero_inputs.begin(), zero_inputs.end());
     ctx.verify_each = verify_each_pass;
     ctx.memory.strategy = memory_plan_strategy;
     ctx.memory.in_place = memory_plan_in_place;
@@ -204,6 +206,15 @@ class CompiledGraph {
   std::vector<std::string> notes() const { return program_.notes; }
   std::vector<std::string> warnings() const { return program_.warnings; }
   std::string ir() const { return print_graph(*program_.graph); }  // printed on demand only
+  std::vector<std::string> unread_inputs() const {
+    const Graph& g = *program_.graph;
+    std::vector<bool> read(g.nodes.size(), false);
+    for (const Node& n : g.nodes) n.for_each_input([&](const Arg& a) { read[a.ref] = true; });
+    std::vector<std::string> out;
+    for (int p : g.placeholders())
+      if (!read[p]) out.push_back(g.nodes[p].name);
+    return out;
+  }
   std::string kernels() const { return print_kernel_plan(*program_.graph, *program_.kernels); }
   // The last run's largest workspace one kernel allocated for itself (cuDNN's SDPA), 0 before a run.
   int64_t kernel_workspace_bytes() const { return executor_ ? executor_->arena_stats().workspace : 0; }
@@ -254,6 +265,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<hb::CompileSettings>(m, "CompileSettings")
       .def(py::init<>())
       .def_readwrite("disable_passes", &hb::CompileSettings::disable_passes)
+      .def_readwrite("zero_inputs", &hb::CompileSettings::zero_inputs)
       .def_readwrite("verify_each_pass", &hb::CompileSettings::verify_each_pass)
       .def_readwrite("memory_plan_strategy", &hb::CompileSettings::memory_plan_strategy)
       .def_readwrite("memory_plan_in_place", &hb::CompileSettings::memory_plan_in_place)
@@ -275,6 +287,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("notes", &hb::CompiledGraph::notes)
       .def_property_readonly("warnings", &hb::CompiledGraph::warnings)
       .def_property_readonly("ir", &hb::CompiledGraph::ir)
+      .def_property_readonly("unread_inputs", &hb::CompiledGraph::unread_inputs,
+                             "The placeholders the compiled graph does not read, by name (the runtime drops them)")
       .def_property_readonly("kernels", &hb::CompiledGraph::kernels, "The kernel chosen for each node and why (text)")
       .def_property_readonly("kernel_workspace_bytes", &hb::CompiledGraph::kernel_workspace_bytes,
                              "The last run's largest workspace one kernel allocated for itself (cuDNN's SDPA), "

@@ -17,6 +17,18 @@ void renumber(Graph& g, const std::vector<int>& new_index) {
 }
 }  // namespace
 
+void redirect_uses(Graph& g, const std::vector<int>& becomes) {
+  for (Node& m : g.nodes) {
+    auto rewire = [&](Arg& a) {
+      if (becomes[a.ref] == a.ref) return;
+      a.ref = becomes[a.ref];
+      a.s = g.nodes[a.ref].name;
+    };
+    for (Arg& a : m.args) a.for_each_ref_mut(rewire);
+    for (auto& kv : m.kwargs) kv.second.for_each_ref_mut(rewire);
+  }
+}
+
 int remove_nodes(Graph& g, const std::vector<bool>& keep) {
   HB_INTERNAL_CHECK(keep.size() == g.nodes.size()) << "remove_nodes: mask size mismatch";
   std::vector<int> new_index(g.nodes.size(), -1);

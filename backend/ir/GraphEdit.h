@@ -11,6 +11,10 @@ namespace hb {
 // node uses a dropped one (checked: an internal error otherwise). Returns the number removed.
 int remove_nodes(Graph& g, const std::vector<bool>& keep);
 
+// Points every reference to node i at node becomes[i] instead (a node a pass folded into another), the
+// references' names too. becomes[i] == i leaves them.
+void redirect_uses(Graph& g, const std::vector<int>& becomes);
+
 // `base`, or `base_1`, `base_2` ...: a name no node and no subgraph of g has yet.
 std::string unique_name(const Graph& g, const std::string& base);
 

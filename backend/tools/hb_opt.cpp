@@ -14,7 +14,8 @@
 // every ATen op has an out= kernel); --placement=none places nothing; --placement=FILE reads the
 // placement table a real run wrote to its dump folder, so hb-opt plans (and slices) exactly as it did.
 // --strategy, --no-in-place and --no-arena are the memory planner's settings (options.py's
-// memory_plan_strategy, memory_plan_in_place and arena).
+// memory_plan_strategy, memory_plan_in_place and arena); --zero-inputs=a,b names placeholders the caller
+// passes as zeros (fold-zero-inputs; the lean runtime's undefined gradients).
 //
 // Output per pass: `// ----- IR after <pass> (changed|unchanged)`, the IR (print_graph) when it
 // changed or it is the first pass, then `// note: ...` lines for the notes it added.
@@ -22,6 +23,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -52,6 +54,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 void usage(std::ostream& os) {
   os << "usage: hb-opt [--passes=a,b,...] [--print-all] [--list-passes] [--placement=structural|none|FILE]\n"
+        "              [--zero-inputs=a,b]\n"
         "              [--strategy=greedy-by-size|best-fit] [--no-in-place] [--no-arena] [FILE|-]\n"
         "  reads a hintbackend graph document (JSON) or IR text from FILE or stdin, runs the named passes (default: the\n"
         "  whole pipeline) and prints the IR after each pass and the notes it left.\n"
@@ -68,6 +71,7 @@ int main(int argc, char** argv) {
   std::string file = "-";
   hb::MemoryPlanOptions memory;
   memory.target = hb::structural_target();
+  std::set<std::string> zero_inputs;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--passes=", 0) == 0) {
@@ -89,6 +93,8 @@ int main(int argc, char** argv) {
       }
     } else if (a.rfind("--strategy=", 0) == 0) {
       memory.strategy = a.substr(11);
+    } else if (a.rfind("--zero-inputs=", 0) == 0) {
+      for (const std::string& z : split(a.substr(14), ',')) zero_inputs.insert(z);
     } else if (a == "--no-in-place") {
       memory.in_place = false;
     } else if (a == "--no-arena") {
@@ -127,6 +133,7 @@ int main(int argc, char** argv) {
     hb::PassContext ctx;
     ctx.verify_each = true;
     ctx.memory = memory;
+    ctx.zero_inputs = zero_inputs;
     size_t seen_notes = 0;
     ctx.after_pass = [&](const std::string& pass, const hb::Graph& graph, bool changed) {
       std::cout << "// ----- IR after " << pass << " (" << (changed ? "changed" : "unchanged") << ")\n";

@@ -16,7 +16,7 @@ import itertools
 import json
 import logging
 import warnings
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Set
+from typing import Any, Callable, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -111,7 +111,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options,
     if cuda_graphs is not None:
         return cuda_graphs.wrap(fn, gm, example_inputs, kind, name), None
     if lean is not None:
-        lean.take(kind, fn, plan)
+        lean.take(kind, fn, plan, _zero_variants(payload, opts, name) if kind == "backward" else None)
     return fn, payload
 
 
@@ -137,15 +137,17 @@ def compiled_graphs() -> Iterator[List[Any]]:
         _watchers.remove(graphs)
 
 
-def _build(payload: dict, opts: Options, name: str):
+def _build(payload: dict, opts: Options, name: str, zero_inputs: Sequence[str] = ()):
     """The C++ compile of a serialized graph, its dumps, warnings and log lines: (boxed callable, the
-    unsupported ops (the callable is None then)). Also what a compile cache hit runs."""
+    unsupported ops (the callable is None then)). Also what a compile cache hit runs. `zero_inputs`:
+    placeholders the caller passes as zeros (a lean backward's undefined gradients, _zero_variants)."""
     dumper = _dumper(opts, name)
     text, constants = payload["document"], payload["constants"]
     if dumper:
         dumper.write("fx_graph.txt", payload["fx_text"])
         dumper.write("graph.json", json.dumps(json.loads(text), indent=1))
-    compiled = _core().CompiledGraph(text, constants, opts.core_settings(dump=dumper is not None))
+    compiled = _core().CompiledGraph(text, constants, opts.core_settings(dump=dumper is not None,
+                                                                        zero_inputs=zero_inputs))
     if dumper:
         _write_dumps(dumper, compiled, text, constants, opts)
     for message in compiled.warnings:
@@ -172,6 +174,26 @@ def _build(payload: dict, opts: Options, name: str):
     for graphs in _watchers:
         graphs.append((name, compiled))
     return compiled_fn, []
+
+
+ZeroVariant = Optional[Tuple[Callable, FrozenSet[int]]]
+
+
+def _zero_variants(payload: dict, opts: Options, name: str) -> Callable[[Sequence[int]], ZeroVariant]:
+    """For a lean backward: builds this backward again with the inputs at some positions passed as zeros
+    (fold-zero-inputs; lean_runtime.py calls it once per set of undefined gradients, at the first backward
+    that has them). Gives (boxed callable, the input positions it no longer reads), or None where the graph
+    no longer compiles (the backward as compiled then runs)."""
+    def build(positions: Sequence[int]) -> ZeroVariant:
+        nodes = json.loads(payload["document"])["graph"]["nodes"]
+        placeholders = [n["name"] for n in nodes if n["op"] == "placeholder"]
+        zero = [placeholders[k] for k in positions]
+        fn, unsupported = _build(payload, opts, f"{name}_zero_{'_'.join(map(str, positions))}", zero)
+        if unsupported:
+            return None
+        unread = set(fn.hintbackend_graph.unread_inputs)
+        return fn, frozenset(k for k, p in enumerate(placeholders) if p in unread)
+    return build
 
 
 def _write_dumps(dumper: Dumper, compiled: Any, text: str, constants: List[Any], opts: Options) -> None:
@@ -217,11 +239,13 @@ def rebuild(kind: str, payload: dict, opts: Options, lean: Optional[LeanPair] = 
     # dumps, the IR and error messages all say the name of its dump folder).
     doc = json.loads(payload["document"])
     doc["graph"]["name"] = name
-    fn, unsupported = _build({**payload, "document": json.dumps(doc)}, opts, name)
+    payload = {**payload, "document": json.dumps(doc)}
+    fn, unsupported = _build(payload, opts, name)
     if unsupported:  # entries hold only graphs that compiled: another build would have another key
         raise RuntimeError(f"hintbackend: cached graph {name} no longer compiles: {unsupported}")
     if lean is not None:
-        lean.take(kind, fn, LeanPlan.from_json(payload["lean"]) if "lean" in payload else None)
+        lean.take(kind, fn, LeanPlan.from_json(payload["lean"]) if "lean" in payload else None,
+                  _zero_variants(payload, opts, name) if kind == "backward" else None)
     return fn
 
 

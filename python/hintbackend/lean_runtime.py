@@ -12,7 +12,10 @@ none of those features gets a `LeanPlan`, and the backend call returns a callabl
 forward and backward inside one ``torch.autograd.Function`` of its own, doing only what such a graph
 needs: save the forward's saved tensors (detached where they are views, with version-counter checks
 where AOTAutograd would check them), mark the outputs that need no gradient, give the backward each
-gradient in the layout it was traced with, and return the inputs' gradients. Every other graph, and an
+gradient in the layout it was traced with, and return the inputs' gradients. An output whose gradient is
+undefined (the step never used it: HF's logits beside the loss) is not materialized as zeros, as torch's
+autograd would: the backward runs compiled again with that tangent known to be zero (fold-zero-inputs folds
+the add that read it), built at the first such call and kept. Every other graph, and an
 inference graph, keeps AOTAutograd's runtime; the log says why (``TORCH_LOGS="+hintbackend"``).
 
 The plan is plain data (JSON), stored with the forward in the compile cache, so that a cache hit runs
@@ -23,7 +26,7 @@ go through its runtime.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 import torch
 from torch._functorch._aot_autograd.runtime_wrappers import coerce_to_expected_memory_format
@@ -43,6 +46,9 @@ class LeanPlan:
     tangent_layouts: Tuple[Any, ...]
     # AOTAutograd found saved tensors the backward may overwrite (bw_donated_idxs): retain_graph is refused.
     donated: bool = False
+    # User outputs that are an `_unsafe_view` of an intermediate (a Linear on a 3-d input: HF's logits):
+    # returned as a fresh `_unsafe_view` of the compiled output, as AOTAutograd's runtime returns them.
+    unsafe_views: Tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -52,7 +58,7 @@ class LeanPlan:
         return LeanPlan(d["num_outputs"], tuple(d["saved"]), tuple(d["saved_unchecked"]),
                         tuple(d["differentiable"]),
                         tuple(x if isinstance(x, str) else (tuple(x[0]), tuple(x[1])) for x in d["tangent_layouts"]),
-                        d["donated"])
+                        d["donated"], tuple(d.get("unsafe_views", ())))
 
     def tangent_formats(self) -> List[Any]:
         """The layouts as AOTAutograd's MemoryFormatMeta, for its coerce_to_expected_memory_format."""
@@ -81,7 +87,7 @@ def plan_of(meta: Any, num_inputs: int, num_forward_outputs: int) -> Tuple[Optio
         if info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata:
             return None, f"input {i} is mutated"
     for i, info in enumerate(meta.output_info):
-        if info.output_type != OutputType.non_alias:
+        if info.output_type not in (OutputType.non_alias, OutputType.unsafe_view_alias):
             return None, f"output {i} aliases an input or an intermediate ({info.output_type.name})"
         if not issubclass(info.raw_type, torch.Tensor):
             return None, f"output {i} is a {info.raw_type.__name__}"
@@ -95,7 +101,6 @@ def plan_of(meta: Any, num_inputs: int, num_forward_outputs: int) -> Tuple[Optio
         (meta.num_symints_saved_for_bw, "saved SymInts"),
         (getattr(meta, "num_opaque_objects_saved_for_bw", 0) or 0, "saved opaque objects"),
         (meta.grad_enabled_mutation is not None, "a grad-mode change inside the graph"),
-        (getattr(meta, "num_unsafe_view_outputs", 0), "unsafe views among the outputs"),
         (getattr(meta, "dynamic_saved_tensors_idxs", None), "dynamic saved tensors"),
         (getattr(meta, "num_outputs_rng_offset", 0), "an RNG offset output"),
     ]
@@ -123,7 +128,9 @@ def plan_of(meta: Any, num_inputs: int, num_forward_outputs: int) -> Tuple[Optio
     n = num_forward_outputs
     return LeanPlan(meta.num_outputs, _absolute(meta.tensors_saved_for_backwards_with_vc_check_slice, n),
                     _absolute(meta.tensors_saved_for_backwards_no_vc_check_slice, n), differentiable,
-                    tuple(layouts), bool(getattr(meta, "bw_donated_idxs", None))), ""
+                    tuple(layouts), bool(getattr(meta, "bw_donated_idxs", None)),
+                    tuple(i for i, info in enumerate(meta.output_info)
+                          if info.output_type == OutputType.unsafe_view_alias)), ""
 
 
 def forward_output_count(gm: torch.fx.GraphModule) -> int:
@@ -143,8 +150,13 @@ class LeanPair:
         self.nondifferentiable: Tuple[int, ...] = ()
         self.forward: Optional[Callable] = None
         self.backward: Optional[Callable] = None
+        # The backward built again with some inputs passed as zeros (backend._zero_variants), and what it
+        # built, per set of input positions: (callable, the positions it no longer reads).
+        self.zero_variant: Optional[Callable[[Tuple[int, ...]], Any]] = None
+        self.variants: Dict[Tuple[int, ...], Tuple[Callable, FrozenSet[int]]] = {}
 
-    def take(self, kind: str, fn: Callable, plan: Optional[LeanPlan]) -> None:
+    def take(self, kind: str, fn: Callable, plan: Optional[LeanPlan],
+             zero_variant: Optional[Callable[[Tuple[int, ...]], Any]] = None) -> None:
         """A compiled (or loaded) graph of the pair; an inference graph leaves the pair unused."""
         if kind == "forward":
             self.forward, self.plan = fn, plan
@@ -152,7 +164,16 @@ class LeanPair:
                 self.tangent_formats = plan.tangent_formats()
                 self.nondifferentiable = tuple(i for i in range(plan.num_outputs) if i not in plan.differentiable)
         elif kind == "backward":
-            self.backward = fn
+            self.backward, self.zero_variant, self.variants = fn, zero_variant, {}
+
+    def backward_with_zeros(self, positions: Tuple[int, ...]) -> Tuple[Callable, FrozenSet[int]]:
+        """The backward for calls whose inputs at `positions` are zeros (undefined gradients), and the
+        positions it does not read (the caller passes None there); built at its first use."""
+        got = self.variants.get(positions)
+        if got is None:
+            built = self.zero_variant(positions) if self.zero_variant is not None else None
+            got = self.variants[positions] = built if built is not None else (self.backward, frozenset())
+        return got
 
 
 class _LeanFunction(torch.autograd.Function):
@@ -167,10 +188,17 @@ class _LeanFunction(torch.autograd.Function):
         a, b = plan.saved_unchecked
         ctx.unchecked = [x.detach() if x._is_view() else x for x in outs[a:b]]
         ctx.pair = pair
-        user = outs[:plan.num_outputs]
+        user = list(outs[:plan.num_outputs])
+        for i in plan.unsafe_views:  # not a view for autograd (as AOTAutograd's runtime does)
+            user[i] = torch.ops.aten._unsafe_view(user[i], user[i].shape)
         if pair.nondifferentiable:
             ctx.mark_non_differentiable(*[user[i] for i in pair.nondifferentiable])
         ctx._materialize_non_diff_grads = False
+        # An output whose gradient nobody computes (the logits beside a loss) gets None, not a tensor of
+        # zeros: the backward then runs with that tangent folded away where it can (backward_with_zeros),
+        # else gets the zeros from here (the outputs' sizes, kept without the tensors).
+        ctx.set_materialize_grads(False)
+        ctx.tangent_meta = [(user[i].shape, user[i].dtype, user[i].device) for i in plan.differentiable]
         return tuple(user)
 
     @staticmethod
@@ -188,9 +216,19 @@ class _LeanFunction(torch.autograd.Function):
         if not keep_graph:  # (retain_graph: a later backward takes them again)
             ctx.unchecked = None
         ctx.maybe_clear_saved_tensors()  # (unless retain_graph) the backward may free them as it goes
-        args += [coerce_to_expected_memory_format(grads[i], f)  # AOTAutograd's own coercion
-                 for i, f in zip(plan.differentiable, pair.tangent_formats)]
-        return (None, *pair.backward(args))
+        base = len(args)
+        undefined = tuple(base + k for k, i in enumerate(plan.differentiable) if grads[i] is None)
+        backward, unread = pair.backward_with_zeros(undefined) if undefined else (pair.backward, frozenset())
+        for k, (i, f) in enumerate(zip(plan.differentiable, pair.tangent_formats)):
+            g = grads[i]
+            if g is None:
+                if base + k in unread:
+                    args.append(None)
+                    continue
+                shape, dtype, device = ctx.tangent_meta[k]
+                g = torch.zeros(shape, dtype=dtype, device=device)
+            args.append(coerce_to_expected_memory_format(g, f))  # AOTAutograd's own coercion
+        return (None, *backward(args))
 
 
 def runtime(aot_fn: Callable, pair: LeanPair) -> Callable:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 
 #: Rewrites the training partition makes on AOTAutograd's joint graph before it splits it (partition.py),
@@ -70,13 +70,15 @@ class Options:
     #: Also HINTBACKEND_CUTLASS_INCLUDE; default: the nvidia-cutlass wheel's cutlass_library/source/include.
     cutlass_include: Optional[str] = None
 
-    def core_settings(self, dump: Optional[bool] = None) -> Any:
+    def core_settings(self, dump: Optional[bool] = None, zero_inputs: Sequence[str] = ()) -> Any:
         """The C++ core's CompileSettings for these options (`dump`: print the IR after every pass and
-        the plans; default: when dump_dir is set)."""
+        the plans; default: when dump_dir is set; `zero_inputs`: placeholders the caller passes as zeros,
+        fold-zero-inputs, the lean runtime's undefined gradients)."""
         from . import _core
 
         s = _core().CompileSettings()
         s.disable_passes = [p for p in self.disable_passes if p not in PARTITION_PASSES]
+        s.zero_inputs = list(zero_inputs)
         s.verify_each_pass = self.verify_each_pass
         s.arena = self.arena
         s.memory_plan_in_place = self.memory_plan_in_place

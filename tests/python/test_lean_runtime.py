@@ -216,3 +216,82 @@ def test_retain_graph_where_nothing_is_donated(tmp_path):
         r.square().sum().backward(retain_graph=True)
     torch.testing.assert_close(lin.weight.grad, ref.weight.grad)
     torch.testing.assert_close(lin.bias.grad, ref.bias.grad)
+
+
+class LossAndLogits(torch.nn.Module):
+    """A language-model head that returns the loss and the logits, as HF's models do."""
+
+    def __init__(self, vocab=512, d=32):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, ids, labels):
+        logits = self.head(torch.tanh(self.emb(ids)))
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
+        return loss, logits
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_an_unused_output_gets_no_zero_gradient(tmp_path, cache):
+    """A step that uses the loss and not the logits: autograd would hand the backward a tensor of zeros
+    for the logits' gradient, which it adds to the loss's. The lean runtime turns materialization off and
+    runs the backward compiled again with that tangent known to be zero (fold-zero-inputs), built at the
+    first such step and kept: the same gradients as eager, no [N, vocabulary] block of zeros at the peak. A
+    step that uses both outputs runs the backward as compiled. With the compile cache, the second compile
+    is a cache hit (backend.rebuild), which builds the same variant."""
+    import pathlib
+    import sys
+
+    from hintbackend.backend import compiled_graphs
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    from memory_models import LiveBytes
+
+    if device() != "cpu":
+        pytest.skip("live tensor bytes are counted on CPU")
+    torch.manual_seed(0)
+    model = LossAndLogits().train()
+    ids = torch.randint(0, 512, (4, 64))
+    labels = torch.randint(0, 512, (4, 64))
+    logits_bytes = 4 * 64 * 512 * 4
+
+    def grads(step):
+        for p in model.parameters():
+            p.grad = None
+        step()
+        return [p.grad.clone() for p in model.parameters()]
+
+    want_loss = grads(lambda: model(ids, labels)[0].backward())
+    want_both = grads(lambda: (lambda r: (r[0] + r[1].mean()).backward())(model(ids, labels)))
+    peaks = {}
+    for run, lean in enumerate((True, True, False)):  # (cache: the second lean compile is a hit)
+        torch._dynamo.reset()
+        fn = torch.compile(model, backend="hintbackend",
+                           options={"cache_dir": str(tmp_path), "compile_cache": cache, "lean_runtime": lean})
+        for _ in range(2):  # compile; the gradients' own memory
+            grads(lambda: fn(ids, labels)[0].backward())
+        with compiled_graphs() as built:
+            with LiveBytes() as mode:
+                got = grads(lambda: fn(ids, labels)[0].backward())
+        peaks[run] = mode.peak
+        for a, b in zip(got, want_loss):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert built == [], [name for name, _ in built]  # nothing compiled again: the variant was kept
+        with compiled_graphs() as built:
+            got = grads(lambda: (lambda r: (r[0] + r[1].mean()).backward())(fn(ids, labels)))
+        for a, b in zip(got, want_both):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert built == [], [name for name, _ in built]  # both gradients defined: the backward as compiled
+    # The variant's compile says what it folded.
+    torch._dynamo.reset()
+    fn = torch.compile(model, backend="hintbackend", options={"compile_cache": False})
+    grads(lambda: fn(ids, labels)[0].backward())  # compiles forward and backward (AOTAutograd's first call)
+    with compiled_graphs() as built:
+        grads(lambda: fn(ids, labels)[0].backward())
+    assert len(built) == 1 and "_zero_" in built[0][0], [name for name, _ in built]
+    notes = "\n".join(built[0][1].notes)
+    assert "is zero: 1 add folded" in notes, notes
+    assert built[0][1].unread_inputs and built[0][1].unread_inputs[0].startswith("tangents_"), notes
+    # Without the lean runtime autograd's zeros are live with the loss's gradient.
+    assert peaks[0] == peaks[1] and peaks[0] <= peaks[2] - logits_bytes, peaks

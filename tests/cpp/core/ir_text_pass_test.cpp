@@ -575,6 +575,68 @@ graph g {
 )");
 }
 
+TEST(ir_text, fold_zero_inputs_reads_an_add_of_zeros_as_its_other_operand) {
+  // tangents_2 and tangents_3 are passed as zeros: add(tangents_2, grad) of grad's own type reads as grad
+  // (returned in its place); the add that broadcasts tangents_3 keeps reading it, and the note says so;
+  // tangents_1, not named, is left alone.
+  PassContext ctx;
+  ctx.zero_inputs = {"tangents_2", "tangents_3"};
+  file_check(R"(
+// RUN: fold-zero-inputs
+graph g {
+  %saved: f32[4, 8] = placeholder
+  %tangents_1: f32[4, 8] = placeholder
+  %tangents_2: f32[4, 8] = placeholder
+  %tangents_3: f32[8] = placeholder
+  %g: f32[4, 8] = aten::mul.Tensor(%saved, %tangents_1)
+  %grad: f32[4, 8] = aten::exp.default(%saved)
+  %add: f32[4, 8] = aten::add.Tensor(%tangents_2, %grad)
+  %bc: f32[4, 8] = aten::add.Tensor(%grad, %tangents_3)
+  return (%g, %add, %bc)
+}
+// CHECK: %grad: f32[4, 8] = aten::exp.default(%saved)
+// CHECK-NEXT: %bc: f32[4, 8] = aten::add.Tensor(%grad, %tangents_3)
+// CHECK-NEXT: return (%g, %grad, %bc)
+// CHECK: // note: fold-zero-inputs graph g: %tangents_2 is zero: 1 add folded; %tangents_3 is zero: 0 adds folded, still read by %bc (%add reads %grad)
+)",
+             ctx);
+}
+
+TEST(ir_text, fold_zero_inputs_leaves_adds_that_would_return_an_input_or_convert) {
+  // add(zero, saved) returned would return the input saved itself; an add of another dtype (type
+  // promotion) or with alpha is not x. Without zero inputs the pass does nothing and says nothing.
+  PassContext ctx;
+  ctx.zero_inputs = {"tangents_1"};
+  file_check(R"(
+// RUN: fold-zero-inputs
+graph g {
+  %saved: f32[4, 8] = placeholder
+  %half: f16[4, 8] = placeholder
+  %tangents_1: f32[4, 8] = placeholder
+  %a: f32[4, 8] = aten::add.Tensor(%tangents_1, %saved)
+  %b: f32[4, 8] = aten::add.Tensor(%tangents_1, %half)
+  %c: f32[4, 8] = aten::add.Tensor(%tangents_1, %saved, alpha=2)
+  return (%a, %b, %c)
+}
+// CHECK: %a: f32[4, 8] = aten::add.Tensor(%tangents_1, %saved)
+// CHECK-NEXT: %b: f32[4, 8] = aten::add.Tensor(%tangents_1, %half)
+// CHECK-NEXT: %c: f32[4, 8] = aten::add.Tensor(%tangents_1, %saved, alpha=2)
+// CHECK: // note: fold-zero-inputs graph g: %tangents_1 is zero: 0 adds folded, still read by %a, %b, %c
+)",
+             ctx);
+  file_check(R"(
+// RUN: fold-zero-inputs
+graph g {
+  %tangents_1: f32[4, 8] = placeholder
+  %x: f32[4, 8] = aten::exp.default(%tangents_1)
+  %a: f32[4, 8] = aten::add.Tensor(%tangents_1, %x)
+  return (%a,)
+}
+// CHECK: %a: f32[4, 8] = aten::add.Tensor(%tangents_1, %x)
+// CHECK-NOT: // note:
+)");
+}
+
 TEST(ir_text, fold_transpose_pairs_leaves_outputs_that_would_alias) {
   // The outer view returned while its source is an input, or returned too: left as is (an output would
   // be the input itself, or two outputs one tensor). Other dims, or a transpose after t, are not a pair;
