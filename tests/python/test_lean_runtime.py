@@ -295,3 +295,44 @@ def test_an_unused_output_gets_no_zero_gradient(tmp_path, cache):
     assert built[0][1].unread_inputs and built[0][1].unread_inputs[0].startswith("tangents_"), notes
     # Without the lean runtime autograd's zeros are live with the loss's gradient.
     assert peaks[0] == peaks[1] and peaks[0] <= peaks[2] - logits_bytes, peaks
+
+
+def test_hf_models_run_lean_without_the_logits_zero_gradient():
+    """HF's language models (small configs from benchmarks/memory_models.py; needs transformers, which CI
+    does not install) return their logits as an `_unsafe_view` beside the loss: they run lean (as AOTAutograd
+    replays such an output, a fresh `_unsafe_view`), their step builds the backward without the logits'
+    zero tangent once, and their gradients are eager's. Eval mode: no dropout draws to differ."""
+    pytest.importorskip("transformers")
+    import pathlib
+    import sys
+
+    from hintbackend.backend import compiled_graphs
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    from memory_models import hf_models
+
+    if device() != "cpu":
+        pytest.skip("a CPU check of the runtime's bookkeeping")
+    ids = torch.randint(0, 1000, (2, 32), generator=torch.Generator().manual_seed(0))
+    for name, make, loss_fn in hf_models(True, False):
+        grads = {}
+        for peer in ("eager", "hintbackend"):
+            torch._dynamo.reset()
+            torch.manual_seed(0)
+            model = make().float().eval()
+            fn = model if peer == "eager" else torch.compile(model, backend="hintbackend",
+                                                             options={"compile_cache": False})
+            built = []
+            for _ in range(3):
+                for p in model.parameters():
+                    p.grad = None
+                with compiled_graphs() as graphs:
+                    loss = loss_fn(fn, ids)
+                    loss.backward()
+                built.append([n for n, _ in graphs])
+            grads[peer] = [p.grad for p in model.parameters()]
+        # Step 1 compiles (AOTAutograd's runtime runs it); step 2 runs lean and builds the zero variant(s).
+        assert any("_zero_" in n for n in built[1]) and built[2] == [], (name, built)
+        scale = max(g.abs().max().item() for g in grads["eager"] if g is not None)
+        for a, b in zip(grads["hintbackend"], grads["eager"]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * scale, msg=name)
