@@ -251,7 +251,7 @@ struct WalkPos {
 
 // A backward CTA's steps: every query tile of `tile` rows that its key block's q lists give (Walk), for each
 // query head of kv head hk's group (h in [hk G, (hk + 1) G), G = Hq / Hkv) in turn; a step is (h, that
-// head's walk, index i). next() is the step after it (whose Q and dO load while this one computes); done()
+// head's walk, its position (k, r) in the walk). next() is the step after it (whose Q and dO load while this one computes); done()
 // past the last. One walk for every backward kernel (flex_bwd, flex_bwd_wg, flex_bwd_ws).
 struct Steps {
   const HbFlexCudaArgs* a;
