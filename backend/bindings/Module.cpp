@@ -208,11 +208,10 @@ class CompiledGraph {
   std::string ir() const { return print_graph(*program_.graph); }  // printed on demand only
   std::vector<std::string> unread_inputs() const {
     const Graph& g = *program_.graph;
-    std::vector<bool> read(g.nodes.size(), false);
-    for (const Node& n : g.nodes) n.for_each_input([&](const Arg& a) { read[a.ref] = true; });
+    const std::vector<std::vector<int>> users = g.users();
     std::vector<std::string> out;
     for (int p : g.placeholders())
-      if (!read[p]) out.push_back(g.nodes[p].name);
+      if (users[p].empty()) out.push_back(g.nodes[p].name);
     return out;
   }
   std::string kernels() const { return print_kernel_plan(*program_.graph, *program_.kernels); }

@@ -298,8 +298,8 @@ def test_an_unused_output_gets_no_zero_gradient(tmp_path, cache):
 
 
 def test_hf_models_run_lean_without_the_logits_zero_gradient():
-    """HF's language models (small configs from benchmarks/memory_models.py; needs transformers, which CI
-    does not install) return their logits as an `_unsafe_view` beside the loss: they run lean (as AOTAutograd
+    """HF's language models (small configs from benchmarks/memory_models.py; transformers, which .ci/setup
+    installs) return their logits as an `_unsafe_view` beside the loss: they run lean (as AOTAutograd
     replays such an output, a fresh `_unsafe_view`), their step builds the backward without the logits'
     zero tangent once, and their gradients are eager's. Eval mode: no dropout draws to differ."""
     pytest.importorskip("transformers")
