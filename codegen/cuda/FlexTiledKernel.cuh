@@ -1409,32 +1409,54 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ Hb
 #ifndef HB_FWD_PRODUCER
 #define HB_FWD_PRODUCER 1
 #endif
+// Three consumer warpgroups (192-row CTAs, FlashAttention-3's shape at D 64) where every query row of the
+// CTA lies in one query block of the BlockMask (no BlockMask: torch's empty one is one block of 2^30 rows):
+// the turn passes round the three, each key and value tile is read from shared memory by 192 rows instead
+// of 128, and a CTA's fixed work (Q's copy, the walk, the stores' tail) is spread over more rows. The
+// consumers get 160 registers (512 threads); a unit whose 192-row kernel spills (a score_mod's code) keeps
+// 128-row CTAs (fwd_pp_rows). HB_FWD_3WG=0 (the lab's baseline) turns it off.
+#ifndef HB_FWD_3WG
+#define HB_FWD_3WG 1
+#endif
+// HB_FWD_3WG_TURNS=0 (a lab switch): the three consumers without turns, each issuing as it goes.
+#ifndef HB_FWD_3WG_TURNS
+#define HB_FWD_3WG_TURNS 1
+#endif
 constexpr int FNS = 3;
 // The registers each thread of a CTA of `threads` holds at entry (one CTA an SM, allocated in units of 8):
 // a setmaxnreg split shares these, not the SM's 64 Ki (a split that asks for more never gets them).
 constexpr int launch_regs(int threads) { return 65536 / threads / 8 * 8; }
-constexpr int kFpThreads = HB_FWD_PRODUCER ? WFT + 128 : WFT;
-constexpr int kFpRegs = 232, kFpProducerRegs = 40;
-static_assert(2 * 128 * kFpRegs + 128 * kFpProducerRegs <= (WFT + 128) * launch_regs(WFT + 128),
+// flex_fwd_pp with NW consumer warpgroups: threads, the consumers' and the producer's registers.
+template <int NW>
+constexpr int kFpThreads = HB_FWD_PRODUCER ? NW * 128 + 128 : NW * 128;
+template <int NW>
+constexpr int kFpRegs = NW == 2 ? 232 : 160;
+template <int NW>
+constexpr int kFpProducerRegs = NW == 2 ? 40 : 32;
+static_assert(2 * 128 * kFpRegs<2> + 128 * kFpProducerRegs<2> <= kFpThreads<2> * launch_regs(kFpThreads<2>),
               "flex_fwd_pp: setmaxnreg split");
+static_assert(3 * 128 * kFpRegs<3> + 128 * kFpProducerRegs<3> <= 512 * launch_regs(512), "flex_fwd_pp: setmaxnreg split");
 // Q, the stages, and mbarriers: full and empty of each key and value stage, and Q's.
-template <int WFN>
-constexpr int kFwdPpSmem = (WFM + 2 * FNS * WFN) * CH * 16 + (4 * FNS + 1) * 8;
+template <int WFN, int NW = 2>
+constexpr int kFwdPpSmem = (NW * 64 + 2 * FNS * WFN) * CH * 16 + (4 * FNS + 1) * 8;
 
 __device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(WFT) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, %1;" : : "r"(id), "r"(WFT) : "memory"); }
 
-template <int WFN>
-__global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_constant__ HbFlexCudaArgs a) {
+template <int WFN, int NW>
+__global__ void __launch_bounds__(kFpThreads<NW>, 1) flex_fwd_pp(const __grid_constant__ HbFlexCudaArgs a) {
+  static_assert(NW == 2 || (NW == 3 && HB_FWD_PRODUCER), "flex_fwd_pp: 2 consumer warpgroups, or 3 and the producer");
+  constexpr int QM = NW * 64, QT = NW * 128;  // query rows, consumer threads
+  constexpr bool kTurns = NW == 2 || HB_FWD_3WG_TURNS;
   extern __shared__ __align__(1024) uint4 wsmem[];
   uint4* sQ = wsmem;
-  uint4* sKs = sQ + WFM * CH;           // [FNS] key tiles of WFN rows
+  uint4* sKs = sQ + QM * CH;            // [FNS] key tiles of WFN rows
   uint4* sVs = sKs + FNS * WFN * CH;    // [FNS] value tiles
   uint64_t* bar = reinterpret_cast<uint64_t*>(sVs + FNS * WFN * CH);
   uint64_t *kfull = bar, *vfull = bar + FNS, *kempty = bar + 2 * FNS, *vempty = bar + 3 * FNS, *qfull = bar + 4 * FNS;
   const int warp = threadIdx.x / 32, wg = warp / 4, g = (threadIdx.x % 32) >> 2, wtid = threadIdx.x % 128;
   const long long b = blockIdx.y / a.Hq, h = blockIdx.y % a.Hq, hk = h / (a.Hq / a.Hkv), bk = a.Bkv == 1 ? 0 : b;
-  const long long q0 = (long long)blockIdx.x * WFM;
+  const long long q0 = (long long)blockIdx.x * QM;
   const Elem* Q = (const Elem*)a.q + b * a.q_strides[0] + h * a.q_strides[1];
   const Elem* K = (const Elem*)a.k + bk * a.k_strides[0] + hk * a.k_strides[1];
   const Elem* V = (const Elem*)a.v + bk * a.v_strides[0] + hk * a.v_strides[1];
@@ -1443,7 +1465,7 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
   constexpr int kLoaders = HB_FWD_PRODUCER ? 128 : WFT;  // the threads whose copies complete a full barrier
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2 * FNS; ++s) cutlass::arch::ClusterBarrier::init(&bar[s], kLoaders);
-    for (int s = 2 * FNS; s < 4 * FNS; ++s) cutlass::arch::ClusterBarrier::init(&bar[s], WFT);
+    for (int s = 2 * FNS; s < 4 * FNS; ++s) cutlass::arch::ClusterBarrier::init(&bar[s], QT);
     cutlass::arch::ClusterBarrier::init(qfull, 128);
     cutlass::arch::fence_barrier_init();
   }
@@ -1462,9 +1484,9 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
 #endif
   auto wait = [](uint64_t* b_, int i) { cutlass::arch::ClusterBarrier::wait(&b_[i % FNS], (uint32_t)(i / FNS) & 1u); };
 #if HB_FWD_PRODUCER
-  if (wg == 2) {  // the producer: Q, then key tile i and value tile i as their stages free up
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" : : "n"(kFpProducerRegs) : "memory");
-    load_panels<WFM, 128>(sQ, Q, q0, a.q_strides[2], a.Sq, wtid);
+  if (wg == NW) {  // the producer: Q, then key tile i and value tile i as their stages free up
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" : : "n"(kFpProducerRegs<NW>) : "memory");
+    load_panels<QM, 128>(sQ, Q, q0, a.q_strides[2], a.Sq, wtid);
     cutlass::arch::cpasync_barrier_arrive_noinc(qfull);
     WalkPos pos;
     for (int i = 0; i < ntiles; ++i, pos.advance(walk)) {
@@ -1478,10 +1500,10 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
     cute::cp_async_wait<0>();
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" : : "n"(kFpRegs) : "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" : : "n"(kFpRegs<NW>) : "memory");
   cutlass::arch::ClusterBarrier::wait(qfull, 0);
 #else
-  load_panels<WFM, 128, 2>(sQ, Q, q0, a.q_strides[2], a.Sq, wtid, wg);
+  load_panels<QM, 128, 2>(sQ, Q, q0, a.q_strides[2], a.Sq, wtid, wg);
   if (ntiles == 0) cute::cp_async_wait<0>();
   for (int i = 0; i < FNS && i < ntiles; ++i) {
     load(K, a.k_strides[2], sKs, kfull, i, tile_at(i), wtid, wg);
@@ -1490,7 +1512,8 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
 #endif
   HbFlexTile t = {};
   t.b = b, t.h = h, t.score_buffers = a.score_buffers, t.mask_buffers = a.mask_buffers;
-  if (wg == 1) named_arrive(1);
+  // The turn goes round the consumers, warpgroup w waiting on barrier 1 + w; the last starts it.
+  if (kTurns && wg == NW - 1) named_arrive(1);
 
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -1510,10 +1533,10 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
     float s[WFN / 8][4];
     fence_acc(s);
     fence_acc(o);
-    named_sync(1 + wg);
+    if (kTurns) named_sync(1 + wg);
     cute::warpgroup_arrive();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) wg_ss<Major::K, Major::K, WFN>(kmajor<WFM>(sQ, wg * 64, kk), kmajor<WFN>(sK, 0, kk), s, kk > 0);
+    for (int kk = 0; kk < D / 16; ++kk) wg_ss<Major::K, Major::K, WFN>(kmajor<QM>(sQ, wg * 64, kk), kmajor<WFN>(sK, 0, kk), s, kk > 0);
     cute::warpgroup_commit_batch();
     {  // at i = 0, P is 0: a product that adds nothing keeps the MMAs' order the same in every step
       const uint4* sV = sVs + pst * WFN * CH;
@@ -1521,12 +1544,12 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
       for (int kk = 0; kk < WFN / 16; ++kk) wg_rs<Major::MN, D>(pa[kk], mnmajor<WFN>(sV, kk), o, true);
       cute::warpgroup_commit_batch();
     }
-    named_arrive(2 - wg);
+    if (kTurns) named_arrive(1 + (wg + 1) % NW);
     cute::warpgroup_wait<1>();
     fence_acc(s);
     cutlass::arch::ClusterBarrier::arrive(&kempty[st]);
 
-    const float sl = fwd_scores<WFN>(s, a, b, h, q0 + warp * 16 + g, k0, full, k0 + WFN <= a.Skv && q0 + WFM <= a.Sq, t);
+    const float sl = fwd_scores<WFN>(s, a, b, h, q0 + warp * 16 + g, k0, full, k0 + WFN <= a.Skv && q0 + QM <= a.Sq, t);
     float corr[2];
     softmax_tile<WFN>(s, m, l, corr, sl);
     cute::warpgroup_wait<0>();
@@ -1559,16 +1582,32 @@ __global__ void __launch_bounds__(kFpThreads, 1) flex_fwd_pp(const __grid_consta
     cute::warpgroup_wait<0>();
     fence_acc(o);
   }
-  if (wg == 0) named_sync(1);
+  if (kTurns && wg == 0) named_sync(1);
   fwd_store(o, m, l, a, b, h, q0 + warp * 16 + g, t);
   report(a.error, t);
 }
-template <int WFN>
-int launch_fwd_pp(const HbFlexCudaArgs& a, dim3 grid, void* stream) {
-  cudaError_t e = cudaFuncSetAttribute(flex_fwd_pp<WFN>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdPpSmem<WFN>);
+template <int WFN, int NW = 2>
+int launch_fwd_pp(const HbFlexCudaArgs& a, void* stream) {
+  const dim3 grid((unsigned)((a.Sq + NW * 64 - 1) / (NW * 64)), (unsigned)(a.B * a.Hq));
+  cudaError_t e = cudaFuncSetAttribute(flex_fwd_pp<WFN, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdPpSmem<WFN, NW>);
   if (e != cudaSuccess) return (int)e;
-  flex_fwd_pp<WFN><<<grid, kFpThreads, kFwdPpSmem<WFN>, (cudaStream_t)stream>>>(a);
+  flex_fwd_pp<WFN, NW><<<grid, kFpThreads<NW>, kFwdPpSmem<WFN, NW>, (cudaStream_t)stream>>>(a);
   return (int)cudaGetLastError();
+}
+// The rows of flex_fwd_pp's CTAs for this call: 192 (three consumer warpgroups) at D 64 where every CTA's
+// rows lie in one query block and the unit's 192-row kernel keeps all its registers (no local memory: asked
+// of the driver once), else 128.
+inline int fwd_pp_rows(const HbFlexCudaArgs& a) {
+#if HB_FWD_3WG && HB_FWD_PRODUCER
+  if constexpr (D == 64) {
+    static const bool no_spill = [] {
+      cudaFuncAttributes f;
+      return cudaFuncGetAttributes(&f, flex_fwd_pp<128, 3>) == cudaSuccess && f.localSizeBytes == 0;
+    }();
+    if ((a.q_block >= a.Sq || a.q_block % 192 == 0) && no_spill) return 192;
+  }
+#endif
+  return 128;
 }
 
 // Backward: one CTA of one warpgroup per 64 key rows of one (b, kv head), two CTAs per SM (so that one's
@@ -2250,7 +2289,8 @@ extern "C" int hb_flex_cuda_forward(const HbFlexCudaArgs* a, void* stream) {
     const dim3 grid((unsigned)((a->Sq + hbk::WFM - 1) / hbk::WFM), (unsigned)(a->B * a->Hq));
     if constexpr (HB_D == 128 || HB_D == 64) {
 #if HB_FWD_PP
-      if (a->kv_block % 128 == 0) return hbk::launch_fwd_pp<128>(*a, grid, stream);
+      if (a->kv_block % 128 == 0)
+        return hbk::fwd_pp_rows(*a) == 192 ? hbk::launch_fwd_pp<128, 3>(*a, stream) : hbk::launch_fwd_pp<128>(*a, stream);
 #else
       if (a->kv_block % 128 == 0) return hbk::launch_fwd_wg<128>(*a, grid, stream);
 #endif
@@ -2401,7 +2441,7 @@ extern "C" long long hb_flex_cuda_smem(int backward) {
   long long m = hbk::kFwdSmem;  // flex_fwd (query blocks that are not multiples of 128 on Hopper)
 #if HB_WG
   m = most(m, hbk::kFwdWgSmem<64>);
-  if constexpr (HB_D == 128 || HB_D == 64) m = most(m, HB_FWD_PP ? hbk::kFwdPpSmem<128> : hbk::kFwdWgSmem<128>);
+  if constexpr (HB_D == 128 || HB_D == 64) m = most(m, HB_FWD_PP ? hbk::kFwdPpSmem<128, HB_D == 64 ? 3 : 2> : hbk::kFwdWgSmem<128>);
 #endif
   return m;
 #endif
