@@ -12,7 +12,7 @@ process (issue 12: compiled peak at or below eager, close to Inductor, step time
 
 Models: HF Llama, GPT-2 and BERT (masked LM), 4 layers, hidden 512, 8 heads, SDPA attention, random init,
 train mode (their default dropout), bf16 on CUDA, B4 S1024 (the issue's setting); then the test corpus's
-blocks (tests/python/test_models.py). Each step is forward, loss, backward.
+models (tests/python/test_models.py): its SDPA and flex blocks, its MLP and its CNN (large batches). Each step is forward, loss, backward.
 
 How peaks are accounted: "peak above the model" is the most memory allocated during one warm training
 step (the third; the first ones compile and create the gradients) minus what was allocated just before
@@ -84,14 +84,17 @@ def hf_models(small: bool, full_vocab: bool = False
 def corpus_models(small: bool, device: str):
     os.environ["HINTBACKEND_TEST_DEVICE"] = device  # the corpus builds its block masks there
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
-    from test_models import GPTFlexBlock, SDPABlock  # the corpus' own blocks, at bench sizes
+    from test_models import CNN, MLP, GPTFlexBlock, SDPABlock  # the corpus' own models, at bench sizes
 
     def mse(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return model(x).float().pow(2).mean()
 
     s = 128 if small else 512
     return [("transformer block (sdpa)", lambda: SDPABlock(d=256 if small else 512, h=8), mse, (4, s, 256 if small else 512)),
-            ("gpt block (flex, learned bias)", lambda: GPTFlexBlock(d=256, h=4, s=s), mse, (4, s, 256))]
+            ("gpt block (flex, learned bias)", lambda: GPTFlexBlock(d=256, h=4, s=s), mse, (4, s, 256)),
+            # the MLP and the CNN have fixed widths (16 -> 32 -> 8; 3 x 16 x 16 images): their batch sets the size
+            ("MLP (corpus)", MLP, mse, (8192 if small else 262144, 16)),
+            ("CNN with BatchNorm (corpus)", CNN, mse, (64 if small else 2048, 3, 16, 16))]
 
 
 # ---- measuring -----------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ SDPA block (``SDPABlock(d=64, h=4)``, [1, 8, 64]) steps in 1.00-1.06x eager's ti
 1.19-1.23x with AOTAutograd's (docs/memory.md, "The lean runtime").
 
 Here a graph whose AOTAutograd metadata (``ViewAndMutationMeta``, read while the forward compiles) shows
-none of those features gets a `LeanPlan`, and the backend call returns a callable that runs the compiled
+none of those features gets a `LeanPlan`, and so does one whose only input mutations are data written into
+inputs that take no gradient (training BatchNorm's running statistics: the forward returns their new values
+first, and the call copies them into the inputs, as AOTAutograd's runtime does); and the backend call returns a callable that runs the compiled
 forward and backward inside one ``torch.autograd.Function`` of its own, doing only what such a graph
 needs: save the forward's saved tensors (detached where they are views, with version-counter checks
 where AOTAutograd would check them), mark the outputs that need no gradient, give the backward each
@@ -49,6 +51,9 @@ class LeanPlan:
     # User outputs that are an `_unsafe_view` of an intermediate (a Linear on a 3-d input: HF's logits):
     # returned as a fresh `_unsafe_view` of the compiled output, as AOTAutograd's runtime returns them.
     unsafe_views: Tuple[int, ...] = ()
+    # Inputs whose new values are the forward's first outputs, in order, copied into them after each
+    # forward: data mutations of inputs that take no gradient (BatchNorm's running statistics).
+    mutated_inputs: Tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -58,7 +63,7 @@ class LeanPlan:
         return LeanPlan(d["num_outputs"], tuple(d["saved"]), tuple(d["saved_unchecked"]),
                         tuple(d["differentiable"]),
                         tuple(x if isinstance(x, str) else (tuple(x[0]), tuple(x[1])) for x in d["tangent_layouts"]),
-                        d["donated"], tuple(d.get("unsafe_views", ())))
+                        d["donated"], tuple(d.get("unsafe_views", ())), tuple(d.get("mutated_inputs", ())))
 
     def tangent_formats(self) -> List[Any]:
         """The layouts as AOTAutograd's MemoryFormatMeta, for its coerce_to_expected_memory_format."""
@@ -77,15 +82,25 @@ def plan_of(meta: Any, num_inputs: int, num_forward_outputs: int) -> Tuple[Optio
     """The plan of a training forward from AOTAutograd's metadata, or (None, why not).
 
     `num_inputs`: the backend call's inputs (Dynamo's); `num_forward_outputs`: the compiled forward's."""
-    from torch._functorch._aot_autograd.schemas import OutputType, PlainTensorMeta
+    from torch._functorch._aot_autograd.schemas import MutationType, OutputType, PlainTensorMeta
 
     if meta is None:
         return None, "no AOTAutograd metadata"
     if len(meta.input_info) != num_inputs:
         return None, "AOTAutograd changed the inputs (duplicates, lifted parameters or synthetic bases)"
+    runtime_mutated = list(meta.mutated_inp_runtime_indices)
     for i, info in enumerate(meta.input_info):
-        if info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata:
-            return None, f"input {i} is mutated"
+        if not (info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata or
+                getattr(info, "mutation_inductor_storage_resize", False)):
+            continue
+        if info.mutates_metadata or info.mutates_storage_metadata or getattr(info, "mutation_inductor_storage_resize", False):
+            return None, f"input {i} is mutated (its sizes, strides or storage)"
+        if info.requires_grad:
+            return None, f"input {i} is mutated and takes a gradient"
+        if info.mutation_type != MutationType.MUTATED_OUT_GRAPH or i not in runtime_mutated:
+            return None, f"input {i} is mutated inside the graph"
+    if any(s is not None for s in getattr(meta, "mutated_inp_stream_indices", None) or ()):
+        return None, "an input mutated on a user stream"
     for i, info in enumerate(meta.output_info):
         if info.output_type not in (OutputType.non_alias, OutputType.unsafe_view_alias):
             return None, f"output {i} aliases an input or an intermediate ({info.output_type.name})"
@@ -130,7 +145,7 @@ def plan_of(meta: Any, num_inputs: int, num_forward_outputs: int) -> Tuple[Optio
                     _absolute(meta.tensors_saved_for_backwards_no_vc_check_slice, n), differentiable,
                     tuple(layouts), bool(getattr(meta, "bw_donated_idxs", None)),
                     tuple(i for i, info in enumerate(meta.output_info)
-                          if info.output_type == OutputType.unsafe_view_alias)), ""
+                          if info.output_type == OutputType.unsafe_view_alias), tuple(runtime_mutated)), ""
 
 
 def forward_output_count(gm: torch.fx.GraphModule) -> int:
@@ -188,24 +203,27 @@ class _LeanFunction(torch.autograd.Function):
         a, b = plan.saved_unchecked
         ctx.unchecked = [x.detach() if x._is_view() else x for x in outs[a:b]]
         ctx.pair = pair
-        user = list(outs[:plan.num_outputs])
+        nm = len(plan.mutated_inputs)  # the mutated inputs' new values come first (runtime() copies them)
+        user = list(outs[nm:nm + plan.num_outputs])
         for i in plan.unsafe_views:  # not a view for autograd (as AOTAutograd's runtime does)
             user[i] = torch.ops.aten._unsafe_view(user[i], user[i].shape)
-        if pair.nondifferentiable:
-            ctx.mark_non_differentiable(*[user[i] for i in pair.nondifferentiable])
+        if pair.nondifferentiable or nm:
+            ctx.mark_non_differentiable(*outs[:nm], *[user[i] for i in pair.nondifferentiable])
         ctx._materialize_non_diff_grads = False
         # An output whose gradient nobody computes (the logits beside a loss) gets None, not a tensor of
         # zeros: the backward then runs with that tangent folded away where it can (backward_with_zeros),
         # else gets the zeros from here (the outputs' sizes, kept without the tensors).
         ctx.set_materialize_grads(False)
         ctx.tangent_meta = [(user[i].shape, user[i].dtype, user[i].device) for i in plan.differentiable]
-        return tuple(user)
+        return (*outs[:nm], *user) if nm else tuple(user)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, *grads: Any) -> Any:
         pair = ctx.pair
         plan = pair.plan
+        if plan.mutated_inputs:  # (the mutated inputs' new values take no gradient)
+            grads = grads[len(plan.mutated_inputs):]
         keep_graph = torch._C._autograd._get_current_graph_task_keep_graph()
         if plan.donated and keep_graph:  # as AOTAutograd's runtime refuses it
             raise RuntimeError(
@@ -241,7 +259,13 @@ def runtime(aot_fn: Callable, pair: LeanPair) -> Callable:
         if pair.plan is None or pair.backward is None or not torch.is_grad_enabled() or \
                 compiled_autograd.compiled_autograd_enabled:
             return aot_fn(*args)
-        return _LeanFunction.apply(pair, *args)
+        if not pair.plan.mutated_inputs:
+            return _LeanFunction.apply(pair, *args)
+        outs = _LeanFunction.apply(pair, *args)
+        nm = len(pair.plan.mutated_inputs)
+        for i, new in zip(pair.plan.mutated_inputs, outs[:nm]):
+            args[i].copy_(new)  # as AOTAutograd's runtime writes a data mutation back
+        return outs[nm:]
 
     for attr in ("zero_grad", "named_parameters", "named_buffers", "serialize"):
         if hasattr(aot_fn, attr):
