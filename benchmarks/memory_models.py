@@ -9,6 +9,8 @@ process (issue 12: compiled peak at or below eager, close to Inductor, step time
                                                             # where a step's time goes; with CUDA graphs too
     python benchmarks/memory_models.py --models sdpa --aot-runtime
                                                             # also with AOTAutograd's runtime (lean_runtime off)
+    python benchmarks/memory_models.py --no-inductor --recompute
+                                                            # also without recompute-materialized
 
 Models: HF Llama, GPT-2 and BERT (masked LM), 4 layers, hidden 512, 8 heads, SDPA attention, random init,
 train mode (their default dropout), bf16 on CUDA, B4 S1024 (the issue's setting); then the test corpus's
@@ -196,6 +198,8 @@ def compiled(peer: str, model: nn.Module):
         fn = torch.compile(model, backend="aot_eager")
     elif peer == "hb default partition":
         fn = torch.compile(model, backend="hintbackend", options={"partition": "default"})
+    elif peer == "hb no recompute-materialized":  # min-cut as torch's config has it: saves what the backward reads
+        fn = torch.compile(model, backend="hintbackend", options={"disable_passes": ["recompute-materialized"]})
     elif peer == "hb no save-logsumexp":  # the forward saves cross-entropy's [N, C] log-probabilities
         fn = torch.compile(model, backend="hintbackend", options={"disable_passes": ["save-logsumexp"]})
     elif peer == "hb no loss folds":  # the loss as traced: [N, C] log-probabilities and two [N, C] gradients
@@ -376,6 +380,8 @@ def main() -> None:
                    help="also hintbackend with cuda_graphs=True (mode=\"reduce-overhead\"): host time per step gone")
     p.add_argument("--aot-runtime", action="store_true",
                    help="also hintbackend with lean_runtime=False (AOTAutograd's runtime wrappers: their host time)")
+    p.add_argument("--recompute", action="store_true",
+                   help="also hintbackend without recompute-materialized (min-cut saving what the backward reads)")
     p.add_argument("--profile", action="store_true",
                    help="also torch.profiler tables of eager's and hintbackend's steps (where the time goes)")
     args = p.parse_args()
@@ -387,6 +393,8 @@ def main() -> None:
         peers.append("hb cuda graphs")
     if args.aot_runtime:
         peers.append("hb aot runtime")
+    if args.recompute:
+        peers.append("hb no recompute-materialized")
     if args.diagnose:
         peers += ["hb default partition", "hb no save-logsumexp", "hb no loss folds", "hb no arena", "aot_eager"]
     rows = []
@@ -415,14 +423,14 @@ def main() -> None:
     where = torch.cuda.get_device_name() if dev == "cuda" else "CPU (live tensor bytes)"
     print(f"\ntraining step peak above the model (MiB) / median ms per step, {str(dtype).split('.')[-1]}, "
           f"B{B} S{S}, on {where}, torch {torch.__version__}")
-    head = f"{'model':<32}" + "".join(f"{p:>22}" for p in peers) + f"{'hb/eager peak':>15}{'hb/eager ms':>13}"
+    head = f"{'model':<32}" + "".join(f"{p:>{max(22, len(p) + 2)}}" for p in peers) + f"{'hb/eager peak':>15}{'hb/eager ms':>13}"
     if "inductor" in peers:
         head += f"{'hb/ind peak':>13}"
     print(head)
     for name, res in rows:
         line = f"{name:<32}"
         for peer in peers:
-            line += f"{table_cell(*res[peer]):>22}"
+            line += f"{table_cell(*res[peer]):>{max(22, len(peer) + 2)}}"
         hb, ea = res["hintbackend"], res["eager"]
         line += f"{ratio(hb[0], ea[0]):>15.2f}{ratio(hb[1], ea[1]):>13.2f}"
         if "inductor" in peers:

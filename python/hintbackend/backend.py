@@ -266,7 +266,8 @@ def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Op
     # partition: default_partition, except that saved values of dfs/auto regions are recomputed in the
     # backward (partition.py), so training keeps the regions' intermediates per slice too.
     partition_fn = functools.partial(partition, settings=opts.core_settings(), base=opts.partition,
-                                     save_logsumexp="save-logsumexp" not in opts.disable_passes)
+                                     save_logsumexp="save-logsumexp" not in opts.disable_passes,
+                                     recompute_materialized="recompute-materialized" not in opts.disable_passes)
     # The lean runtime (lean_runtime.py): not with CUDA graphs, whose wrapper keeps AOTAutograd's.
     lean = LeanPair(len(example_inputs)) if opts.lean_runtime and cuda_graphs is None else None
     not_cached = compile_cache.unavailable(opts)

@@ -12,9 +12,10 @@ import os
 from typing import Any, Mapping, Optional, Sequence
 
 
-#: Rewrites the training partition makes on AOTAutograd's joint graph before it splits it (partition.py),
-#: turned off by name like the C++ passes (disable_passes, HINTBACKEND_DISABLE_PASSES).
-PARTITION_PASSES = ("save-logsumexp",)
+#: Choices the training partition makes on AOTAutograd's joint graph (partition.py), turned off by name like
+#: the C++ passes (disable_passes, HINTBACKEND_DISABLE_PASSES): the loss's rewrite before min-cut, and min-cut
+#: recomputing cheap ops whose values the backward materializes anyway.
+PARTITION_PASSES = ("save-logsumexp", "recompute-materialized")
 
 @dataclasses.dataclass(frozen=True)
 class Options:

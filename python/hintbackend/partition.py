@@ -498,6 +498,15 @@ def save_logsumexp_for_cross_entropy(joint: fx.GraphModule) -> int:
     return rewritten
 
 
+def _mutates_inputs(joint: fx.GraphModule) -> bool:
+    """Whether the joint graph changes an input: AOTAutograd returns an input's new value or metadata as an
+    output, or an op with a mutable schema is left in the graph."""
+    if any(isinstance(d, (InputMutationAOTOutput, MetadataMutationAOTOutput)) for d in _joint_outputs(joint)[1]):
+        return True
+    return any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+               for n in joint.graph.nodes if n.op == "call_function")
+
+
 def _mark_wanted_gradients(joint: fx.GraphModule, fw: fx.GraphModule, num_fwd_outputs: int) -> None:
     """Sets WANTS_GRAD (serialize.py) on the forward's inputs that the joint graph returns a gradient for."""
     primals = [p.name for p in joint.graph.find_nodes(op="placeholder") if _is_primal(p)]
@@ -518,11 +527,13 @@ def partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_output
 
 def _partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
                static_lifetime_input_indices: Optional[List[int]] = None, settings: Any = None,
-               base: str = "min-cut", save_logsumexp: bool = True, **kwargs: Any):
+               base: str = "min-cut", save_logsumexp: bool = True, recompute_materialized: bool = True,
+               **kwargs: Any):
     """`settings`: the compile's CompileSettings (Options.core_settings()), so the slice decision is the
     compile's own. `base`: the partition of graphs with no dfs/auto region ("default" or "min-cut",
     options.py's partition). `save_logsumexp`: rewrite cross-entropy losses before min-cut (off:
-    disable_passes=["save-logsumexp"])."""
+    disable_passes=["save-logsumexp"]). `recompute_materialized`: min-cut may recompute an op of its
+    allowlist whose value the backward materializes anyway (off: disable_passes=["recompute-materialized"])."""
     if settings is None:
         settings = _core().CompileSettings()
 
@@ -540,9 +551,20 @@ def _partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outpu
     if not any(recomputes(n) for n in joint_module.graph.nodes):
         if base == "min-cut":
             rewrite_losses()
-            return min_cut_rematerialization_partition(joint_module, joint_inputs, compiler="inductor",
-                                                       num_fwd_outputs=num_fwd_outputs,
-                                                       static_lifetime_input_indices=static_lifetime_input_indices)
+            # Min-cut bans recomputing a value that the backward materializes anyway (an input of a
+            # non-fusible backward op: GELU's output, read by layer norm's backward), since Inductor's
+            # recomputes are fused and that one would not be. Here no recompute is fused, and such a
+            # value costs one pointwise kernel in the backward against a saved activation of its size
+            # (the corpus MLP's peak 93 -> 77 MiB, Inductor's; the SDPA block's 56 -> 48 on the CPU;
+            # docs/memory.md, "Recomputing what the backward materializes").
+            # Not where the graph mutates an input (BatchNorm's running statistics, a parameter changed
+            # under no_grad): min-cut would then recompute from the input before its update, which the
+            # runtime's write-back changes before the backward (test_lean_runtime's DecayedScale).
+            allow = recompute_materialized and not _mutates_inputs(joint_module)
+            with functorch_config.patch(ban_recompute_materialized_backward=not allow):
+                return min_cut_rematerialization_partition(joint_module, joint_inputs, compiler="inductor",
+                                                           num_fwd_outputs=num_fwd_outputs,
+                                                           static_lifetime_input_indices=static_lifetime_input_indices)
         return default()
     if has_recomputable_ops(joint_module):
         log.warning("partition: keeps the default partition for this graph: it has activation checkpointing "

@@ -152,35 +152,68 @@ def test_bfs_and_unhinted_graphs_partition_exactly_like_default(hints):
     assert got_bw.code == want_bw.code
 
 
-def test_unhinted_graphs_use_the_min_cut_partition():
-    """Graphs with no dfs/auto region get min_cut_rematerialization_partition (the default partition
-    option): exactly its forward and backward, saving no more bytes than default_partition."""
+def min_cut_results(f, *args, recompute_materialized=True):
+    """(min-cut as torch's config has it, min-cut allowed to recompute what the backward materializes,
+    default_partition, hintbackend's partition, num_fwd_outputs) of f's one joint graph."""
+    from torch._functorch import config as functorch_config
     results = []
 
     def backend(gm, example_inputs):
         def partition_fn(joint, joint_inputs, **kwargs):
-            want = min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
+            plain = min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
+            with functorch_config.patch(ban_recompute_materialized_backward=False):
+                recompute = min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
             default = default_partition(joint, joint_inputs, **kwargs)
-            got = partition(joint, joint_inputs, **kwargs)
-            results.append((want, default, got, kwargs["num_fwd_outputs"]))
+            got = partition(joint, joint_inputs, recompute_materialized=recompute_materialized, **kwargs)
+            results.append((plain, recompute, default, got, kwargs["num_fwd_outputs"]))
             return got
 
         compiler = lambda g, _: make_boxed_func(g.forward)  # noqa: E731
         return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, partition_fn=partition_fn)(gm, example_inputs)
 
+    torch.compile(f, backend=backend)(*args).sum().backward()
+    assert len(results) == 1
+    return results[0]
+
+
+def saved_bytes(fw, n):
+    return sum(v.meta["val"].numel() * v.meta["val"].element_size() for v in saved_values(fw, n)
+               if isinstance(v.meta.get("val"), torch.Tensor))
+
+
+def test_unhinted_graphs_use_the_min_cut_partition():
+    """Graphs with no dfs/auto region get min_cut_rematerialization_partition (the default partition
+    option): exactly its forward and backward, saving no more bytes than default_partition."""
     def f(x, w):
         return torch.nn.functional.gelu(x @ w).tanh().sum(-1)
 
     x, w = randn(8, 64).requires_grad_(True), randn(64, 64).requires_grad_(True)
-    torch.compile(f, backend=backend)(x, w).sum().backward()
-    (want_fw, want_bw), (default_fw, _), (got_fw, got_bw), n = results[0]
+    _, (want_fw, want_bw), (default_fw, _), (got_fw, got_bw), n = min_cut_results(f, x, w)
     assert got_fw.code == want_fw.code and got_bw.code == want_bw.code
+    assert saved_bytes(got_fw, n) <= saved_bytes(default_fw, n)
 
-    def saved_bytes(fw):
-        return sum(v.meta["val"].numel() * v.meta["val"].element_size() for v in saved_values(fw, n)
-                   if isinstance(v.meta.get("val"), torch.Tensor))
 
-    assert saved_bytes(got_fw) <= saved_bytes(default_fw)
+@pytest.mark.parametrize("recompute", [True, False], ids=["recompute-materialized", "disabled"])
+def test_min_cut_recomputes_what_the_backward_materializes(recompute):
+    """GELU's output feeds a layer norm, whose backward reads it: torch's min-cut saves it (it bans
+    recomputing a value the backward materializes, which Inductor could not fuse); hintbackend's partition
+    recomputes it from the matmul's output, which is saved anyway (recompute-materialized), and saves one
+    [N, 64] value less. disable_passes=["recompute-materialized"] gives torch's min-cut exactly."""
+    ln = torch.nn.LayerNorm(64).to(device())
+
+    def f(x, w):
+        return ln(torch.nn.functional.gelu(x @ w)).tanh()
+
+    x, w = randn(32, 64).requires_grad_(True), randn(64, 64).requires_grad_(True)
+    (plain_fw, plain_bw), (re_fw, re_bw), _, (got_fw, got_bw), n = min_cut_results(f, x, w, recompute_materialized=recompute)
+    gelu = torch.ops.aten.gelu.default
+    assert not any(node.target == gelu for node in plain_bw.graph.nodes)
+    if not recompute:
+        assert got_fw.code == plain_fw.code and got_bw.code == plain_bw.code
+        return
+    assert got_fw.code == re_fw.code and got_bw.code == re_bw.code
+    assert any(node.target == gelu for node in got_bw.graph.nodes), got_bw.code
+    assert saved_bytes(plain_fw, n) - saved_bytes(got_fw, n) == 32 * 64 * x.element_size()
 
 
 @pytest.mark.parametrize("hints", [{"schedule": "dfs", "slices": 4}, {"schedule": "dfs"},
