@@ -14,7 +14,8 @@ process (issue 12: compiled peak at or below eager, close to Inductor, step time
 
 Models: HF Llama, GPT-2 and BERT (masked LM), 4 layers, hidden 512, 8 heads, SDPA attention, random init,
 train mode (their default dropout), bf16 on CUDA, B4 S1024 (the issue's setting); then the test corpus's
-models (tests/python/test_models.py): its SDPA and flex blocks, its MLP and its CNN (large batches). Each step is forward, loss, backward.
+models (tests/python/test_models.py): its SDPA and flex blocks, its MLP and its CNN (large batches). Each
+step is forward, loss, backward.
 
 How peaks are accounted: "peak above the model" is the most memory allocated during one warm training
 step (the third; the first ones compile and create the gradients) minus what was allocated just before

@@ -8,9 +8,10 @@ SDPA block (``SDPABlock(d=64, h=4)``, [1, 8, 64]) steps in 1.00-1.06x eager's ti
 1.19-1.23x with AOTAutograd's (docs/memory.md, "The lean runtime").
 
 Here a graph whose AOTAutograd metadata (``ViewAndMutationMeta``, read while the forward compiles) shows
-none of those features gets a `LeanPlan`, and so does one whose only input mutations are data written into
-inputs that take no gradient (training BatchNorm's running statistics: the forward returns their new values
-first, and the call copies them into the inputs, as AOTAutograd's runtime does); and the backend call returns a callable that runs the compiled
+none of those features gets a `LeanPlan` (input mutations allowed only as data written into inputs that take
+no gradient, as training BatchNorm writes its running statistics: the forward returns their new values
+first, and the call copies them into the inputs, as AOTAutograd's runtime does), and the backend call
+returns a callable that runs the compiled
 forward and backward inside one ``torch.autograd.Function`` of its own, doing only what such a graph
 needs: save the forward's saved tensors (detached where they are views, with version-counter checks
 where AOTAutograd would check them), mark the outputs that need no gradient, give the backward each
@@ -90,10 +91,11 @@ def plan_of(meta: Any, num_inputs: int, num_forward_outputs: int) -> Tuple[Optio
         return None, "AOTAutograd changed the inputs (duplicates, lifted parameters or synthetic bases)"
     runtime_mutated = list(meta.mutated_inp_runtime_indices)
     for i, info in enumerate(meta.input_info):
-        if not (info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata or
-                getattr(info, "mutation_inductor_storage_resize", False)):
+        layout = info.mutates_metadata or info.mutates_storage_metadata or \
+            getattr(info, "mutation_inductor_storage_resize", False)
+        if not (info.mutates_data or layout):
             continue
-        if info.mutates_metadata or info.mutates_storage_metadata or getattr(info, "mutation_inductor_storage_resize", False):
+        if layout:
             return None, f"input {i} is mutated (its sizes, strides or storage)"
         if info.requires_grad:
             return None, f"input {i} is mutated and takes a gradient"
