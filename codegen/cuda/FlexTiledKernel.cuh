@@ -1414,7 +1414,7 @@ __global__ void __launch_bounds__(WFT, 1) flex_fwd_wg(const __grid_constant__ Hb
 // the turn passes round the three, each key and value tile is read from shared memory by 192 rows instead
 // of 128, and a CTA's fixed work (Q's copy, the walk, the stores' tail) is spread over more rows. The
 // consumers get 160 registers (512 threads); a unit whose 192-row kernel spills (a score_mod's code) keeps
-// 128-row CTAs (fwd_pp_rows). HB_FWD_3WG=0 (the lab's baseline) turns it off.
+// 128-row CTAs (fwd_pp_192). HB_FWD_3WG=0 (the lab's baseline) turns it off.
 #ifndef HB_FWD_3WG
 #define HB_FWD_3WG 1
 #endif
@@ -1594,21 +1594,20 @@ int launch_fwd_pp(const HbFlexCudaArgs& a, void* stream) {
   flex_fwd_pp<WFN, NW><<<grid, kFpThreads<NW>, kFwdPpSmem<WFN, NW>, (cudaStream_t)stream>>>(a);
   return (int)cudaGetLastError();
 }
-// The rows of flex_fwd_pp's CTAs for this call: 192 (three consumer warpgroups) at D 64 where every CTA's
-// rows lie in one query block and the unit's 192-row kernel keeps all its registers (no local memory: asked
-// of the driver once), else 128.
-inline int fwd_pp_rows(const HbFlexCudaArgs& a) {
-#if HB_FWD_3WG && HB_FWD_PRODUCER
-  if constexpr (D == 64) {
-    static const bool no_spill = [] {
-      cudaFuncAttributes f;
-      return cudaFuncGetAttributes(&f, flex_fwd_pp<128, 3>) == cudaSuccess && f.localSizeBytes == 0;
-    }();
-    if ((a.q_block >= a.Sq || a.q_block % 192 == 0) && no_spill) return 192;
-  }
-#endif
-  return 128;
+// Three consumer warpgroups: at D 64 only (a D 128 unit does not build the 192-row kernel: at 160
+// registers its accumulators would not fit).
+#define HB_FWD_192 (HB_FWD_3WG && HB_FWD_PRODUCER && HB_D == 64)
+#if HB_FWD_192
+// Whether this call runs 192-row CTAs: every CTA's rows lie in one query block, and the unit's 192-row
+// kernel keeps all its registers (no local memory: asked of the driver once); else 128-row CTAs.
+inline bool fwd_pp_192(const HbFlexCudaArgs& a) {
+  static const bool no_spill = [] {
+    cudaFuncAttributes f;
+    return cudaFuncGetAttributes(&f, flex_fwd_pp<128, 3>) == cudaSuccess && f.localSizeBytes == 0;
+  }();
+  return (a.q_block >= a.Sq || a.q_block % 192 == 0) && no_spill;
 }
+#endif
 
 // Backward: one CTA of one warpgroup per 64 key rows of one (b, kv head), two CTAs per SM (so that one's
 // per-element work overlaps the other's MMAs), over the same steps as flex_bwd but of 64 query rows
@@ -2289,8 +2288,12 @@ extern "C" int hb_flex_cuda_forward(const HbFlexCudaArgs* a, void* stream) {
     const dim3 grid((unsigned)((a->Sq + hbk::WFM - 1) / hbk::WFM), (unsigned)(a->B * a->Hq));
     if constexpr (HB_D == 128 || HB_D == 64) {
 #if HB_FWD_PP
-      if (a->kv_block % 128 == 0)
-        return hbk::fwd_pp_rows(*a) == 192 ? hbk::launch_fwd_pp<128, 3>(*a, stream) : hbk::launch_fwd_pp<128>(*a, stream);
+      if (a->kv_block % 128 == 0) {
+#if HB_FWD_192
+        if (hbk::fwd_pp_192(*a)) return hbk::launch_fwd_pp<128, 3>(*a, stream);
+#endif
+        return hbk::launch_fwd_pp<128>(*a, stream);
+      }
 #else
       if (a->kv_block % 128 == 0) return hbk::launch_fwd_wg<128>(*a, grid, stream);
 #endif
@@ -2441,7 +2444,7 @@ extern "C" long long hb_flex_cuda_smem(int backward) {
   long long m = hbk::kFwdSmem;  // flex_fwd (query blocks that are not multiples of 128 on Hopper)
 #if HB_WG
   m = most(m, hbk::kFwdWgSmem<64>);
-  if constexpr (HB_D == 128 || HB_D == 64) m = most(m, HB_FWD_PP ? hbk::kFwdPpSmem<128, HB_D == 64 ? 3 : 2> : hbk::kFwdWgSmem<128>);
+  if constexpr (HB_D == 128 || HB_D == 64) m = most(m, HB_FWD_PP ? hbk::kFwdPpSmem<128, HB_FWD_192 ? 3 : 2> : hbk::kFwdWgSmem<128>);
 #endif
   return m;
 #endif
