@@ -3,12 +3,13 @@
 #include <ATen/record_function.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <functional>
 #include <memory>
 
+#include "backend/bindings/LeanAutograd.h"
+#include "backend/bindings/PyValues.h"
 #include "backend/importer/JsonImport.h"
 #include "backend/ir/Error.h"
 #include "backend/ir/Printer.h"
@@ -24,37 +25,6 @@ namespace py = pybind11;
 
 namespace hb {
 namespace {
-
-c10::IValue to_ivalue(PyObject* o, size_t k) {
-  if (THPVariable_Check(o)) return c10::IValue(THPVariable_Unpack(o));
-  if (o == Py_None) return c10::IValue();
-  if (PyBool_Check(o)) return c10::IValue(o == Py_True);
-  if (PyLong_Check(o)) return c10::IValue(static_cast<int64_t>(PyLong_AsLongLong(o)));
-  if (PyFloat_Check(o)) return c10::IValue(PyFloat_AsDouble(o));
-  // SymInt/SymFloat arrive as plain ints/floats at run time; anything else is a contract breach.
-  throw UserError("hintbackend: graph input " + std::to_string(k) + " has unsupported type " +
-                  std::string(Py_TYPE(o)->tp_name) + " (expected a tensor, int, float, bool or None)");
-}
-
-py::object to_py(const c10::IValue& v) {
-  if (v.isTensor()) return py::reinterpret_steal<py::object>(THPVariable_Wrap(v.toTensor()));
-  if (v.isNone()) return py::none();
-  if (v.isBool()) return py::bool_(v.toBool());
-  if (v.isInt()) return py::int_(v.toInt());
-  if (v.isDouble()) return py::float_(v.toDouble());
-  if (v.isTuple()) {
-    const auto& e = v.toTupleRef().elements();
-    py::tuple t(e.size());
-    for (size_t i = 0; i < e.size(); ++i) t[i] = to_py(e[i]);
-    return std::move(t);
-  }
-  if (v.isList()) {
-    py::list l;
-    for (const c10::IValue& x : v.toListRef()) l.append(to_py(x));
-    return std::move(l);
-  }
-  throw InternalError("hintbackend: cannot return a value of kind " + std::string(v.tagKind()) + " to Python");
-}
 
 // A memory plan as plain data for the memory picture (python/hintbackend/memory_picture.py): the plan's
 // buffers with their values, live ranges and offsets, the region each belongs to, the slice loops of
@@ -148,7 +118,7 @@ struct CompileSettings {
 };
 
 // One compiled FX graph: the program the pipeline made, the executor that runs it, and the dumps.
-class CompiledGraph {
+class CompiledGraph final : public GraphRun {
  public:
   CompiledGraph(const std::string& document, std::vector<at::Tensor> constants, const CompileSettings& settings) {
     std::shared_ptr<Graph> graph = import_json(document);
@@ -190,15 +160,23 @@ class CompiledGraph {
     for (size_t k = 0; k < args.size(); ++k) inputs.push_back(to_ivalue(args[k].ptr(), k));
     args.attr("clear")();  // boxed calling convention: we own the inputs now, free them early
     std::vector<c10::IValue> out;
-    rt::take_failure_site();  // a site left by an earlier failure no caller took
     {
       py::gil_scoped_release no_gil;
-      RECORD_FUNCTION(exec_label_, std::vector<c10::IValue>());
-      out = executor_->run(std::move(inputs));
+      out = run_values(std::move(inputs));
     }
     py::tuple t(out.size());
     for (size_t i = 0; i < out.size(); ++i) t[i] = to_py(out[i]);
     return std::move(t);
+  }
+
+  // The run without Python (the caller holds no GIL or does not need it): what run() and the lean
+  // autograd node (LeanAutograd.h) call.
+  std::vector<c10::IValue> run_values(std::vector<c10::IValue> inputs) override {
+    HB_USER_CHECK(executor_ != nullptr) << "graph '" << program_.graph->name
+                                        << "' has unsupported nodes and cannot run in hintbackend";
+    rt::take_failure_site();  // a site left by an earlier failure no caller took
+    RECORD_FUNCTION(exec_label_, std::vector<c10::IValue>());
+    return executor_->run(std::move(inputs));
   }
 
   std::vector<std::string> unsupported() const { return program_.kernels->unsupported_descriptions; }
@@ -277,7 +255,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("cuda_arch", &hb::CompileSettings::cuda_arch)
       .def_readwrite("cuda_smem_per_block", &hb::CompileSettings::cuda_smem_per_block)
       .def_readwrite("cutlass_include", &hb::CompileSettings::cutlass_include);
-  py::class_<hb::CompiledGraph>(m, "CompiledGraph")
+  py::class_<hb::GraphRun, std::shared_ptr<hb::GraphRun>>(m, "GraphRun");
+  py::class_<hb::CompiledGraph, hb::GraphRun, std::shared_ptr<hb::CompiledGraph>>(m, "CompiledGraph")
       .def(py::init<const std::string&, std::vector<at::Tensor>, const hb::CompileSettings&>(), py::arg("document"),
            py::arg("constants"), py::arg("settings"))
       .def("run", &hb::CompiledGraph::run, "Runs the graph on a list of inputs (boxed: the list is cleared)")
@@ -297,6 +276,7 @@ PYBIND11_MODULE(_C, m) {
                              "[(node, bytes)]")
       .def_property_readonly("memory_plan", &hb::CompiledGraph::memory_plan,
                              "The memory plan as data (dict; None when memory-plan is disabled)");
+  hb::register_lean_autograd(m);
   m.def("import_graph", [](const std::string& doc) { return hb::print_graph(*hb::import_json(doc)); },
         "Parses and verifies a graph document; returns its IR text");
   m.def("slice_decisions", [](const std::string& doc, const hb::CompileSettings& settings) {

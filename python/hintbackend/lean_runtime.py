@@ -11,15 +11,18 @@ Here a graph whose AOTAutograd metadata (``ViewAndMutationMeta``, read while the
 none of those features gets a `LeanPlan` (input mutations allowed only as data written into inputs that take
 no gradient, as training BatchNorm writes its running statistics: the forward returns their new values
 first, and the call copies them into the inputs, as AOTAutograd's runtime does), and the backend call
-returns a callable that runs the compiled
-forward and backward inside one ``torch.autograd.Function`` of its own, doing only what such a graph
-needs: save the forward's saved tensors (detached where they are views, with version-counter checks
-where AOTAutograd would check them), mark the outputs that need no gradient, give the backward each
-gradient in the layout it was traced with, and return the inputs' gradients. An output whose gradient is
-undefined (the step never used it: HF's logits beside the loss) is not materialized as zeros, as torch's
-autograd would: the backward runs compiled again with that tangent known to be zero (fold-zero-inputs folds
-the add that read it), built at the first such call and kept. Every other graph, and an
-inference graph, keeps AOTAutograd's runtime; the log says why (``TORCH_LOGS="+hintbackend"``).
+returns a callable that runs the compiled forward and backward as one autograd function written in C++
+(``hintbackend._C.LeanFunction``, backend/bindings/LeanAutograd.cpp; its node is ``LeanBackward``), doing
+only what such a graph needs: save the forward's saved tensors (detached where they are views, with
+version-counter checks where AOTAutograd would check them), mark the outputs that need no gradient, give
+the backward each gradient in the layout it was traced with, and return the inputs' gradients, with no
+Python on the way (a Python ``torch.autograd.Function`` here cost a third of a small step's host time on
+the GPU machine: docs/memory.md). An output whose gradient is undefined (the step never used it: HF's
+logits beside the loss) is not materialized as zeros, as torch's autograd would: the backward runs
+compiled again with that tangent known to be zero (fold-zero-inputs folds the add that read it), built
+at the first such call (by Python, `LeanPair._zero_graph`) and kept. Every other graph, an inference
+graph, calls under functorch's transforms or compiled autograd keep AOTAutograd's runtime; the log says
+why for a graph (``TORCH_LOGS="+hintbackend"``).
 
 The plan is plain data (JSON), stored with the forward in the compile cache, so that a cache hit runs
 lean too. Without the cache AOTAutograd compiles the backward at the first backward: until then calls
@@ -29,11 +32,9 @@ go through its runtime.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Callable, FrozenSet, List, Optional, Tuple
 
 import torch
-from torch._functorch._aot_autograd.runtime_wrappers import coerce_to_expected_memory_format
-from torch.autograd.function import once_differentiable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,13 +66,6 @@ class LeanPlan:
                         tuple(d["differentiable"]),
                         tuple(x if isinstance(x, str) else (tuple(x[0]), tuple(x[1])) for x in d["tangent_layouts"]),
                         d["donated"], tuple(d.get("unsafe_views", ())), tuple(d.get("mutated_inputs", ())))
-
-    def tangent_formats(self) -> List[Any]:
-        """The layouts as AOTAutograd's MemoryFormatMeta, for its coerce_to_expected_memory_format."""
-        from torch._functorch._aot_autograd.schemas import MemoryFormatMeta
-
-        return [MemoryFormatMeta(memory_format=getattr(torch, x)) if isinstance(x, str)
-                else MemoryFormatMeta(size=x[0], stride=x[1]) for x in self.tangent_layouts]
 
 
 def _absolute(s: slice, n: int) -> Tuple[int, int]:
@@ -156,111 +150,43 @@ def forward_output_count(gm: torch.fx.GraphModule) -> int:
 
 
 class LeanPair:
-    """One backend call's forward and backward, as the compilers (or the compile cache) give them."""
+    """One backend call's forward and backward, as the compilers (or the compile cache) give them, and the
+    C++ autograd function that runs them (hintbackend._C.LeanFunction, backend/bindings/LeanAutograd.cpp)
+    once both are there."""
 
     def __init__(self, num_inputs: int) -> None:
         self.num_inputs = num_inputs
         self.plan: Optional[LeanPlan] = None  # None: AOTAutograd's runtime
-        # Built once from the plan: the tangents' layouts as AOTAutograd's MemoryFormatMeta, and the user
-        # outputs that take no gradient (marked so).
-        self.tangent_formats: List[Any] = []
-        self.nondifferentiable: Tuple[int, ...] = ()
         self.forward: Optional[Callable] = None
         self.backward: Optional[Callable] = None
-        # The backward built again with some inputs passed as zeros (backend._zero_variants), and what it
-        # built, per set of input positions: (callable, the positions it no longer reads).
+        # The backward built again with some inputs passed as zeros (backend._zero_variants).
         self.zero_variant: Optional[Callable[[Tuple[int, ...]], Any]] = None
-        self.variants: Dict[Tuple[int, ...], Tuple[Callable, FrozenSet[int]]] = {}
+        self.native: Any = None  # the C++ function, when the plan, the forward and the backward are there
 
     def take(self, kind: str, fn: Callable, plan: Optional[LeanPlan],
              zero_variant: Optional[Callable[[Tuple[int, ...]], Any]] = None) -> None:
         """A compiled (or loaded) graph of the pair; an inference graph leaves the pair unused."""
         if kind == "forward":
             self.forward, self.plan = fn, plan
-            if plan is not None:
-                self.tangent_formats = plan.tangent_formats()
-                self.nondifferentiable = tuple(i for i in range(plan.num_outputs) if i not in plan.differentiable)
         elif kind == "backward":
-            self.backward, self.zero_variant, self.variants = fn, zero_variant, {}
+            self.backward, self.zero_variant = fn, zero_variant
+        else:
+            return
+        self.native = None
+        if self.plan is not None and self.forward is not None and self.backward is not None:
+            from . import _core
 
-    def backward_with_zeros(self, positions: Tuple[int, ...]) -> Tuple[Callable, FrozenSet[int]]:
-        """The backward for calls whose inputs at `positions` are zeros (undefined gradients), and the
-        positions it does not read (the caller passes None there); built at its first use."""
-        got = self.variants.get(positions)
-        if got is None:
-            built = self.zero_variant(positions) if self.zero_variant is not None else None
-            got = self.variants[positions] = built if built is not None else (self.backward, frozenset())
-        return got
+            self.native = _core().LeanFunction(self.forward.hintbackend_graph, self.backward.hintbackend_graph,
+                                          self.plan.to_json(), self._zero_graph)
 
-
-class _LeanFunction(torch.autograd.Function):
-    """The compiled forward and backward of one plain graph (see the module docstring)."""
-
-    @staticmethod
-    def forward(ctx: Any, pair: LeanPair, *args: Any) -> Any:
-        plan = pair.plan
-        outs = pair.forward(list(args))
-        a, b = plan.saved
-        ctx.save_for_backward(*[x.detach() if x._is_view() else x for x in outs[a:b]])
-        a, b = plan.saved_unchecked
-        ctx.unchecked = [x.detach() if x._is_view() else x for x in outs[a:b]]
-        ctx.pair = pair
-        nm = len(plan.mutated_inputs)  # the mutated inputs' new values come first (runtime() copies them)
-        user = list(outs[nm:nm + plan.num_outputs])
-        for i in plan.unsafe_views:  # not a view for autograd (as AOTAutograd's runtime does)
-            user[i] = torch.ops.aten._unsafe_view(user[i], user[i].shape)
-        if pair.nondifferentiable or nm:
-            ctx.mark_non_differentiable(*outs[:nm], *[user[i] for i in pair.nondifferentiable])
-        ctx._materialize_non_diff_grads = False
-        # An output whose gradient nobody computes (the logits beside a loss) gets None, not a tensor of
-        # zeros: the backward then runs with that tangent folded away where it can (backward_with_zeros),
-        # else gets the zeros from here (the outputs' sizes, kept without the tensors).
-        ctx.set_materialize_grads(False)
-        ctx.tangent_meta = [(user[i].shape, user[i].dtype, user[i].device) for i in plan.differentiable]
-        return (*outs[:nm], *user) if nm else tuple(user)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, *grads: Any) -> Any:
-        pair = ctx.pair
-        plan = pair.plan
-        if plan.mutated_inputs:  # (the mutated inputs' new values take no gradient)
-            grads = grads[len(plan.mutated_inputs):]
-        keep_graph = torch._C._autograd._get_current_graph_task_keep_graph()
-        if plan.donated and keep_graph:  # as AOTAutograd's runtime refuses it
-            raise RuntimeError(
-                "hintbackend: this compiled backward may overwrite the tensors its forward saved (AOTAutograd's "
-                "donated buffers), so it runs once: call backward() without retain_graph=True or create_graph=True, "
-                "or set torch._functorch.config.donated_buffer=False before compiling.")
-        args = [*ctx.saved_tensors, *ctx.unchecked]
-        if not keep_graph:  # (retain_graph: a later backward takes them again)
-            ctx.unchecked = None
-        ctx.maybe_clear_saved_tensors()  # (unless retain_graph) the backward may free them as it goes
-        base = len(args)
-        undefined = tuple(base + k for k, i in enumerate(plan.differentiable) if grads[i] is None)
-        backward, unread = pair.backward_with_zeros(undefined) if undefined else (pair.backward, frozenset())
-        for k, (i, f) in enumerate(zip(plan.differentiable, pair.tangent_formats)):
-            g = grads[i]
-            if g is None:
-                if base + k in unread:
-                    args.append(None)
-                    continue
-                shape, dtype, device = ctx.tangent_meta[k]
-                g = torch.zeros(shape, dtype=dtype, device=device)
-            args.append(coerce_to_expected_memory_format(g, f))  # AOTAutograd's own coercion
-        return (None, *backward(args))
-
-
-# torch.autograd.Function.apply is a Python wrapper: it binds default arguments (forward has none) and
-# unwraps functorch's dead wrappers (there are none outside functorch's transforms) before the C++ apply,
-# about 5 us a call on the development machine's CPU. Outside those transforms the C++ apply runs directly.
-_c_apply = super(torch.autograd.Function, _LeanFunction).apply
-
-
-def _apply(pair: LeanPair, args: Tuple[Any, ...]) -> Any:
-    if torch._C._are_functorch_transforms_active():
-        return _LeanFunction.apply(pair, *args)
-    return _c_apply(pair, *args)
+    def _zero_graph(self, positions: Tuple[int, ...]) -> Tuple[Any, FrozenSet[int]]:
+        """For backwards whose inputs at `positions` are zeros (undefined gradients): the backward that
+        folds them, and the positions it does not read (the node passes None there); where none builds,
+        the backward as compiled (the node passes zeros). Called by the C++ node at the first such
+        backward; it keeps the result."""
+        built = self.zero_variant(positions) if self.zero_variant is not None else None
+        fn, unread = built if built is not None else (self.backward, frozenset())
+        return fn.hintbackend_graph, unread
 
 
 def runtime(aot_fn: Callable, pair: LeanPair) -> Callable:
@@ -268,18 +194,26 @@ def runtime(aot_fn: Callable, pair: LeanPair) -> Callable:
     import torch._dynamo
     from torch._dynamo import compiled_autograd
 
+    from . import _core
+
+    core = _core()
+
     def run(*args: Any) -> Any:
-        # Compiled autograd traces AOTAutograd's backward nodes specially: under it, AOTAutograd's runtime.
-        if pair.plan is None or pair.backward is None or not torch.is_grad_enabled() or \
-                compiled_autograd.compiled_autograd_enabled:
+        native = pair.native
+        # Compiled autograd traces AOTAutograd's backward nodes (ours it cannot: LeanBackward refuses it
+        # with a clear error), and functorch's transforms wrap autograd.Functions in Python: under either,
+        # AOTAutograd's runtime.
+        if native is None or not torch.is_grad_enabled() or compiled_autograd.compiled_autograd_enabled or \
+                torch._C._are_functorch_transforms_active():
             return aot_fn(*args)
-        if not pair.plan.mutated_inputs:
-            return _apply(pair, args)
-        outs = _apply(pair, args)
-        nm = len(pair.plan.mutated_inputs)
-        for i, new in zip(pair.plan.mutated_inputs, outs[:nm]):
-            args[i].copy_(new)  # as AOTAutograd's runtime writes a data mutation back
-        return outs[nm:]
+        try:
+            return native(*args)
+        except Exception as e:
+            # ATen errors carry the node already; an error a Python kernel raised gets it as a note.
+            site = core.take_failure_site()
+            if site:
+                e.add_note(f"hintbackend: raised while running {site}")
+            raise
 
     for attr in ("zero_grad", "named_parameters", "named_buffers", "serialize"):
         if hasattr(aot_fn, attr):

@@ -101,7 +101,7 @@ def test_a_second_process_loads_the_graphs_and_matches_bitwise(tmp_path):
     assert "forward and backward" in " ".join(second["log"]), second["log"]
     assert same(first, second)
     # the lean runtime's plan is stored with the forward: a hit runs lean too (lean_runtime.py)
-    assert first["grad_fn"] == second["grad_fn"] == "_LeanFunctionBackward", (first["grad_fn"], second["grad_fn"])
+    assert first["grad_fn"] == second["grad_fn"] == "LeanBackward", (first["grad_fn"], second["grad_fn"])
     assert len(entries(cache)) == 1
 
 

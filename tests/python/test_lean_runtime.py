@@ -13,7 +13,7 @@ from conftest import device
 from hintbackend.options import parse_options
 from test_models import SDPABlock
 
-LEAN, AOT = "_LeanFunctionBackward", "CompiledFunctionBackward"
+LEAN, AOT = "LeanBackward", "CompiledFunctionBackward"
 
 
 def grad_fn_name(t: torch.Tensor) -> str:
