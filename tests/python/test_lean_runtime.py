@@ -405,3 +405,33 @@ def test_hf_models_run_lean_without_the_logits_zero_gradient():
         scale = max(g.abs().max().item() for g in grads["eager"] if g is not None)
         for a, b in zip(grads["hintbackend"], grads["eager"]):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * scale, msg=name)
+
+
+def test_compiled_autograd_takes_aot_runtime_and_a_lean_node_refuses_it_clearly(tmp_path):
+    """The lean node is C++ and compiled autograd cannot trace it: a forward run under compiled autograd
+    takes AOTAutograd's runtime (its gradients are eager's), and a lean forward whose backward runs under
+    compiled autograd is refused with an error that says what to do, never a crash."""
+    from torch._dynamo import compiled_autograd
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh()).to(device())
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh()).to(device())
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(4, 6, device=device())
+    fn = torch.compile(model, backend="hintbackend", options={"cache_dir": str(tmp_path)})
+    for _ in range(2):
+        fn(x).square().sum().backward()
+    model.zero_grad()
+    eager = lambda gm: torch.compile(gm, backend="eager")  # noqa: E731
+    with compiled_autograd._enable(eager):
+        y = fn(x)
+        assert grad_fn_name(y) == AOT
+        y.square().sum().backward()
+    ref(x).square().sum().backward()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+    y = fn(x)
+    assert grad_fn_name(y) == LEAN
+    with compiled_autograd._enable(eager):
+        with pytest.raises(RuntimeError, match="run the forward under compiled autograd too.*lean_runtime"):
+            y.square().sum().backward()
