@@ -85,6 +85,11 @@
 // cores would take it as TF32), and the backward at head dim 256 (past the mma.sync backward's registers).
 #define HB_SIMT_FWD HB_F32
 #define HB_SIMT_BWD (HB_F32 || HB_D > 128)
+// flex_bwd_ws keeps dS without the scale (a multiply a score fewer): it scales dK once at its end and dQ
+// where flex_dq_round rounds it. 0: dS scaled per score (the lab's baseline).
+#ifndef HB_DS_UNSCALED
+#define HB_DS_UNSCALED 1
+#endif
 #ifndef HB_BWD_DQ_FIRST  // flex_bwd_wg's dQ half before dV and dK; 0: after them (the lab's baseline)
 #define HB_BWD_DQ_FIRST 1
 #endif
@@ -643,11 +648,12 @@ __device__ __forceinline__ void line_reduce(const LineStep& l, const HbFlexCudaA
 #endif
 
 // One backward element: s (its score) becomes P = exp(score - lse) and dp becomes dS = P (dP - delta)
-// through the joint graph, times the scale; 0 where masked or outside both sequences (`in`). GUARD as in
+// through the joint graph, times the scale (SCALED; else the caller scales dK and dQ); 0 where masked or
+// outside both sequences (`in`). GUARD as in
 // score_elem. LINE: the step reduces a buffer gradient along lines (`line`, a tile inside both sequences),
 // and the element's line value goes to the line tile at (lq, lk), its row and column in the step (row
 // stride `ld`). Every backward kernel's per-element work (p_ds_elems below, the SIMT kernels' p_ds_simt).
-template <bool GUARD, bool LINE>
+template <bool GUARD, bool LINE, bool SCALED = true>
 __device__ __forceinline__ void p_ds_elem(float& s, float& dp, const HbFlexCudaArgs& a, long long b, long long h, int qi,
                                           int ki, bool in, float lse, float delta, bool full, int lq, int lk, int ld,
                                           HbFlexTile& t, const LineStep& line) {
@@ -675,11 +681,11 @@ __device__ __forceinline__ void p_ds_elem(float& s, float& dp, const HbFlexCudaA
   if (LINE) line.tile[lq * ld + lk] = t.line_val;
 #endif
   s = p;
-  dp = keep ? ds * a.scale : 0.f;
+  dp = keep ? (SCALED ? ds * a.scale : ds) : 0.f;
 }
 
 // A thread's elements of a step (p_ds_elem each); `row0` is (b, h)'s first logsumexp row.
-template <int NC, bool GUARD, bool LINE>
+template <int NC, bool GUARD, bool LINE, bool SCALED = true>
 __device__ __forceinline__ void p_ds_elems(float (&s)[NC / 8][4], float (&dp)[NC / 8][4], const HbFlexCudaArgs& a,
                                            long long b, long long h, int q0, int lq, int k0, bool full, long long row0,
                                            HbFlexTile& t, const LineStep& line) {
@@ -695,15 +701,15 @@ __device__ __forceinline__ void p_ds_elems(float (&s)[NC / 8][4], float (&dp)[NC
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int ki = k0 + j * 8 + 2 * t4 + c;
-        p_ds_elem<GUARD, LINE>(s[j][2 * r + c], dp[j][2 * r + c], a, b, h, qi, ki, !GUARD || (qin && ki < skv), lse,
+        p_ds_elem<GUARD, LINE, SCALED>(s[j][2 * r + c], dp[j][2 * r + c], a, b, h, qi, ki, !GUARD || (qin && ki < skv), lse,
                                delta, full, lq + 8 * r, j * 8 + 2 * t4 + c, NC + 1, t, line);
       }
   }
 }
 
 // The step's P and dS (p_ds_elems), or with nothing to call per element on a tile inside both sequences,
-// the short way.
-template <int NC>
+// the short way. SCALED: as p_ds_elem's.
+template <int NC, bool SCALED = true>
 __device__ __forceinline__ void bwd_p_ds(float (&s)[NC / 8][4], float (&dp)[NC / 8][4], const HbFlexCudaArgs& a,
                                          long long b, long long h, long long q0, int lq, long long k0, bool full,
                                          bool inside, long long row0, HbFlexTile& t, const LineStep& line) {
@@ -719,25 +725,25 @@ __device__ __forceinline__ void bwd_p_ds(float (&s)[NC / 8][4], float (&dp)[NC /
         for (int c = 0; c < 2; ++c) {
           const float p = ex2(s[j][2 * r + c] * sl - shift);
           s[j][2 * r + c] = p;
-          dp[j][2 * r + c] = p * (dp[j][2 * r + c] - delta) * a.scale;
+          dp[j][2 * r + c] = SCALED ? p * (dp[j][2 * r + c] - delta) * a.scale : p * (dp[j][2 * r + c] - delta);
         }
     }
   } else if (HB_SCATTER && line.tile) {
 #if HB_DETERMINISTIC
     if (!inside) {  // deterministic=True: a tile across a sequence's end sums its lines too (no atomic)
-      p_ds_elems<NC, true, true>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
+      p_ds_elems<NC, true, true, SCALED>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
       return;
     }
 #endif
     // (`full` as a literal in each copy inside both sequences: fwd_scores says why)
-    if (HB_MASK_MOD && full) p_ds_elems<NC, false, true>(s, dp, a, b, h, (int)q0, lq, (int)k0, true, row0, t, line);
-    else p_ds_elems<NC, false, true>(s, dp, a, b, h, (int)q0, lq, (int)k0, false, row0, t, line);
+    if (HB_MASK_MOD && full) p_ds_elems<NC, false, true, SCALED>(s, dp, a, b, h, (int)q0, lq, (int)k0, true, row0, t, line);
+    else p_ds_elems<NC, false, true, SCALED>(s, dp, a, b, h, (int)q0, lq, (int)k0, false, row0, t, line);
   } else if (inside && HB_MASK_MOD && full) {
-    p_ds_elems<NC, false, false>(s, dp, a, b, h, (int)q0, lq, (int)k0, true, row0, t, line);
+    p_ds_elems<NC, false, false, SCALED>(s, dp, a, b, h, (int)q0, lq, (int)k0, true, row0, t, line);
   } else if (inside) {
-    p_ds_elems<NC, false, false>(s, dp, a, b, h, (int)q0, lq, (int)k0, false, row0, t, line);
+    p_ds_elems<NC, false, false, SCALED>(s, dp, a, b, h, (int)q0, lq, (int)k0, false, row0, t, line);
   } else {
-    p_ds_elems<NC, true, false>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
+    p_ds_elems<NC, true, false, SCALED>(s, dp, a, b, h, (int)q0, lq, (int)k0, full, row0, t, line);
   }
 }
 
@@ -2077,7 +2083,9 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
-          for (int c = 0; c < 2; ++c) dp[j][2 * r + c] = s[j][2 * r + c] * (dp[j][2 * r + c] - dl_r[r]) * a.scale;
+          for (int c = 0; c < 2; ++c)
+            dp[j][2 * r + c] = HB_DS_UNSCALED ? s[j][2 * r + c] * (dp[j][2 * r + c] - dl_r[r])
+                                              : s[j][2 * r + c] * (dp[j][2 * r + c] - dl_r[r]) * a.scale;
           reinterpret_cast<Elem2*>(&sdS[pw<WSM>(lq + 8 * r, j + 8 * wg)])[t4] = pack2(dp[j][2 * r], dp[j][2 * r + 1]);
         }
     } else {
@@ -2093,7 +2101,7 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
 #else
       const LineStep line{};
 #endif
-      bwd_p_ds<64>(s, dp, a, b, h, q0, lq, kw, full, inside, row0, t, line);
+      bwd_p_ds<64, !HB_DS_UNSCALED>(s, dp, a, b, h, q0, lq, kw, full, inside, row0, t, line);
 #if HB_SCATTER
       // deterministic=True: consumer w's window is its 64-key tile's, as flex_bwd_wg's CTA of those keys
       // would have it (window_of), so that flex_window_rows merges the same windows; a consumer past the
@@ -2159,6 +2167,11 @@ __global__ void __launch_bounds__(WST, 1) flex_bwd_ws(const __grid_constant__ Hb
   }
   report(a.error, t);
   store_rows(dv, (Elem*)a.dv + ((b * a.Hkv + hk) * a.Skv + kw) * D, lq, kvalid);
+  if (HB_DS_UNSCALED)  // dS came unscaled: dK = scale dS^T Q
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) dk[j][c] *= a.scale;
   store_rows(dk, (Elem*)a.dk + ((b * a.Hkv + hk) * a.Skv + kw) * D, lq, kvalid);
 }
 #endif  // HB_WS
@@ -2239,13 +2252,15 @@ __global__ void flex_window_sum(const __grid_constant__ HbFlexCudaArgs a, long l
 }
 #endif
 
-// n floats of dQ's workspace rounded into dQ (q's dtype), four per thread; n is a multiple of 16 (rows
-// of D >= 16 columns) and both ends are 16-byte aligned (the caller's tensors; D Elems per row).
-__global__ void flex_dq_round(const float* __restrict__ acc, Elem* __restrict__ out, long long n) {
+// n floats of dQ's workspace, times `scale` (the softmax scale where the kernel left it out of dS, else 1),
+// rounded into dQ (q's dtype), four per thread; n is a multiple of 16 (rows of D >= 16 columns) and both
+// ends are 16-byte aligned (the caller's tensors; D Elems per row).
+__global__ void flex_dq_round(const float* __restrict__ acc, Elem* __restrict__ out, long long n, float scale) {
   for (long long i = 4 * ((long long)blockIdx.x * blockDim.x + threadIdx.x); i < n;
        i += 4 * (long long)gridDim.x * blockDim.x) {
     const float4 x = *reinterpret_cast<const float4*>(acc + i);
-    out[i] = Elem(x.x), out[i + 1] = Elem(x.y), out[i + 2] = Elem(x.z), out[i + 3] = Elem(x.w);
+    out[i] = Elem(x.x * scale), out[i + 1] = Elem(x.y * scale), out[i + 2] = Elem(x.z * scale),
+    out[i + 3] = Elem(x.w * scale);
   }
 }
 
@@ -2338,6 +2353,7 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
   const long long pairs = a->B * a->Hkv, per = a->dq_pairs > 0 && a->dq_pairs < pairs ? a->dq_pairs : pairs;
   const long long pair_rows = a->Hq / a->Hkv * a->Sq;
 #if HB_SIMT_BWD
+  const float dq_scale = 1.f;
 #elif HB_WG
   e = cudaFuncSetAttribute(hbk::flex_bwd_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kBwdWgSmem);
   if (e != cudaSuccess) return (int)e;
@@ -2349,13 +2365,16 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
                                       hbk::kBwdWsSmem)) != cudaSuccess)
     return (int)e;
   const long long tiles = (a->Skv + (ws ? hbk::WSN : hbk::WBN) - 1) / (ws ? hbk::WSN : hbk::WBN);
+  const float dq_scale = ws && HB_DS_UNSCALED ? a->scale : 1.f;  // flex_bwd_ws leaves dQ's scale to the round
 #else
   const long long tiles = (a->Skv + hbk::WBN - 1) / hbk::WBN;
+  const float dq_scale = 1.f;
 #endif
 #else
   e = cudaFuncSetAttribute(hbk::flex_bwd, cudaFuncAttributeMaxDynamicSharedMemorySize, hbk::kBwdSmem);
   if (e != cudaSuccess) return (int)e;
   const long long tiles = (a->Skv + hbk::BN - 1) / hbk::BN;
+  const float dq_scale = 1.f;
 #endif
   // Two streams (flex_dq_streams; HB_DQ_STREAMS 1 keeps one): the workspace's halves take turns, half the
   // pairs a launch, the launches of one half on the caller's stream and of the other on a side stream, so
@@ -2364,13 +2383,25 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
   const int nstreams = HB_DQ_STREAMS > 1 ? (int)flex_dq_streams(pairs, per, HB_DETERMINISTIC) : 1;
   const long long group = per / nstreams;  // (both halves within the caller's workspace of per pairs)
   cudaStream_t streams[2] = {(cudaStream_t)stream, (cudaStream_t)stream};
-  cudaEvent_t fork = nullptr, join = nullptr;
+  // The events, released on every way out; on a way out before the join below (an error), the side
+  // stream's work still joins the caller's stream, so that the caller's stream never runs ahead of writes
+  // into the workspace it is about to free.
+  struct SideJoin {
+    cudaStream_t main = nullptr, side = nullptr;  // side: set while its work is not yet joined
+    cudaEvent_t fork = nullptr, join = nullptr;
+    ~SideJoin() {
+      if (side && join && cudaEventRecord(join, side) == cudaSuccess) cudaStreamWaitEvent(main, join, 0);
+      if (fork) cudaEventDestroy(fork);  // (released once their work completes)
+      if (join) cudaEventDestroy(join);
+    }
+  } sj;
   if (nstreams == 2) {
     if ((e = hbk::side_stream(&streams[1])) != cudaSuccess) return (int)e;
-    if ((e = cudaEventCreateWithFlags(&fork, cudaEventDisableTiming)) != cudaSuccess) return (int)e;
-    if ((e = cudaEventCreateWithFlags(&join, cudaEventDisableTiming)) != cudaSuccess) return (int)e;
-    if ((e = cudaEventRecord(fork, streams[0])) != cudaSuccess) return (int)e;  // after flex_bwd_pre
-    if ((e = cudaStreamWaitEvent(streams[1], fork, 0)) != cudaSuccess) return (int)e;
+    if ((e = cudaEventCreateWithFlags(&sj.fork, cudaEventDisableTiming)) != cudaSuccess) return (int)e;
+    if ((e = cudaEventCreateWithFlags(&sj.join, cudaEventDisableTiming)) != cudaSuccess) return (int)e;
+    if ((e = cudaEventRecord(sj.fork, streams[0])) != cudaSuccess) return (int)e;  // after flex_bwd_pre
+    if ((e = cudaStreamWaitEvent(streams[1], sj.fork, 0)) != cudaSuccess) return (int)e;
+    sj.main = streams[0], sj.side = streams[1];
   }
   for (long long p0 = 0, k = 0; p0 < pairs; p0 += group, ++k) {
     const long long n = group < pairs - p0 ? group : pairs - p0, floats = n * pair_rows * HB_D;
@@ -2392,14 +2423,13 @@ extern "C" int hb_flex_cuda_backward(const HbFlexCudaArgs* a, void* stream) {
 #endif
     const long long blocks = (floats / 4 + 255) / 256;
     hbk::flex_dq_round<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(
-        main_args.dq, (hbk::Elem*)a->dq_out + p0 * pair_rows * HB_D, floats);
+        main_args.dq, (hbk::Elem*)a->dq_out + p0 * pair_rows * HB_D, floats, dq_scale);
     if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
   }
   if (nstreams == 2) {  // the caller's stream goes on once the side stream's launches are done
-    if ((e = cudaEventRecord(join, streams[1])) != cudaSuccess) return (int)e;
-    if ((e = cudaStreamWaitEvent(streams[0], join, 0)) != cudaSuccess) return (int)e;
-    cudaEventDestroy(fork);  // (released once their work completes)
-    cudaEventDestroy(join);
+    if ((e = cudaEventRecord(sj.join, streams[1])) != cudaSuccess) return (int)e;
+    if ((e = cudaStreamWaitEvent(streams[0], sj.join, 0)) != cudaSuccess) return (int)e;
+    sj.side = nullptr;  // joined
   }
 #if HB_DETERMINISTIC && HB_SCATTER
   if (a->run_joint && a->score_buffers[HB_LINE_BUF].grad) {
