@@ -86,7 +86,7 @@ struct LeanState {
   std::vector<bool> unsafe_view;        // per user output
   std::vector<int64_t> mutated_inputs;  // inputs whose new values are the forward's first outputs
   // positions -> (the backward with those inputs as zeros, the positions it does not read); built by
-  // Python (backend._zero_variants through LeanPair.backward_with_zeros) at the first use.
+  // Python (lean_runtime._zero_graph, through backend._zero_variants) at the first use.
   py::object build_variant;
   std::mutex variants_mutex;
   std::map<std::vector<int64_t>, std::pair<std::shared_ptr<GraphRun>, std::set<int64_t>>> variants;
@@ -98,8 +98,9 @@ struct LeanState {
     py::gil_scoped_acquire gil;
     py::object got = build_variant(py::tuple(py::cast(positions)));
     auto pair = got.cast<py::tuple>();
-    std::pair<std::shared_ptr<GraphRun>, std::set<int64_t>> v{pair[0].cast<std::shared_ptr<GraphRun>>(),
-                                                               pair[1].cast<std::set<int64_t>>()};
+    // None: no variant (the backward as compiled, given zeros)
+    std::pair<std::shared_ptr<GraphRun>, std::set<int64_t>> v{
+        pair[0].is_none() ? backward : pair[0].cast<std::shared_ptr<GraphRun>>(), pair[1].cast<std::set<int64_t>>()};
     return variants.emplace(positions, std::move(v)).first->second;
   }
 

@@ -20,7 +20,7 @@ Python on the way (a Python ``torch.autograd.Function`` here cost a third of a s
 the GPU machine: docs/memory.md). An output whose gradient is undefined (the step never used it: HF's
 logits beside the loss) is not materialized as zeros, as torch's autograd would: the backward runs
 compiled again with that tangent known to be zero (fold-zero-inputs folds the add that read it), built
-at the first such call (by Python, `LeanPair._zero_graph`) and kept. Every other graph, an inference
+at the first such call (by Python, `_zero_graph`) and kept. Every other graph, an inference
 graph, calls under functorch's transforms or compiled autograd keep AOTAutograd's runtime; the log says
 why for a graph (``TORCH_LOGS="+hintbackend"``).
 
@@ -32,6 +32,8 @@ go through its runtime.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import weakref
 from typing import Any, Callable, FrozenSet, List, Optional, Tuple
 
 import torch
@@ -176,17 +178,24 @@ class LeanPair:
         if self.plan is not None and self.forward is not None and self.backward is not None:
             from . import _core
 
+            # (the callback reaches the pair through a weak reference: the C++ function holds it, and the
+            # pair holds the function)
             self.native = _core().LeanFunction(self.forward.hintbackend_graph, self.backward.hintbackend_graph,
-                                          self.plan.to_json(), self._zero_graph)
+                                               self.plan.to_json(), functools.partial(_zero_graph, weakref.ref(self)))
 
-    def _zero_graph(self, positions: Tuple[int, ...]) -> Tuple[Any, FrozenSet[int]]:
-        """For backwards whose inputs at `positions` are zeros (undefined gradients): the backward that
-        folds them, and the positions it does not read (the node passes None there); where none builds,
-        the backward as compiled (the node passes zeros). Called by the C++ node at the first such
-        backward; it keeps the result."""
-        built = self.zero_variant(positions) if self.zero_variant is not None else None
-        fn, unread = built if built is not None else (self.backward, frozenset())
-        return fn.hintbackend_graph, unread
+
+def _zero_graph(pair_ref: Callable[[], Optional[LeanPair]], positions: Tuple[int, ...]) -> Tuple[Any, FrozenSet[int]]:
+    """For backwards whose inputs at `positions` are zeros (undefined gradients): the backward that folds
+    them, and the positions it does not read (the node passes None there); where none builds (or the pair
+    is gone: the compiled model was dropped with a backward still pending), None, and the node runs the
+    backward as compiled with zeros. Called by the C++ function at the first such backward; it keeps the
+    result."""
+    pair = pair_ref()
+    built = pair.zero_variant(positions) if pair is not None and pair.zero_variant is not None else None
+    if built is None:
+        return None, frozenset()
+    fn, unread = built
+    return fn.hintbackend_graph, unread
 
 
 def runtime(aot_fn: Callable, pair: LeanPair) -> Callable:

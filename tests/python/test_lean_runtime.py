@@ -435,3 +435,46 @@ def test_compiled_autograd_takes_aot_runtime_and_a_lean_node_refuses_it_clearly(
     with compiled_autograd._enable(eager):
         with pytest.raises(RuntimeError, match="run the forward under compiled autograd too.*lean_runtime"):
             y.square().sum().backward()
+
+
+def test_a_dropped_model_frees_its_compiled_pair(tmp_path):
+    """The C++ function holds the zero-variant callback and the pair holds the function: the callback
+    reaches the pair through a weak reference, so that dropping the compiled model frees its pair and
+    graphs (a cycle through C++ would be one Python's collector cannot see). A backward still pending then
+    runs the backward as compiled, its undefined gradient given as zeros: eager's gradients."""
+    import gc
+    import weakref
+
+    from hintbackend.lean_runtime import LeanPair
+
+    if device() != "cpu":
+        pytest.skip("a check of the runtime's bookkeeping")
+    torch.manual_seed(0)
+    model = LossAndLogits(vocab=64, d=8).train()
+    ids = torch.randint(0, 64, (2, 16))
+    labels = torch.randint(0, 64, (2, 16))
+    for p in model.parameters():
+        p.grad = None
+    model(ids, labels)[0].backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    def live_pairs():  # (type(), not isinstance: the heap holds dead weak proxies, which raise on isinstance)
+        return [o for o in gc.get_objects() if type(o) is LeanPair]
+
+    torch._dynamo.reset()
+    before = {id(o) for o in live_pairs()}
+    fn = torch.compile(model, backend="hintbackend", options={"cache_dir": str(tmp_path), "compile_cache": False})
+    for _ in range(2):  # compile (the first backward compiles the backward)
+        fn(ids, labels)[0].sum().backward()
+    loss, logits = fn(ids, labels)  # the last step: its backward pending, the logits' gradient never given
+    assert grad_fn_name(loss) == LEAN
+    pairs = [weakref.ref(o) for o in live_pairs() if id(o) not in before]
+    assert pairs and all(r() is not None for r in pairs)
+    del fn
+    torch._dynamo.reset()
+    gc.collect()
+    assert all(r() is None for r in pairs), "the compiled pair outlived its model"
+    for p in model.parameters():
+        p.grad = None
+    loss.backward()
+    for p, w in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, w, rtol=1e-5, atol=1e-6)
