@@ -155,8 +155,9 @@ struct LeanBackward final : Node {
     std::vector<c10::IValue> args;
     args.reserve(saved.size() + unchecked.size() + s.differentiable.size());
     const std::shared_ptr<Node> self = shared_from_this();
-    for (const SavedVariable& v : saved) args.emplace_back(v.unpack(self));
-    for (const at::Tensor& t : unchecked) args.emplace_back(t);
+    auto value = [](at::Tensor t) { return t.defined() ? c10::IValue(std::move(t)) : c10::IValue(); };
+    for (const SavedVariable& v : saved) args.push_back(value(v.unpack(self)));
+    for (const at::Tensor& t : unchecked) args.push_back(value(t));
     if (!keep_graph) {  // the compiled backward frees each saved value after its last use
       saved.clear();
       unchecked.clear();
@@ -283,15 +284,16 @@ class LeanFunction {
         result.push_back(w ? std::move(*w) : at::Tensor());
         if (result.back().defined()) returned.insert(result.back().unsafeGetTensorImpl());
       }
+      // (a saved value may be None: an undefined tensor, as the backward was traced with)
       for (int64_t i = s.saved_begin; i < s.saved_end; ++i) {
-        at::Tensor t = outs[i].toTensor();
-        if (t.is_view()) t = t.detach();
-        node->saved.emplace_back(t, /*is_output=*/returned.count(t.unsafeGetTensorImpl()) > 0);
+        at::Tensor t = outs[i].isTensor() ? outs[i].toTensor() : at::Tensor();
+        if (t.defined() && t.is_view()) t = t.detach();
+        node->saved.emplace_back(t, /*is_output=*/t.defined() && returned.count(t.unsafeGetTensorImpl()) > 0);
       }
       for (int64_t i = s.unchecked_begin; i < s.unchecked_end; ++i) {
-        at::Tensor t = outs[i].toTensor();
+        at::Tensor t = outs[i].isTensor() ? outs[i].toTensor() : at::Tensor();
         // (a returned output held as is would hold this node: a cycle no one frees)
-        if (t.is_view() || returned.count(t.unsafeGetTensorImpl())) t = t.detach();
+        if (t.defined() && (t.is_view() || returned.count(t.unsafeGetTensorImpl()))) t = t.detach();
         node->unchecked.push_back(std::move(t));
       }
       for (int64_t i : s.differentiable) {
