@@ -217,7 +217,6 @@ class LeanFunction {
 
   // The backend call: the user outputs as a tuple (the mutated inputs written).
   py::object call(const py::args& args) {
-    const LeanState& s = *state_;
     const size_t n = args.size();
     std::vector<c10::IValue> inputs;
     inputs.reserve(n);
@@ -275,6 +274,7 @@ class LeanFunction {
         if (i < nm || !s.is_differentiable[i - nm]) non_differentiable.insert(raw[i]->unsafeGetTensorImpl());
       auto jvp = [](const variable_list&, const variable_list&) -> variable_list {
         TORCH_CHECK(false, "hintbackend: forward-mode AD (jvp) through a compiled graph is not supported");
+        return {};
       };
       auto view_as_self = [](const at::Tensor& x) { return x.view_as(x); };
       auto wrapped = torch::autograd::_wrap_outputs(vars, non_differentiable, {}, raw, node, jvp, {}, view_as_self,

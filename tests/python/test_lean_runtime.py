@@ -478,3 +478,19 @@ def test_a_dropped_model_frees_its_compiled_pair(tmp_path):
     loss.backward()
     for p, w in zip(model.parameters(), want):
         torch.testing.assert_close(p.grad, w, rtol=1e-5, atol=1e-6)
+
+
+def test_forward_mode_ad_is_refused_clearly(tmp_path):
+    """Forward-mode AD (dual tensors) through a compiled graph has no rule (AOTAutograd's runtime has none
+    either): the lean node says so, naming it, instead of torch's generic custom-Function error."""
+    import torch.autograd.forward_ad as fwAD
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4).to(device())
+    fn = torch.compile(lin, backend="hintbackend", options={"cache_dir": str(tmp_path)})
+    x = torch.randn(2, 4, device=device())
+    for _ in range(2):
+        fn(x).sum().backward()
+    with fwAD.dual_level():
+        with pytest.raises(RuntimeError, match="forward-mode AD.*not supported"):
+            fn(fwAD.make_dual(x, torch.randn_like(x)))
