@@ -701,8 +701,9 @@ __device__ __forceinline__ void p_ds_elems(float (&s)[NC / 8][4], float (&dp)[NC
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int ki = k0 + j * 8 + 2 * t4 + c;
-        p_ds_elem<GUARD, LINE, SCALED>(s[j][2 * r + c], dp[j][2 * r + c], a, b, h, qi, ki, !GUARD || (qin && ki < skv), lse,
-                               delta, full, lq + 8 * r, j * 8 + 2 * t4 + c, NC + 1, t, line);
+        p_ds_elem<GUARD, LINE, SCALED>(s[j][2 * r + c], dp[j][2 * r + c], a, b, h, qi, ki,
+                                       !GUARD || (qin && ki < skv), lse, delta, full, lq + 8 * r,
+                                       j * 8 + 2 * t4 + c, NC + 1, t, line);
       }
   }
 }
@@ -736,8 +737,10 @@ __device__ __forceinline__ void bwd_p_ds(float (&s)[NC / 8][4], float (&dp)[NC /
     }
 #endif
     // (`full` as a literal in each copy inside both sequences: fwd_scores says why)
-    if (HB_MASK_MOD && full) p_ds_elems<NC, false, true, SCALED>(s, dp, a, b, h, (int)q0, lq, (int)k0, true, row0, t, line);
-    else p_ds_elems<NC, false, true, SCALED>(s, dp, a, b, h, (int)q0, lq, (int)k0, false, row0, t, line);
+    if (HB_MASK_MOD && full)
+      p_ds_elems<NC, false, true, SCALED>(s, dp, a, b, h, (int)q0, lq, (int)k0, true, row0, t, line);
+    else
+      p_ds_elems<NC, false, true, SCALED>(s, dp, a, b, h, (int)q0, lq, (int)k0, false, row0, t, line);
   } else if (inside && HB_MASK_MOD && full) {
     p_ds_elems<NC, false, false, SCALED>(s, dp, a, b, h, (int)q0, lq, (int)k0, true, row0, t, line);
   } else if (inside) {
