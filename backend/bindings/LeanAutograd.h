@@ -3,9 +3,20 @@
 // backward, with no Python on either side.
 #pragma once
 
+#include <ATen/core/ivalue.h>
 #include <pybind11/pybind11.h>
 
+#include <vector>
+
 namespace hb {
+
+// What the lean autograd node needs of a compiled graph (Module.cpp's CompiledGraph, or the same replayed
+// as a CUDA graph: ReplayedGraph): run it on values from C++, without Python.
+class GraphRun {
+ public:
+  virtual ~GraphRun() = default;
+  virtual std::vector<c10::IValue> run_values(std::vector<c10::IValue> inputs) = 0;
+};
 
 // hintbackend._C.LeanFunction and the node type's Python name (LeanBackward).
 void register_lean_autograd(pybind11::module_& m);

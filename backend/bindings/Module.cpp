@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "backend/bindings/LeanAutograd.h"
 #include "backend/bindings/PyValues.h"
@@ -15,6 +16,7 @@
 #include "backend/ir/Printer.h"
 #include "backend/ir/SliceLoop.h"
 #include "backend/runtime/Executor.h"
+#include "backend/runtime/GraphReplay.h"
 #include "backend/runtime/Placement.h"
 #include "codegen/FlexLowering.h"
 #include "codegen/KernelSelect.h"
@@ -225,6 +227,71 @@ class CompiledGraph final : public GraphRun {
   std::vector<std::pair<std::string, std::string>> dumps_;
 };
 
+// A compiled graph replayed as a CUDA graph (backend/runtime/GraphReplay.h): what the lean runtime runs
+// under options={"cuda_graphs": True}. `note(warning, text)` hears each distinct event once (the backend
+// logs it); `emulate` keeps the bookkeeping on the CPU without a capture (the tests' mode).
+class ReplayedGraph final : public GraphRun {
+ public:
+  ReplayedGraph(std::shared_ptr<GraphRun> graph, bool emulate, std::optional<std::vector<int64_t>> in_place,
+                py::object note)
+      : graph_(std::move(graph)),
+        note_(new py::object(std::move(note)), [](py::object* o) {
+          if (Py_IsInitialized()) {  // the last reference may drop on an autograd thread
+            py::gil_scoped_acquire gil;
+            delete o;
+          } else {
+            o->release();
+            delete o;
+          }
+        }),
+        replay_([g = graph_](std::vector<c10::IValue> in) { return g->run_values(std::move(in)); },
+                emulate ? rt::GraphReplay::Mode::kEmulated : rt::GraphReplay::Mode::kCuda, std::move(in_place),
+                [n = note_](bool warning, const std::string& text) {
+                  py::gil_scoped_acquire gil;
+                  try {
+                    (*n)(warning, text);
+                  } catch (py::error_already_set& e) {
+                    e.discard_as_unraisable(__func__);
+                  }
+                }) {}
+
+  std::vector<c10::IValue> run_values(std::vector<c10::IValue> inputs) override {
+    return replay_.run(std::move(inputs));
+  }
+
+  py::object run(py::list args) {
+    std::vector<c10::IValue> inputs;
+    for (size_t k = 0; k < args.size(); ++k) inputs.push_back(to_ivalue(args[k].ptr(), k));
+    args.attr("clear")();
+    std::vector<c10::IValue> out;
+    {
+      py::gil_scoped_release no_gil;
+      out = run_values(std::move(inputs));
+    }
+    py::tuple t(out.size());
+    for (size_t i = 0; i < out.size(); ++i) t[i] = to_py(out[i]);
+    return std::move(t);
+  }
+
+  py::dict stats() const {
+    const rt::GraphReplay::Stats s = replay_.stats();
+    py::dict d;
+    d["calls"] = s.calls;
+    d["replays"] = s.replays;
+    d["plain"] = s.plain;
+    d["recordings"] = s.recordings;
+    d["graphs"] = s.graphs;
+    d["copied_inputs"] = s.copied_inputs;
+    d["refused"] = s.refused;
+    return d;
+  }
+
+ private:
+  std::shared_ptr<GraphRun> graph_;
+  std::shared_ptr<py::object> note_;
+  rt::GraphReplay replay_;
+};
+
 }  // namespace
 }  // namespace hb
 
@@ -276,6 +343,15 @@ PYBIND11_MODULE(_C, m) {
                              "[(node, bytes)]")
       .def_property_readonly("memory_plan", &hb::CompiledGraph::memory_plan,
                              "The memory plan as data (dict; None when memory-plan is disabled)");
+  py::class_<hb::ReplayedGraph, hb::GraphRun, std::shared_ptr<hb::ReplayedGraph>>(m, "ReplayedGraph")
+      .def(py::init<std::shared_ptr<hb::GraphRun>, bool, std::optional<std::vector<int64_t>>, py::object>(),
+           py::arg("graph"), py::arg("emulate"), py::arg("in_place"), py::arg("note"),
+           "graph replayed as a CUDA graph; in_place: the inputs read where they are (None: all), the others "
+           "copied into static buffers")
+      .def("run", &hb::ReplayedGraph::run, "Runs (replays) the graph on a list of inputs (boxed: the list is cleared)")
+      .def_property_readonly("stats", &hb::ReplayedGraph::stats,
+                             "calls, replays (the recording calls included), plain runs, recordings, inputs "
+                             "copied per replay, and why it never replays (refused; empty while it may)");
   hb::register_lean_autograd(m);
   m.def("import_graph", [](const std::string& doc) { return hb::print_graph(*hb::import_json(doc)); },
         "Parses and verifies a graph document; returns its IR text");

@@ -43,11 +43,4 @@ inline pybind11::object to_py(const c10::IValue& v) {
   throw InternalError("hintbackend: cannot return a value of kind " + std::string(v.tagKind()) + " to Python");
 }
 
-// What the lean autograd node needs of a compiled graph: run it on values from C++, without Python.
-class GraphRun {
- public:
-  virtual ~GraphRun() = default;
-  virtual std::vector<c10::IValue> run_values(std::vector<c10::IValue> inputs) = 0;
-};
-
 }  // namespace hb

@@ -108,10 +108,12 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options,
     fn, unsupported = _build(payload, opts, name)
     if unsupported:
         return _fallback(gm, opts, name, unsupported), None
-    if cuda_graphs is not None:
-        return cuda_graphs.wrap(fn, gm, example_inputs, kind, name), None
     if lean is not None:
         lean.take(kind, fn, plan, _zero_variants(payload, opts, name) if kind == "backward" else None)
+    # CUDA graphs: the lean runtime replays its pairs itself (lean_runtime.py, GraphReplay.h); the rest
+    # (inference graphs, pairs on AOTAutograd's runtime) through torch's cudagraph trees.
+    if cuda_graphs is not None and not (lean is not None and lean.plan is not None and kind != "inference"):
+        return cuda_graphs.wrap(fn, gm, example_inputs, kind, name), None
     return fn, payload
 
 
@@ -171,6 +173,7 @@ def _build(payload: dict, opts: Options, name: str, zero_inputs: Sequence[str] =
 
     compiled_fn._boxed_call = True  # type: ignore[attr-defined]
     compiled_fn.hintbackend_graph = compiled  # type: ignore[attr-defined]
+    compiled_fn.hintbackend_name = name  # type: ignore[attr-defined]
     for graphs in _watchers:
         graphs.append((name, compiled))
     return compiled_fn, []
@@ -268,8 +271,8 @@ def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Op
     partition_fn = functools.partial(partition, settings=opts.core_settings(), base=opts.partition,
                                      save_logsumexp="save-logsumexp" not in opts.disable_passes,
                                      recompute_materialized="recompute-materialized" not in opts.disable_passes)
-    # The lean runtime (lean_runtime.py): not with CUDA graphs, whose wrapper keeps AOTAutograd's.
-    lean = LeanPair(len(example_inputs)) if opts.lean_runtime and cuda_graphs is None else None
+    # The lean runtime (lean_runtime.py); with CUDA graphs it replays its graphs itself.
+    lean = LeanPair(len(example_inputs), replay=opts.cuda_graphs) if opts.lean_runtime else None
     not_cached = compile_cache.unavailable(opts)
     if not_cached:
         log.debug("compile cache off: %s", not_cached)

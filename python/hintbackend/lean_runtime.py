@@ -24,6 +24,12 @@ at the first such call (by Python, `_zero_graph`) and kept. Every other graph, a
 graph, calls under functorch's transforms or compiled autograd keep AOTAutograd's runtime; the log says
 why for a graph (``TORCH_LOGS="+hintbackend"``).
 
+With ``cuda_graphs`` (``mode="reduce-overhead"``) the function runs each graph of the pair through
+``hintbackend._C.ReplayedGraph`` (backend/runtime/GraphReplay.h): recorded once as a CUDA graph and
+replayed, so that the step costs the host two launches instead of one per kernel; a call the replay cannot
+take (outputs of both recordings still held, changed inputs) runs the graph as usual, and the log says
+why, once.
+
 The plan is plain data (JSON), stored with the forward in the compile cache, so that a cache hit runs
 lean too. Without the cache AOTAutograd compiles the backward at the first backward: until then calls
 go through its runtime.
@@ -33,10 +39,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import weakref
 from typing import Any, Callable, FrozenSet, List, Optional, Tuple
 
 import torch
+
+log = logging.getLogger("hintbackend")
+
+# Tests set this to replay on the CPU (GraphReplay's emulated mode: no capture, the same bookkeeping),
+# so that CI, which has no GPU, checks what cuda_graphs does around the graphs.
+EMULATE_REPLAY = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +71,9 @@ class LeanPlan:
     # Inputs whose new values are the forward's first outputs, in order, copied into them after each
     # forward: data mutations of inputs that take no gradient (BatchNorm's running statistics).
     mutated_inputs: Tuple[int, ...] = ()
+    # The inputs Dynamo marks static (parameters, buffers): a CUDA-graph replay reads them where they are
+    # (None: not known, all inputs are read in place).
+    static_inputs: Optional[Tuple[int, ...]] = None
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -67,7 +83,8 @@ class LeanPlan:
         return LeanPlan(d["num_outputs"], tuple(d["saved"]), tuple(d["saved_unchecked"]),
                         tuple(d["differentiable"]),
                         tuple(x if isinstance(x, str) else (tuple(x[0]), tuple(x[1])) for x in d["tangent_layouts"]),
-                        d["donated"], tuple(d.get("unsafe_views", ())), tuple(d.get("mutated_inputs", ())))
+                        d["donated"], tuple(d.get("unsafe_views", ())), tuple(d.get("mutated_inputs", ())),
+                        None if d.get("static_inputs") is None else tuple(d["static_inputs"]))
 
 
 def _absolute(s: slice, n: int) -> Tuple[int, int]:
@@ -143,7 +160,8 @@ def plan_of(meta: Any, num_inputs: int, num_forward_outputs: int) -> Tuple[Optio
                     _absolute(meta.tensors_saved_for_backwards_no_vc_check_slice, n), differentiable,
                     tuple(layouts), bool(getattr(meta, "bw_donated_idxs", None)),
                     tuple(i for i, info in enumerate(meta.output_info)
-                          if info.output_type == OutputType.unsafe_view_alias), tuple(runtime_mutated)), ""
+                          if info.output_type == OutputType.unsafe_view_alias), tuple(runtime_mutated),
+                    tuple(meta.static_input_indices) if meta.static_input_indices else None), ""
 
 
 def forward_output_count(gm: torch.fx.GraphModule) -> int:
@@ -156,8 +174,10 @@ class LeanPair:
     C++ autograd function that runs them (hintbackend._C.LeanFunction, backend/bindings/LeanAutograd.cpp)
     once both are there."""
 
-    def __init__(self, num_inputs: int) -> None:
+    def __init__(self, num_inputs: int, replay: bool = False) -> None:
         self.num_inputs = num_inputs
+        self.replay = replay  # cuda_graphs: the forward and backward replayed (_replayed)
+        self.replayed: Tuple[Any, ...] = ()  # their ReplayedGraphs, once built (stats for tests, benchmarks)
         self.plan: Optional[LeanPlan] = None  # None: AOTAutograd's runtime
         self.forward: Optional[Callable] = None
         self.backward: Optional[Callable] = None
@@ -178,10 +198,31 @@ class LeanPair:
         if self.plan is not None and self.forward is not None and self.backward is not None:
             from . import _core
 
+            graphs = (self.forward.hintbackend_graph, self.backward.hintbackend_graph)
+            if self.replay:  # (the backward reads the saved values in place: its first inputs)
+                p = self.plan
+                saved = p.saved[1] - p.saved[0] + p.saved_unchecked[1] - p.saved_unchecked[0]
+                graphs = self.replayed = (_replayed(self.forward, p.static_inputs),
+                                          _replayed(self.backward, tuple(range(saved))))
             # (the callback reaches the pair through a weak reference: the C++ function holds it, and the
             # pair holds the function)
-            self.native = _core().LeanFunction(self.forward.hintbackend_graph, self.backward.hintbackend_graph,
-                                               self.plan.to_json(), functools.partial(_zero_graph, weakref.ref(self)))
+            self.native = _core().LeanFunction(*graphs, self.plan.to_json(),
+                                               functools.partial(_zero_graph, weakref.ref(self)))
+
+
+def _replayed(fn: Callable, in_place: Optional[Tuple[int, ...]]) -> Any:
+    """A compiled graph of the pair as a ReplayedGraph that reads the inputs `in_place` where they are
+    (None: all) and copies the others: its events (recorded, or why a call or the graph runs without CUDA
+    graphs) go to the log, each once."""
+    from . import _core
+
+    name = getattr(fn, "hintbackend_name", "?")
+
+    def note(warning: bool, text: str) -> None:
+        (log.warning if warning else log.info)("graph %s %s", name, text)
+
+    return _core().ReplayedGraph(fn.hintbackend_graph, EMULATE_REPLAY, None if in_place is None else list(in_place),
+                                 note)
 
 
 def _zero_graph(pair_ref: Callable[[], Optional[LeanPair]], positions: Tuple[int, ...]) -> Tuple[Any, FrozenSet[int]]:
