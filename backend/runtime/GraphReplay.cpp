@@ -7,6 +7,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #ifdef HB_WITH_CUDA
@@ -40,10 +41,6 @@ struct OutSpec {
 }  // namespace
 
 struct GraphReplay::Recording {
-#ifdef HB_WITH_CUDA
-  // (first: destroyed last, after the storages below, when its memory pool is released)
-  std::unique_ptr<at::cuda::CUDAGraph> graph;
-#endif
   std::vector<bool> fixed;             // per input: read where it is
   std::vector<const void*> fixed_ptrs;
   std::vector<at::Tensor> statics;     // per input: its static buffer where it is copied
@@ -51,7 +48,50 @@ struct GraphReplay::Recording {
   std::vector<c10::Storage> owned;     // the storages the outputs live on
   std::vector<size_t> base_uses;       // each one's use count when no one outside holds it
   std::vector<OutSpec> outs;
+#ifdef HB_WITH_CUDA
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  c10::cuda::MempoolId_t pool{0, 0};  // the graph's memory pool (the static buffers are allocated in it too)
+  c10::DeviceIndex device = 0;
+
+  ~Recording() {
+    statics.clear();
+    owned.clear();
+    outs.clear();
+    graph.reset();  // (releases the pool once, for its capture)
+    if (pool.first || pool.second) {  // and once for the static buffers' allocation (record)
+      try {
+        c10::cuda::CUDACachingAllocator::releasePool(device, pool);
+      } catch (...) {
+      }
+    }
+  }
+#endif
 };
+
+#ifdef HB_WITH_CUDA
+namespace {
+
+// One capture stream per device for every recording: cuBLAS keeps a workspace per stream, which a capture
+// on a new stream would allocate in its graph's pool (32 MiB on Hopper, per recording).
+at::cuda::CUDAStream capture_stream(c10::DeviceIndex device) {
+  static std::mutex mutex;
+  static std::map<c10::DeviceIndex, at::cuda::CUDAStream> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = streams.find(device);
+  if (it == streams.end()) it = streams.emplace(device, at::cuda::getStreamFromPool(false, device)).first;
+  return it->second;
+}
+
+template <typename F>
+void quietly(F&& f) {  // a cleanup step after a failure: one that fails must not stop the others
+  try {
+    f();
+  } catch (...) {
+  }
+}
+
+}  // namespace
+#endif
 
 bool GraphReplay::InputSig::operator==(const InputSig& o) const {
   if (tensor != o.tensor) return false;
@@ -219,6 +259,10 @@ std::vector<c10::IValue> GraphReplay::record(const std::vector<c10::IValue>& inp
   rec->fixed_ptrs.assign(n, nullptr);
   rec->statics.resize(n);
   std::vector<c10::IValue> args = inputs;
+  c10::Device device = c10::Device(c10::kCPU);
+  for (const InputSig& s : rec->sig)
+    if (s.tensor) device = s.device;
+  std::vector<size_t> copied;
   for (size_t k = 0; k < n; ++k) {
     if (!inputs[k].isTensor() || !inputs[k].toTensor().defined()) continue;
     const at::Tensor& t = inputs[k].toTensor();
@@ -230,27 +274,51 @@ std::vector<c10::IValue> GraphReplay::record(const std::vector<c10::IValue>& inp
     HB_USER_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes)
         << "input " << k << " overlaps itself in memory (an expanded tensor), so it cannot be copied into a "
         << "static buffer";
-    rec->statics[k] = at::empty_strided(t.sizes(), t.strides(), t.options());
-    rec->statics[k].copy_(t);
-    args[k] = rec->statics[k];
+    copied.push_back(k);
   }
+  auto make_statics = [&] {
+    for (size_t k : copied) {
+      const at::Tensor& t = inputs[k].toTensor();
+      rec->statics[k] = at::empty_strided(t.sizes(), t.strides(), t.options());
+    }
+  };
   std::vector<c10::IValue> outs;
   if (mode_ == Mode::kEmulated) {
+    make_statics();
+    for (size_t k : copied) {
+      rec->statics[k].copy_(inputs[k].toTensor());
+      args[k] = rec->statics[k];
+    }
     outs = run_(args);
   } else {
 #ifdef HB_WITH_CUDA
-    c10::Device device = c10::Device(c10::kCPU);
-    for (const InputSig& s : rec->sig)
-      if (s.tensor) device = s.device;
     c10::cuda::CUDAGuard guard(device);
     at::cuda::CUDAStream current = at::cuda::getCurrentCUDAStream();
-    at::cuda::CUDAStream side = at::cuda::getStreamFromPool(false, device.index());
+    at::cuda::CUDAStream side = capture_stream(device.index());
+    const c10::cuda::MempoolId_t pool = at::cuda::graph_pool_handle();
+    {  // the static buffers in the graph's pool, so that the pool's size is all a recording holds
+      c10::cuda::CUDAStreamGuard on_side(side);
+      c10::cuda::CUDACachingAllocator::beginAllocateToPool(
+          device.index(), pool, [s = side.stream()](cudaStream_t st) { return st == s; });
+      rec->pool = pool;
+      rec->device = device.index();
+      try {
+        make_statics();
+      } catch (...) {
+        quietly([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool); });
+        throw;
+      }
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool);
+    }
+    for (size_t k : copied) {
+      rec->statics[k].copy_(inputs[k].toTensor());
+      args[k] = rec->statics[k];
+    }
     at::cuda::CUDAEvent fork;
     fork.record(current);
     fork.block(side);
     rec->graph = std::make_unique<at::cuda::CUDAGraph>();
     rec->graph->register_generator_state(at::cuda::detail::getDefaultCUDAGenerator(device.index()));
-    const c10::cuda::MempoolId_t pool = at::cuda::graph_pool_handle();
     {
       c10::cuda::CUDAStreamGuard on_side(side);
       rec->graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
@@ -268,11 +336,11 @@ std::vector<c10::IValue> GraphReplay::record(const std::vector<c10::IValue>& inp
           if (g) cudaGraphDestroy(g);
         }
         (void)cudaGetLastError();
-        c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool);
-        at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool);
-        rec->graph.reset();
-        c10::cuda::CUDACachingAllocator::releasePool(device.index(), pool);
-        throw;
+        quietly([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool); });
+        quietly([&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool); });
+        quietly([&] { rec->graph.reset(); });
+        quietly([&] { c10::cuda::CUDACachingAllocator::releasePool(device.index(), pool); });
+        throw;  // (the recording's destructor releases the pool's other use, the static buffers')
       }
     }
     at::cuda::CUDAEvent join;

@@ -148,3 +148,46 @@ def test_a_graph_on_another_device_is_refused_once(caplog):
             loss(f(randn(64, 16))).backward()
     messages = [r.getMessage() for r in caplog.records if r.name == "hintbackend"]
     assert sum(m.endswith("runs without CUDA graphs: an input is not a CUDA tensor") for m in messages) == 2, messages
+
+
+@torch.library.custom_op("hbtest::host_max", mutates_args=())
+def host_max(t: torch.Tensor) -> torch.Tensor:
+    """max |t| + 1 through the host: a copy to the CPU and back, which no CUDA graph can record."""
+    return (t.abs().max().cpu() + 1.0).to(t.device)
+
+
+@host_max.register_fake
+def _(t):
+    return t.new_empty(())
+
+
+class SyncsTheHost(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y / host_max(y.detach())
+
+
+@pytest.mark.skipif(device() != "cuda", reason="a failed capture needs a GPU (HINTBACKEND_TEST_DEVICE=cuda)")
+def test_a_graph_that_cannot_be_captured_runs_as_usual_and_leaves_cuda_sound(caplog):
+    torch.manual_seed(5)
+    model = SyncsTheHost().to(device())
+    ref = copy.deepcopy(model)
+    with caplog.at_level(logging.INFO, logger="hintbackend"):
+        f = compiled(model)
+        for _ in range(5):
+            check_step(f, model, ref, randn(64, 16))
+    fw = replayed()[0].stats
+    assert "could not be recorded as a CUDA graph" in fw["refused"] and fw["replays"] == 0, fw
+    messages = [r.getMessage() for r in caplog.records if r.name == "hintbackend"]
+    assert sum("could not be recorded as a CUDA graph" in m for m in messages) == 1, messages
+    # What the failed capture began (the allocator's routing into its pool, the capture) is undone: another
+    # model records and replays after it.
+    del f
+    torch._dynamo.reset()
+    gc.collect()
+    caplog.clear()
+    test_training_steps_replay_and_match_eager(caplog)
