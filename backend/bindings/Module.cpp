@@ -244,20 +244,24 @@ class ReplayedGraph final : public GraphRun {
             delete o;
           }
         }),
-        replay_([g = graph_](std::vector<c10::IValue> in) { return g->run_values(std::move(in)); },
-                emulate ? rt::GraphReplay::Mode::kEmulated : rt::GraphReplay::Mode::kCuda, std::move(in_place),
-                [n = note_](bool warning, const std::string& text) {
-                  py::gil_scoped_acquire gil;
-                  try {
-                    (*n)(warning, text);
-                  } catch (py::error_already_set& e) {
-                    e.discard_as_unraisable(__func__);
-                  }
-                }) {}
+        replay_(std::make_shared<rt::GraphReplay>(
+            [g = graph_](std::vector<c10::IValue> in) { return g->run_values(std::move(in)); },
+            emulate ? rt::GraphReplay::Mode::kEmulated : rt::GraphReplay::Mode::kCuda, std::move(in_place),
+            [n = note_](bool warning, const std::string& text) {
+              py::gil_scoped_acquire gil;
+              try {
+                (*n)(warning, text);
+              } catch (py::error_already_set& e) {
+                e.discard_as_unraisable(__func__);
+              }
+            })) {}
 
   std::vector<c10::IValue> run_values(std::vector<c10::IValue> inputs) override {
-    return replay_.run(std::move(inputs));
+    return replay_->run(std::move(inputs));
   }
+
+  // This graph (a backward) reads `producer`'s outputs (its forward's) in place: GraphReplay::follow.
+  void follow(const ReplayedGraph& producer) { replay_->follow(producer.replay_); }
 
   py::object run(py::list args) {
     std::vector<c10::IValue> inputs;
@@ -274,7 +278,7 @@ class ReplayedGraph final : public GraphRun {
   }
 
   py::dict stats() const {
-    const rt::GraphReplay::Stats s = replay_.stats();
+    const rt::GraphReplay::Stats s = replay_->stats();
     py::dict d;
     d["calls"] = s.calls;
     d["replays"] = s.replays;
@@ -289,7 +293,7 @@ class ReplayedGraph final : public GraphRun {
  private:
   std::shared_ptr<GraphRun> graph_;
   std::shared_ptr<py::object> note_;
-  rt::GraphReplay replay_;
+  std::shared_ptr<rt::GraphReplay> replay_;
 };
 
 }  // namespace
@@ -349,6 +353,9 @@ PYBIND11_MODULE(_C, m) {
            "graph replayed as a CUDA graph; in_place: the inputs read where they are (None: all), the others "
            "copied into static buffers")
       .def("run", &hb::ReplayedGraph::run, "Runs (replays) the graph on a list of inputs (boxed: the list is cleared)")
+      .def("follow", &hb::ReplayedGraph::follow, py::arg("producer"),
+           "This graph (a backward) reads producer's outputs in place: its recordings share the pools of the "
+           "producer's recordings they read")
       .def_property_readonly("stats", &hb::ReplayedGraph::stats,
                              "calls, replays (the recording calls included), plain runs, recordings, inputs "
                              "copied per replay, and why it never replays (refused; empty while it may)");

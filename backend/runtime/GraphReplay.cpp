@@ -40,6 +40,15 @@ struct OutSpec {
 
 }  // namespace
 
+// The order of the replays that write one memory pool (a forward's recording and its followers'): each
+// waits on the device for the one before.
+struct GraphReplay::PoolOrder {
+  std::mutex mutex;
+#ifdef HB_WITH_CUDA
+  std::optional<at::cuda::CUDAEvent> last;
+#endif
+};
+
 struct GraphReplay::Recording {
   std::vector<bool> fixed;             // per input: read where it is
   std::vector<const void*> fixed_ptrs;
@@ -48,6 +57,24 @@ struct GraphReplay::Recording {
   std::vector<c10::Storage> owned;     // the storages the outputs live on
   std::vector<size_t> base_uses;       // each one's use count when no one outside holds it
   std::vector<OutSpec> outs;
+  std::shared_ptr<PoolOrder> order;
+  // Recordings of the graphs that follow this one (backwards) made in its pool, after it.
+  mutable std::mutex followers_mutex;
+  std::vector<std::weak_ptr<const Recording>> followers;
+
+  bool outputs_free() const {  // no one outside holds its outputs
+    for (size_t s = 0; s < owned.size(); ++s)
+      if (static_cast<size_t>(owned[s].use_count()) != base_uses[s]) return false;
+    return true;
+  }
+  // Its outputs and its followers' are free: a replay may write all it wrote at its capture.
+  bool free() const {
+    if (!outputs_free()) return false;
+    std::lock_guard<std::mutex> lock(followers_mutex);
+    for (const auto& f : followers)
+      if (auto r = f.lock(); r && !r->outputs_free()) return false;
+    return true;
+  }
 #ifdef HB_WITH_CUDA
   std::unique_ptr<at::cuda::CUDAGraph> graph;
   c10::cuda::MempoolId_t pool{0, 0};  // the graph's memory pool (the static buffers are allocated in it too)
@@ -127,6 +154,20 @@ GraphReplay::GraphReplay(Run run, Mode mode, std::optional<std::vector<int64_t>>
 
 GraphReplay::~GraphReplay() = default;
 
+void GraphReplay::follow(std::shared_ptr<GraphReplay> producer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  producer_ = std::move(producer);
+}
+
+std::shared_ptr<GraphReplay::Recording> GraphReplay::holder(
+    const std::vector<const c10::StorageImpl*>& storages) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& r : recs_)
+    for (const c10::Storage& s : r->owned)
+      if (std::find(storages.begin(), storages.end(), s.unsafeGetStorageImpl()) != storages.end()) return r;
+  return nullptr;
+}
+
 GraphReplay::Stats GraphReplay::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   Stats s = stats_;
@@ -181,24 +222,20 @@ GraphReplay::Decision GraphReplay::decide(const std::vector<c10::IValue>& inputs
   settled_ = sig == last_ ? settled_ + 1 : 1;
   last_ = std::move(sig);
 
-  auto free = [](const Recording& r) {  // no one outside holds its outputs
-    for (size_t s = 0; s < r.owned.size(); ++s)
-      if (static_cast<size_t>(r.owned[s].use_count()) != r.base_uses[s]) return false;
-    return true;
-  };
   bool busy = false;
   for (size_t r = 0; r < recs_.size(); ++r) {
     if (recs_[r]->fixed_ptrs != ptrs) continue;
-    if (free(*recs_[r])) {
+    if (recs_[r]->free()) {
       chosen_ = r;
       return Decision::kReplay;
     }
     busy = true;
   }
   const char* kBusy =
-      "the outputs of its recordings were still referenced when it was called again (tensors the caller "
-      "kept, saved values whose backward has not run, gradients kept by zero_grad(set_to_none=False)): such "
-      "calls run without the CUDA graph, whose replay would overwrite those outputs";
+      "the outputs of its recordings (or of the backward recordings that share their memory) were still "
+      "referenced when it was called again (tensors the caller kept, saved values whose backward has not run, "
+      "gradients kept by zero_grad(set_to_none=False) or not yet set to None): such calls run without the "
+      "CUDA graph, whose replay would overwrite those outputs";
   // Record after a first call of this signature (its warm-up), while there is room; once full, replace a
   // free recording only for addresses that came back (not a one-off: a backward whose forward ran as usual).
   const bool room = recs_.size() < kBuffers;
@@ -211,7 +248,7 @@ GraphReplay::Decision GraphReplay::decide(const std::vector<c10::IValue>& inputs
   }
   if (room) return Decision::kRecord;
   for (size_t r = 0; r < recs_.size(); ++r)
-    if (free(*recs_[r])) {  // make room
+    if (recs_[r]->free()) {  // make room
       recs_.erase(recs_.begin() + static_cast<std::ptrdiff_t>(r));
       return Decision::kRecord;
     }
@@ -252,7 +289,7 @@ std::vector<c10::IValue> GraphReplay::run(std::vector<c10::IValue> inputs) {
 }
 
 std::vector<c10::IValue> GraphReplay::record(const std::vector<c10::IValue>& inputs) {
-  auto rec = std::make_unique<Recording>();
+  auto rec = std::make_shared<Recording>();
   const size_t n = inputs.size();
   rec->sig = last_;
   rec->fixed.assign(n, false);
@@ -276,6 +313,15 @@ std::vector<c10::IValue> GraphReplay::record(const std::vector<c10::IValue>& inp
         << "static buffer";
     copied.push_back(k);
   }
+  // A follower's recording joins the pool of the producer's recording whose outputs it reads.
+  std::shared_ptr<Recording> host;
+  if (producer_) {
+    std::vector<const c10::StorageImpl*> read;
+    for (size_t k = 0; k < n; ++k)
+      if (rec->fixed[k]) read.push_back(inputs[k].toTensor().storage().unsafeGetStorageImpl());
+    host = producer_->holder(read);
+  }
+  rec->order = host ? host->order : std::make_shared<PoolOrder>();
   auto make_statics = [&] {
     for (size_t k : copied) {
       const at::Tensor& t = inputs[k].toTensor();
@@ -295,7 +341,7 @@ std::vector<c10::IValue> GraphReplay::record(const std::vector<c10::IValue>& inp
     c10::cuda::CUDAGuard guard(device);
     at::cuda::CUDAStream current = at::cuda::getCurrentCUDAStream();
     at::cuda::CUDAStream side = capture_stream(device.index());
-    const c10::cuda::MempoolId_t pool = at::cuda::graph_pool_handle();
+    const c10::cuda::MempoolId_t pool = host ? host->pool : at::cuda::graph_pool_handle();
     {  // the static buffers in the graph's pool, so that the pool's size is all a recording holds
       c10::cuda::CUDAStreamGuard on_side(side);
       c10::cuda::CUDACachingAllocator::beginAllocateToPool(
@@ -346,7 +392,11 @@ std::vector<c10::IValue> GraphReplay::record(const std::vector<c10::IValue>& inp
     at::cuda::CUDAEvent join;
     join.record(side);
     join.block(current);
-    rec->graph->replay();  // this call's values
+    std::lock_guard<std::mutex> lock(rec->order->mutex);  // this call's values
+    if (rec->order->last) rec->order->last->block(current);
+    rec->graph->replay();
+    rec->order->last.emplace();
+    rec->order->last->record(current);
 #else
     throw InternalError("hintbackend: CUDA-graph replay needs the CUDA build");
 #endif
@@ -397,6 +447,10 @@ std::vector<c10::IValue> GraphReplay::record(const std::vector<c10::IValue>& inp
   stats_.copied_inputs = 0;
   for (const at::Tensor& t : rec->statics) stats_.copied_inputs += t.defined();
   ++stats_.recordings;
+  if (host) {
+    std::lock_guard<std::mutex> lock(host->followers_mutex);
+    host->followers.push_back(rec);
+  }
   recs_.push_back(std::move(rec));
   chosen_ = recs_.size() - 1;
   say(false, "replays as a CUDA graph (recording " + std::to_string(stats_.recordings) + ", " +
@@ -407,8 +461,15 @@ std::vector<c10::IValue> GraphReplay::record(const std::vector<c10::IValue>& inp
 
 std::vector<c10::IValue> GraphReplay::replay(const std::vector<c10::IValue>& inputs) {
   Recording& r = *recs_.at(chosen_);
+  std::lock_guard<std::mutex> lock(r.order->mutex);  // the pool's replays one after another
   std::vector<c10::IValue> args;
-  if (mode_ == Mode::kEmulated) args = inputs;
+  if (mode_ == Mode::kEmulated) {
+    args = inputs;
+  } else {
+#ifdef HB_WITH_CUDA
+    if (r.order->last) r.order->last->block(at::cuda::getCurrentCUDAStream(r.device));
+#endif
+  }
   for (size_t k = 0; k < inputs.size(); ++k)
     if (r.statics[k].defined()) {
       r.statics[k].copy_(inputs[k].toTensor());
@@ -423,6 +484,9 @@ std::vector<c10::IValue> GraphReplay::replay(const std::vector<c10::IValue>& inp
   } else {
 #ifdef HB_WITH_CUDA
     r.graph->replay();
+    at::cuda::CUDAStream current = at::cuda::getCurrentCUDAStream(r.device);
+    if (!r.order->last) r.order->last.emplace();
+    r.order->last->record(current);
 #endif
   }
   ++stats_.replays;

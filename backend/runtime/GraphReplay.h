@@ -16,13 +16,19 @@
 // - Nothing outside still holds an output of the recording it replays: a replay overwrites its outputs'
 //   memory. Outputs come back as fresh tensors on the recording's storages (those that share a storage
 //   share a version counter); each call checks that no one else holds a reference to any of them. A
-//   graph keeps up to two recordings (kBuffers), each with its own memory pool, and replays the first
-//   whose outputs are free: a loop that keeps the last step's output (`out = model(x)`), or gradients
-//   that zero_grad(set_to_none=False) keeps, alternates between the two. Where both are held, the call
-//   runs as usual.
+//   graph keeps up to two recordings (kBuffers) and replays the first whose outputs are free: a loop that
+//   keeps the last step's output (`out = model(x)`) alternates between the two. Where both are held, the
+//   call runs as usual.
+// - One memory pool for a forward's recording and the backward's recordings that read its outputs
+//   (follow()): the backward's capture reuses what the forward's freed (its intermediates), as on the
+//   allocator. Its outputs may then sit where the forward's intermediates were, so a forward replays a
+//   recording only while the outputs of that recording's followers are free too (gradients set to None;
+//   gradients that zero_grad(set_to_none=False) keeps send the forward to its other recording), and the
+//   replays of one pool are ordered on the device through an event.
 // Recording waits for a second call with the same signature (the first warms up: handles, plans, kernels
-// compiled at first use), runs the graph under capture on a side stream and replays it once for that call's values. A graph that cannot be
-// captured (a host synchronization inside, an op CUDA graphs refuse) runs as usual from then on.
+// // compiled at first use), runs the graph under capture on a side stream (one per device, for all
+// recordings) and replays it once for that call's values. A graph that cannot be captured (a host
+// synchronization inside, an op CUDA graphs refuse) runs as usual from then on.
 //
 // Mode::kEmulated keeps all of this bookkeeping on the CPU, where no capture exists: a "replay" runs the
 // graph on the static inputs and copies its results into the recorded storages. The tests use it to
@@ -58,6 +64,10 @@ class GraphReplay {
 
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs);
 
+  // This graph (a backward) reads outputs of `producer` (its forward) in place: a recording of this graph
+  // whose in-place inputs live on a recording of the producer shares that recording's memory pool.
+  void follow(std::shared_ptr<GraphReplay> producer);
+
   struct Stats {
     int64_t calls = 0, replays = 0, plain = 0, recordings = 0;
     int64_t graphs = 0;         // recordings kept
@@ -66,14 +76,16 @@ class GraphReplay {
   };
   Stats stats() const;
 
-  // Recordings kept at once (each has its own memory pool), and made in all before a graph whose inputs
-  // keep moving runs as usual.
+  // Recordings kept at once, and made in all before a graph whose inputs keep moving runs as usual.
   static constexpr size_t kBuffers = 2;
   static constexpr int kMaxRecordings = 6;
   static constexpr size_t kHistory = 4;  // calls whose in-place addresses are remembered
 
  private:
   struct Recording;
+  struct PoolOrder;
+  // The producer's recording holding one of these storages (the pool a follower's recording joins).
+  std::shared_ptr<Recording> holder(const std::vector<const c10::StorageImpl*>& storages) const;
   enum class Decision { kPlain, kRecord, kReplay };
   Decision decide(const std::vector<c10::IValue>& inputs, std::string& why);
   std::vector<c10::IValue> record(const std::vector<c10::IValue>& inputs);
@@ -86,7 +98,8 @@ class GraphReplay {
   std::optional<std::vector<int64_t>> in_place_;
   Note note_;
   mutable std::mutex mutex_;
-  std::vector<std::unique_ptr<Recording>> recs_;
+  std::vector<std::shared_ptr<Recording>> recs_;
+  std::shared_ptr<GraphReplay> producer_;
   size_t chosen_ = 0;  // the recording this call replays
   // An input as a call's signature sees it: a tensor's dtype, device, sizes and strides, or a scalar.
   struct InputSig {

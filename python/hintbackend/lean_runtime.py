@@ -204,6 +204,7 @@ class LeanPair:
                 saved = p.saved[1] - p.saved[0] + p.saved_unchecked[1] - p.saved_unchecked[0]
                 graphs = self.replayed = (_replayed(self.forward, p.static_inputs),
                                           _replayed(self.backward, tuple(range(saved))))
+                graphs[1].follow(graphs[0])  # the backward's recordings share its forward's pools
             # (the callback reaches the pair through a weak reference: the C++ function holds it, and the
             # pair holds the function)
             self.native = _core().LeanFunction(*graphs, self.plan.to_json(),
