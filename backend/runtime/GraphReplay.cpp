@@ -356,6 +356,9 @@ std::vector<c10::IValue> GraphReplay::record(const std::vector<c10::IValue>& inp
       }
       c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool);
     }
+    // (the pool's replays in order: the static copies and this call's replay after the last one's)
+    std::lock_guard<std::mutex> order_lock(rec->order->mutex);
+    if (rec->order->last) rec->order->last->block(current);
     for (size_t k : copied) {
       rec->statics[k].copy_(inputs[k].toTensor());
       args[k] = rec->statics[k];
@@ -392,10 +395,8 @@ std::vector<c10::IValue> GraphReplay::record(const std::vector<c10::IValue>& inp
     at::cuda::CUDAEvent join;
     join.record(side);
     join.block(current);
-    std::lock_guard<std::mutex> lock(rec->order->mutex);  // this call's values
-    if (rec->order->last) rec->order->last->block(current);
-    rec->graph->replay();
-    rec->order->last.emplace();
+    rec->graph->replay();  // this call's values
+    if (!rec->order->last) rec->order->last.emplace();
     rec->order->last->record(current);
 #else
     throw InternalError("hintbackend: CUDA-graph replay needs the CUDA build");
