@@ -263,20 +263,6 @@ class ReplayedGraph final : public GraphRun {
   // This graph (a backward) reads `producer`'s outputs (its forward's) in place: GraphReplay::follow.
   void follow(const ReplayedGraph& producer) { replay_->follow(producer.replay_); }
 
-  py::object run(py::list args) {
-    std::vector<c10::IValue> inputs;
-    for (size_t k = 0; k < args.size(); ++k) inputs.push_back(to_ivalue(args[k].ptr(), k));
-    args.attr("clear")();
-    std::vector<c10::IValue> out;
-    {
-      py::gil_scoped_release no_gil;
-      out = run_values(std::move(inputs));
-    }
-    py::tuple t(out.size());
-    for (size_t i = 0; i < out.size(); ++i) t[i] = to_py(out[i]);
-    return std::move(t);
-  }
-
   py::dict stats() const {
     const rt::GraphReplay::Stats s = replay_->stats();
     py::dict d;
@@ -352,7 +338,6 @@ PYBIND11_MODULE(_C, m) {
            py::arg("graph"), py::arg("emulate"), py::arg("in_place"), py::arg("note"),
            "graph replayed as a CUDA graph; in_place: the inputs read where they are (None: all), the others "
            "copied into static buffers")
-      .def("run", &hb::ReplayedGraph::run, "Runs (replays) the graph on a list of inputs (boxed: the list is cleared)")
       .def("follow", &hb::ReplayedGraph::follow, py::arg("producer"),
            "This graph (a backward) reads producer's outputs in place: its recordings share the pools of the "
            "producer's recordings they read")

@@ -41,6 +41,13 @@ void expect_values(const std::vector<c10::IValue>& out, const at::Tensor& w, con
   EXPECT_TRUE(out[2].toTensor().is_same(w));
 }
 
+void expect_counts(const GraphReplay& r, int64_t recordings, int64_t replays, int64_t plain) {
+  GraphReplay::Stats s = r.stats();
+  EXPECT_EQ(s.recordings, recordings);
+  EXPECT_EQ(s.replays, replays);  // the recording calls included
+  EXPECT_EQ(s.plain, plain);
+}
+
 TEST(graph_replay, records_after_a_warm_up_and_replays_with_fresh_values) {
   Fixture f;
   at::Tensor w = at::randn({3, 4});
@@ -103,10 +110,7 @@ TEST(graph_replay, a_loop_that_keeps_the_last_output_alternates) {
     expect_values(out, w, x);
     last = std::move(out);
   }
-  GraphReplay::Stats s = f.replay.stats();
-  EXPECT_EQ(s.recordings, 2);
-  EXPECT_EQ(s.plain, 1);
-  EXPECT_EQ(s.replays, 7);
+  expect_counts(f.replay, 2, 7, 1);
 }
 
 TEST(graph_replay, a_moved_in_place_input_gets_its_own_recording) {
@@ -120,10 +124,7 @@ TEST(graph_replay, a_moved_in_place_input_gets_its_own_recording) {
   }
   at::Tensor x = at::randn({3, 4});
   expect_values(f.call(w, x), w, x);  // the first recording again
-  GraphReplay::Stats s = f.replay.stats();
-  EXPECT_EQ(s.recordings, 2);
-  EXPECT_EQ(s.plain, 1);
-  EXPECT_EQ(s.replays, 6);
+  expect_counts(f.replay, 2, 6, 1);
 }
 
 TEST(graph_replay, another_signature_runs_as_usual_and_says_why) {
@@ -156,11 +157,6 @@ TEST(graph_replay, grad_mode_and_other_devices_run_as_usual) {
   EXPECT_EQ(cuda_mode.stats().plain, 3);
 }
 
-}  // namespace
-}  // namespace hb::rt
-
-namespace hb::rt {
-namespace {
 
 // A forward and the backward that follows it (reads its output in place): the forward replays a recording
 // only while that recording's followers' outputs are free too (they may sit in its pool, where its
@@ -185,10 +181,7 @@ TEST(graph_replay, a_forward_waits_for_its_followers_outputs) {
   }
   // Forward: warm-up, a recording (replayed at steps 1-3), then its follower's outputs held: a second
   // recording (steps 4-7; its own followers' outputs are held from step 5, so step 5 on run as usual).
-  GraphReplay::Stats f = fw->stats();
-  EXPECT_EQ(f.recordings, 2);
-  EXPECT_EQ(f.replays, 4);
-  EXPECT_EQ(f.plain, 4);
+  expect_counts(*fw, 2, 4, 4);
 }
 
 }  // namespace
