@@ -99,14 +99,24 @@ struct GraphReplay::Recording {
 namespace {
 
 // One capture stream per device for every recording: cuBLAS keeps a workspace per stream, which a capture
-// on a new stream would allocate in its graph's pool (32 MiB on Hopper, per recording).
+// on a new stream would allocate in its graph's pool (32 MiB on Hopper, per recording). Its first use,
+// outside any capture, allocates that stream's cuBLAS and cuBLASLt workspaces where eager's are (the
+// allocator's own pool, once per process), so a graph's pool holds the graph's memory only.
 at::cuda::CUDAStream capture_stream(c10::DeviceIndex device) {
   static std::mutex mutex;
   static std::map<c10::DeviceIndex, at::cuda::CUDAStream> streams;
   std::lock_guard<std::mutex> lock(mutex);
   auto it = streams.find(device);
-  if (it == streams.end()) it = streams.emplace(device, at::cuda::getStreamFromPool(false, device)).first;
-  return it->second;
+  if (it != streams.end()) return it->second;
+  at::cuda::CUDAStream stream = at::cuda::getStreamFromPool(false, device);
+  {
+    c10::cuda::CUDAStreamGuard on(stream);
+    at::NoGradGuard no_grad;
+    at::Tensor a = at::ones({16, 16}, at::TensorOptions().device(c10::Device(c10::kCUDA, device)));
+    (void)at::mm(a, a);         // cuBLAS
+    (void)at::addmm(a, a, a);  // with its bias: cuBLASLt
+  }
+  return streams.emplace(device, stream).first->second;
 }
 
 template <typename F>
