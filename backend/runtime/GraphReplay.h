@@ -26,7 +26,7 @@
 //   gradients that zero_grad(set_to_none=False) keeps send the forward to its other recording), and the
 //   replays of one pool are ordered on the device through an event.
 // Recording waits for a second call with the same signature (the first warms up: handles, plans, kernels
-// // compiled at first use), runs the graph under capture on a side stream (one per device, for all
+// compiled at first use), runs the graph under capture on a side stream (one per device, for all
 // recordings) and replays it once for that call's values. A graph that cannot be captured (a host
 // synchronization inside, an op CUDA graphs refuse) runs as usual from then on.
 //
