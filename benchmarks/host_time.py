@@ -5,6 +5,7 @@ process.
     python benchmarks/host_time.py                              # CUDA: the MLP and the CNN at 8 rows (pure host time)
     python benchmarks/host_time.py --rows 262144 --models mlp   # at memory_models.py's size
     python benchmarks/host_time.py --profile                    # also torch.profiler's top ops by host time
+    python benchmarks/host_time.py --cuda-graphs                # also with cuda_graphs=True (GraphReplay)
 
 For each peer: the median host time of the forward call, the loss and the backward() call (each step
 timed with the wall clock around each phase, the GPU synchronized every 20 steps so that no queue fills),
@@ -27,10 +28,13 @@ import torch
 from memory_models import corpus_models
 
 
-def peers() -> Dict[str, Callable[[torch.nn.Module], Callable]]:
-    return {"eager": lambda m: m,
-            "hintbackend": lambda m: torch.compile(m, backend="hintbackend"),
-            "hb-aot-runtime": lambda m: torch.compile(m, backend="hintbackend", options={"lean_runtime": False})}
+def peers(cuda_graphs: bool = False) -> Dict[str, Callable[[torch.nn.Module], Callable]]:
+    out = {"eager": lambda m: m,
+           "hintbackend": lambda m: torch.compile(m, backend="hintbackend"),
+           "hb-aot-runtime": lambda m: torch.compile(m, backend="hintbackend", options={"lean_runtime": False})}
+    if cuda_graphs:  # the lean runtime's own replay (GraphReplay); the timed loop keeps `y` into the next step
+        out["hb-cuda-graphs"] = lambda m: torch.compile(m, backend="hintbackend", options={"cuda_graphs": True})
+    return out
 
 
 def measure(make: Callable[[], torch.nn.Module], compile_fn: Callable, x: torch.Tensor, device: str,
@@ -93,6 +97,8 @@ def main(argv: List[str]) -> None:
     p.add_argument("--rows", type=int, default=8, help="the batch (rows of the MLP, images of the CNN)")
     p.add_argument("--steps", type=int, default=300, help="timed steps a peer")
     p.add_argument("--profile", action="store_true", help="also torch.profiler's top ops by host time a step")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="also hintbackend with cuda_graphs=True (its replays; each step keeps the last output)")
     args = p.parse_args(argv)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     models = {"mlp": "MLP", "cnn": "CNN"}
@@ -102,7 +108,7 @@ def main(argv: List[str]) -> None:
         if not any(name.startswith(w) for w in wanted):
             continue
         x = torch.randn(args.rows, *shape[1:], device=args.device, dtype=dtype)
-        for peer, compile_fn in peers().items():
+        for peer, compile_fn in peers(args.cuda_graphs).items():
             if args.profile:
                 print(f"== {name}, {peer}: top ops by host time")
             try:
