@@ -234,8 +234,7 @@ class ReplayedGraph final : public GraphRun {
  public:
   ReplayedGraph(std::shared_ptr<GraphRun> graph, bool emulate, std::optional<std::vector<int64_t>> in_place,
                 py::object note)
-      : graph_(std::move(graph)),
-        note_(new py::object(std::move(note)), [](py::object* o) {
+      : note_(new py::object(std::move(note)), [](py::object* o) {
           if (Py_IsInitialized()) {  // the last reference may drop on an autograd thread
             py::gil_scoped_acquire gil;
             delete o;
@@ -245,7 +244,7 @@ class ReplayedGraph final : public GraphRun {
           }
         }),
         replay_(std::make_shared<rt::GraphReplay>(
-            [g = graph_](std::vector<c10::IValue> in) { return g->run_values(std::move(in)); },
+            [g = std::move(graph)](std::vector<c10::IValue> in) { return g->run_values(std::move(in)); },
             emulate ? rt::GraphReplay::Mode::kEmulated : rt::GraphReplay::Mode::kCuda, std::move(in_place),
             [n = note_](bool warning, const std::string& text) {
               py::gil_scoped_acquire gil;
@@ -277,7 +276,6 @@ class ReplayedGraph final : public GraphRun {
   }
 
  private:
-  std::shared_ptr<GraphRun> graph_;
   std::shared_ptr<py::object> note_;
   std::shared_ptr<rt::GraphReplay> replay_;
 };

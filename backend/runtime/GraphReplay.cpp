@@ -190,9 +190,7 @@ void GraphReplay::say(bool warning, const std::string& text) {
   pending_.emplace_back(warning, text);
 }
 
-bool GraphReplay::in_place(size_t k) const {
-  return !in_place_ || std::find(in_place_->begin(), in_place_->end(), static_cast<int64_t>(k)) != in_place_->end();
-}
+bool GraphReplay::in_place(size_t k) const { return k < read_in_place_.size() && read_in_place_[k]; }
 
 GraphReplay::Decision GraphReplay::decide(const std::vector<c10::IValue>& inputs, std::string& why) {
   ++stats_.calls;
@@ -200,6 +198,12 @@ GraphReplay::Decision GraphReplay::decide(const std::vector<c10::IValue>& inputs
   if (at::GradMode::is_enabled()) {
     why = "it ran with grad mode on (autograd would record the replayed ops' results)";
     return Decision::kPlain;
+  }
+  if (read_in_place_.size() != inputs.size()) {  // (once: a graph's inputs do not change in number)
+    read_in_place_.assign(inputs.size(), !in_place_);
+    if (in_place_)
+      for (int64_t k : *in_place_)
+        if (k >= 0 && static_cast<size_t>(k) < inputs.size()) read_in_place_[k] = true;
   }
   std::vector<InputSig> sig = signature(inputs);
   if (!recs_.empty() && !(sig == recs_.front()->sig)) {

@@ -96,6 +96,7 @@ class GraphReplay {
   Run run_;
   Mode mode_;
   std::optional<std::vector<int64_t>> in_place_;
+  std::vector<bool> read_in_place_;  // per input, from in_place_ at the first call
   Note note_;
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<Recording>> recs_;

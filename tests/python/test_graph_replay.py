@@ -47,6 +47,15 @@ def assert_same_grads(model, ref, what=""):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5, msg=lambda m: f"{what}{name}: {m}")
 
 
+def backward_both(f, model, ref, step):
+    """A step's backward of the compiled model and of its eager copy on a fresh batch, into the gradients
+    as the caller left them: the same gradients."""
+    x = randn(64, 16)
+    loss(f(x)).backward()
+    loss(ref(x)).backward()
+    assert_same_grads(model, ref, f"step {step} ")
+
+
 def check_step(f, model, ref, x):
     """One training step of the compiled model and of its eager copy on x: the same output and gradients."""
     for p in list(model.parameters()) + list(ref.parameters()):
@@ -129,10 +138,7 @@ def test_moved_parameters_and_kept_gradients():
                     m.net[0].weight.data = m.net[0].weight.data * 0.5
         for p in list(model.parameters()) + list(ref.parameters()):
             p.grad.zero_()
-        x = randn(64, 16)
-        loss(f(x)).backward()
-        loss(ref(x)).backward()
-        assert_same_grads(model, ref, f"step {step} ")
+        backward_both(f, model, ref, step)
     fw, bw = (g.stats for g in replayed())
     # (the forward: warm-up, a recording, and a second one for the moved weight; the backward: a second one
     # for the saved values of the forward's second)
@@ -155,10 +161,7 @@ def test_gradients_kept_from_a_replay_are_never_overwritten():
                 p.grad = None  # step 3's gradients are the backward replay's own outputs, taken by autograd
             else:
                 p.grad.zero_()
-        x = randn(64, 16)
-        loss(f(x)).backward()
-        loss(ref(x)).backward()
-        assert_same_grads(model, ref, f"step {step} ")
+        backward_both(f, model, ref, step)
     fw, bw = (g.stats for g in replayed())
     assert fw["recordings"] == 2 and fw["replays"] == 6 and fw["plain"] == 1, fw
     assert bw["recordings"] == 2 and bw["replays"] == 6, bw
