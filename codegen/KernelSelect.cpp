@@ -273,12 +273,64 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
 
 }  // namespace
 
+std::string layer_norm_rows_why_not(const Graph& g, const Node& n) {
+  const bool backward = n.target == kLayerNormBackwardTarget;
+  if (!backward && n.target != kLayerNormTarget) return "not a layer norm";
+  const size_t x_arg = backward ? 1 : 0, shape_arg = backward ? 2 : 1, w_arg = backward ? 5 : 2;
+  if (n.args.size() < w_arg + 2) return "its arguments are not native_layer_norm's";
+  const TensorType* x = g.tensor_type(n.args[x_arg]);
+  if (!x) return "its input is not a tensor";
+  if (x->device.rfind("cuda", 0) != 0) return "on " + x->device;
+  if (x->dtype != DType::Float16 && x->dtype != DType::BFloat16 && x->dtype != DType::Float32)
+    return std::string("its input is ") + dtype_name(x->dtype);
+  if (!x->contiguous_static()) return "its input is not contiguous with static sizes";
+  if (!backward && n.type.kind == ValueType::Kind::Tuple && n.type.elems.size() == 3 &&
+      n.type.elems[1].kind == ValueType::Kind::Tensor && n.type.elems[1].tensor.dtype != DType::Float32)
+    return std::string("its statistics are ") + dtype_name(n.type.elems[1].tensor.dtype);
+  const Arg& shape = n.args[shape_arg];
+  if (shape.kind != Arg::Kind::List || shape.items.empty()) return "its normalized shape is not a list of constants";
+  int64_t cols = 1;
+  for (const Arg& d : shape.items) {
+    if (d.kind != Arg::Kind::Int) return "its normalized shape is symbolic";
+    cols *= d.i;
+  }
+  if (cols > kLayerNormRowsMaxColumns)
+    return "rows of " + std::to_string(cols) + " (above " + std::to_string(kLayerNormRowsMaxColumns) + ")";
+  const int64_t vec = x->dtype == DType::Float32 ? 4 : 8;  // 16-byte accesses
+  if (cols % vec != 0) return "rows of " + std::to_string(cols) + " (not a multiple of " + std::to_string(vec) + ")";
+  for (size_t k = w_arg; k < w_arg + 2; ++k) {
+    if (n.args[k].kind == Arg::Kind::None) continue;
+    const TensorType* p = g.tensor_type(n.args[k]);
+    if (!p || p->dtype != x->dtype) return std::string(k == w_arg ? "weight" : "bias") + " of another dtype";
+  }
+  return "";
+}
+
+namespace {
+
+// ATen's layer norm on CUDA rows one warp holds: LayerNormRows; else ATen's kernel, and the dump says why.
+void choose_layer_norm(const Graph& g, int node, const Target& target, KernelChoice& c) {
+  const Node& n = g.nodes[node];
+  const std::string why = layer_norm_rows_why_not(g, n);
+  if (why.rfind("on ", 0) == 0 || why == "not a layer norm") return;  // (CPU: nothing to say)
+  if (why.empty() && target.cuda_kernels) {
+    c = {KernelKind::LayerNormRows, "several rows a warp, in registers (codegen/cuda/LayerNorm.cu)"};
+    return;
+  }
+  c.why = "ATen's kernel (not layer-norm-rows: " + (why.empty() ? std::string("no CUDA kernels in this build") : why) + ")";
+}
+
+}  // namespace
+
 KernelKind op_kernel_kind(const Node& n) { return choose(n).kind; }
 
 KernelChoice select_kernel(const Graph& g, int node, const Target& target) {
   KernelChoice c = choose(g.nodes[node]);
   if (c.kind == KernelKind::FusedPointwise) c = choose_fused(g, g.nodes[node]);
   if (c.kind == KernelKind::FlexForward || c.kind == KernelKind::FlexBackward) choose_flex(g, node, target, c);
+  if (c.kind == KernelKind::Aten && (g.nodes[node].target == kLayerNormTarget ||
+                                     g.nodes[node].target == kLayerNormBackwardTarget))
+    choose_layer_norm(g, node, target, c);
   return c;
 }
 

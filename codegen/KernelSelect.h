@@ -31,6 +31,15 @@ struct FlexAnalysis;  // codegen/FlexLowering.h
 // zero, so the fused kernel skips the joint graph (FlexFusedCall.cpp).
 bool fused_row_shift(const Graph& g, int node, const FlexAnalysis& a);
 
+// LayerNormRows (the runtime's CUDA layer norm over rows up to kLayerNormRowsMaxColumns) takes node n, an
+// aten::native_layer_norm or its backward, when this is "": on CUDA, float16, bfloat16 or float32, a
+// contiguous input, a constant normalized shape of at most that many elements and a multiple of one
+// 16-byte access, weight and bias of the input's dtype. Else why not. (Kernel selection also needs a
+// runtime built with its CUDA kernels: Target::cuda_kernels.)
+inline constexpr const char* kLayerNormTarget = "aten::native_layer_norm.default";
+inline constexpr const char* kLayerNormBackwardTarget = "aten::native_layer_norm_backward.default";
+std::string layer_norm_rows_why_not(const Graph& g, const Node& n);
+
 // The Python operators and sym functions the runtime evaluates natively (SymOp).
 bool is_native_sym_op(const std::string& target);
 

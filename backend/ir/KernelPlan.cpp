@@ -18,6 +18,7 @@ const char* kernel_kind_name(KernelKind k) {
     case KernelKind::ZerosAndScatter: return "zeros-and-scatter";
     case KernelKind::SliceLoop: return "slice-loop";
     case KernelKind::FusedPointwise: return "fused-pointwise";
+    case KernelKind::LayerNormRows: return "layer-norm-rows";
     case KernelKind::Output: return "output";
     case KernelKind::Unsupported: return "UNSUPPORTED";
   }

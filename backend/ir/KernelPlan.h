@@ -2,6 +2,7 @@
 // (codegen/KernelSelect.h decides) and the runtime (backend/runtime/ executes what was decided); the
 // kernels dump prints it. Plain data: no libtorch.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,10 +25,16 @@ enum class KernelKind {
   ZerosAndScatter,  // flex_lib::zeros_and_scatter: FlexAttention's captured-buffer gradient scatter
   SliceLoop,        // hintbackend::slice_loop: a DFS region run slice by slice (backend/ir/SliceLoop.h)
   FusedPointwise,   // hintbackend::fused_pointwise: one pointwise program (codegen/PointwiseProgram.h)
+  LayerNormRows,    // aten::native_layer_norm (and its backward) over narrow rows on CUDA (LayerNormCall.cpp)
   Output,
   Unsupported,
 };
 const char* kernel_kind_name(KernelKind k);
+
+// The widest rows (elements of the normalized shape) LayerNormRows takes, forward and backward: the CUDA
+// kernels (codegen/cuda/LayerNorm.h) hold a row in one warp's registers. At 2048 a row would take 64
+// floats of registers a lane in each of four arrays of the backward.
+constexpr int64_t kLayerNormRowsMaxColumns = 1024;
 
 class HostModule;  // codegen/HostCompiler.h
 

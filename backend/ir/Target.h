@@ -23,6 +23,9 @@ struct Target {
   // The runtime can run FlexAttention on cuDNN's SDPA (a CUDA build with cudnn-frontend): kernel
   // selection may pick it for nodes on CUDA devices.
   bool cudnn_attention = false;
+  // The runtime was built with its own CUDA kernels (codegen/cuda/*.cu): kernel selection may pick them
+  // for nodes on CUDA devices (LayerNormRows).
+  bool cuda_kernels = false;
   // How generated CPU kernels are built (a host C++ compiler and the kernel cache): kernel selection
   // generates and builds the tiled FlexAttention (kernel="fused") for CPU nodes when it is enabled.
   HostCompileSettings host;

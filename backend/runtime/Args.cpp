@@ -1,6 +1,7 @@
 #include "backend/runtime/Args.h"
 
 #include <ATen/ScalarOps.h>
+#include <ATen/core/function_schema.h>
 
 #include "backend/ir/Error.h"
 
@@ -257,6 +258,42 @@ FloatArg float_or_value_arg(const Arg& a, const std::string& where) {
   if (a.kind == Arg::Kind::Ref) f.slot = a.ref;
   else f.value = float_arg(a, where);
   return f;
+}
+
+AtenArgs aten_args(const Graph& g, int node, const std::string& where) {
+  const Node& n = g.nodes[node];
+  auto [name, overload] = split_target(n.target);
+  auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
+  HB_USER_CHECK(handle.has_value())
+      << where << ": operator '" << n.target
+      << "' is not registered in this process's dispatcher (is the library that defines it loaded?)";
+  const c10::FunctionSchema& schema = handle->schema();
+  const auto& formals = schema.arguments();
+  size_t positional = 0;
+  for (const auto& f : formals) positional += f.kwarg_only() ? 0 : 1;
+  HB_USER_CHECK(n.args.size() <= positional)
+      << where << ": " << n.args.size() << " positional arguments, but the schema '" << schema
+      << "' takes " << positional;
+  std::vector<ArgSpec> args;
+  for (size_t k = 0; k < formals.size(); ++k) {
+    const c10::Argument& f = formals[k];
+    const Arg* src = nullptr;
+    if (!f.kwarg_only() && k < n.args.size()) src = &n.args[k];
+    else src = n.kwarg(f.name());
+    if (src) {
+      args.push_back(convert(g, *src, f.type(), where + ", argument '" + f.name() + "'"));
+    } else {
+      HB_USER_CHECK(f.default_value().has_value())
+          << where << ": missing argument '" << f.name() << "' of schema '" << schema << "'";
+      args.push_back(constant(*f.default_value()));
+    }
+  }
+  for (const auto& kv : n.kwargs) {
+    bool known = false;
+    for (const auto& f : formals) known |= f.name() == kv.first;
+    HB_USER_CHECK(known) << where << ": keyword argument '" << kv.first << "' is not in the schema '" << schema << "'";
+  }
+  return {*handle, std::move(args)};
 }
 
 }  // namespace hb::rt

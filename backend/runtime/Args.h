@@ -3,6 +3,7 @@
 // the IValue from it and the slots of the values computed so far on every call.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
 
@@ -29,6 +30,15 @@ ArgSpec constant(c10::IValue v);
 ArgSpec slot(int i);
 // An IR argument as a spec for one schema argument of type `type` (`where` names it in errors).
 ArgSpec convert(const Graph& g, const Arg& a, const c10::TypePtr& type, const std::string& where);
+// A dispatcher op node's operator and its arguments against the schema (positional and keyword, the
+// schema's defaults where the node leaves one out); a user error naming the node when the operator is
+// not registered or the arguments do not fit. The executor's ATen steps and the Calls that fall back to
+// the node's own op (LayerNormCall.cpp) both build theirs here.
+struct AtenArgs {
+  c10::OperatorHandle op;
+  std::vector<ArgSpec> args;
+};
+AtenArgs aten_args(const Graph& g, int node, const std::string& where);
 // Untyped conversion (higher-order op arguments, sym ops, outputs): tuples and lists of values.
 ArgSpec convert_untyped(const Arg& a, const std::string& where);
 // A constant float (a scale), from a Float or Int argument.

@@ -16,6 +16,7 @@ Lowering find_lowering(KernelKind k) {
     case KernelKind::ZerosAndScatter: return lower_zeros_and_scatter;
     case KernelKind::SliceLoop: return lower_slice_loop;
     case KernelKind::FusedPointwise: return lower_fused_pointwise;
+    case KernelKind::LayerNormRows: return lower_layer_norm;
     default: return nullptr;
   }
 }

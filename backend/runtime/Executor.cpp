@@ -68,43 +68,13 @@ std::string take_failure_site() {
 namespace {
 
 Step plan_aten(const Graph& g, int i) {
-  const Node& n = g.nodes[i];
-  const std::string where = describe(g, i);
-  auto [name, overload] = split_target(n.target);
-  auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
-  HB_USER_CHECK(handle.has_value())
-      << where << ": operator '" << n.target
-      << "' is not registered in this process's dispatcher (is the library that defines it loaded?)";
   Step s;
   s.kind = KernelKind::Aten;
   s.node = i;
-  s.op = *handle;
-  const c10::FunctionSchema& schema = handle->schema();
-  s.num_returns = schema.returns().size();
-  const auto& formals = schema.arguments();
-  size_t positional = 0;
-  for (const auto& f : formals) positional += f.kwarg_only() ? 0 : 1;
-  HB_USER_CHECK(n.args.size() <= positional)
-      << where << ": " << n.args.size() << " positional arguments, but the schema '" << schema
-      << "' takes " << positional;
-  for (size_t k = 0; k < formals.size(); ++k) {
-    const c10::Argument& f = formals[k];
-    const Arg* src = nullptr;
-    if (!f.kwarg_only() && k < n.args.size()) src = &n.args[k];
-    else src = n.kwarg(f.name());
-    if (src) {
-      s.args.push_back(convert(g, *src, f.type(), where + ", argument '" + f.name() + "'"));
-    } else {
-      HB_USER_CHECK(f.default_value().has_value())
-          << where << ": missing argument '" << f.name() << "' of schema '" << schema << "'";
-      s.args.push_back(constant(*f.default_value()));
-    }
-  }
-  for (const auto& kv : n.kwargs) {
-    bool known = false;
-    for (const auto& f : formals) known |= f.name() == kv.first;
-    HB_USER_CHECK(known) << where << ": keyword argument '" << kv.first << "' is not in the schema '" << schema << "'";
-  }
+  AtenArgs a = aten_args(g, i, describe(g, i));
+  s.op = a.op;
+  s.num_returns = a.op.schema().returns().size();
+  s.args = std::move(a.args);
   return s;
 }
 
@@ -195,7 +165,7 @@ Executor::Executor(Program program, std::shared_ptr<const std::vector<at::Tensor
                      s.kind == KernelKind::FlexForward || s.kind == KernelKind::FlexBackward ||
                      s.kind == KernelKind::FlexCudnnForward || s.kind == KernelKind::FlexCudnnBackward ||
                      s.kind == KernelKind::FlexFusedForward || s.kind == KernelKind::FlexFusedBackward ||
-                     s.kind == KernelKind::ZerosAndScatter;
+                     s.kind == KernelKind::ZerosAndScatter || s.kind == KernelKind::LayerNormRows;
     step_of[i] = static_cast<int>(steps_.size());
     steps_.push_back(std::move(s));
   }

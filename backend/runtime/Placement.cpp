@@ -144,6 +144,7 @@ Target runtime_target(const HostCompileSettings& host, const CudaCompileSettings
   t.host = host;
 #ifdef HB_WITH_CUDA
   t.cuda = cuda;
+  t.cuda_kernels = true;
 #endif
   const bool cudnn =
 #ifdef HB_WITH_CUDNN

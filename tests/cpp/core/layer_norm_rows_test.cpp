@@ -1,0 +1,90 @@
+// LayerNormRows' selection rule (codegen/KernelSelect.h: layer_norm_rows_why_not): which layer norms the
+// runtime's CUDA kernels take, and what the kernels dump says of those they leave to ATen. The graphs are
+// IR text as AOTAutograd traces a LayerNorm's forward and backward; the kernels themselves run on a GPU
+// only (tests/python/test_layer_norm_rows.py).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "backend/ir/Parser.h"
+#include "codegen/KernelSelect.h"
+#include "tests/cpp/core/IrTestUtil.h"
+
+namespace hb {
+namespace {
+
+using test::check_lines;
+
+// The corpus MLP's LayerNorm(32) on [rows, 32] activations, forward and backward, with `ty` the dtype
+// and `dev` the device.
+std::string layer_norm_graph(const std::string& ty, const std::string& dev, int cols) {
+  const std::string c = std::to_string(cols), x = ty + "[4096, " + c + "]@" + dev, p = ty + "[" + c + "]@" + dev,
+                    s = "f32[4096, 1]@" + dev;
+  return "graph g {\n"
+         "  %x: " + x + " = placeholder\n"
+         "  %w: " + p + " = placeholder\n"
+         "  %b: " + p + " = placeholder\n"
+         "  %gy: " + x + " = placeholder\n"
+         "  %ln: (" + x + ", " + s + ", " + s + ") = aten::native_layer_norm.default(%x, [" + c + "], %w, %b, 1e-05)\n"
+         "  %y: " + x + " = operator::getitem(%ln, 0)\n"
+         "  %mean: " + s + " = operator::getitem(%ln, 1)\n"
+         "  %rstd: " + s + " = operator::getitem(%ln, 2)\n"
+         "  %lnb: (" + x + ", " + p + ", " + p + ") = aten::native_layer_norm_backward.default(%gy, %x, [" + c +
+         "], %mean, %rstd, %w, %b, [true, true, true])\n"
+         "  return (%y, %lnb)\n"
+         "}\n";
+}
+
+Target cuda_runtime() {
+  Target t;
+  t.cuda_kernels = true;
+  return t;
+}
+
+std::string plan_of(const std::string& text, const Target& t = cuda_runtime()) {
+  auto g = parse_graph(text);
+  return print_kernel_plan(*g, select_kernels(*g, t));
+}
+
+TEST(layer_norm_rows, narrow_cuda_rows_take_the_kernels_forward_and_backward) {
+  for (const char* ty : {"bf16", "f16", "f32"}) {
+    const std::string plan = plan_of(layer_norm_graph(ty, "cuda:0", 32));
+    check_lines(plan, {"%ln: layer-norm-rows aten::native_layer_norm.default",
+                       "%lnb: layer-norm-rows aten::native_layer_norm_backward.default"});
+  }
+  // The widest row the kernels hold: 1024.
+  check_lines(plan_of(layer_norm_graph("bf16", "cuda:0", 1024)), {"%ln: layer-norm-rows", "%lnb: layer-norm-rows"});
+}
+
+TEST(layer_norm_rows, what_the_kernels_do_not_take_stays_on_aten_and_the_dump_says_why) {
+  check_lines(plan_of(layer_norm_graph("bf16", "cuda:0", 2048)),
+              {"%ln: aten-dispatch aten::native_layer_norm.default  # ATen's kernel (not layer-norm-rows: rows of "
+               "2048 (above 1024))",
+               "%lnb: aten-dispatch aten::native_layer_norm_backward.default  # ATen's kernel (not layer-norm-rows: "
+               "rows of 2048 (above 1024))"});
+  check_lines(plan_of(layer_norm_graph("bf16", "cuda:0", 36)),
+              {"%ln: aten-dispatch", "not layer-norm-rows: rows of 36 (not a multiple of 8)"});
+  check_lines(plan_of(layer_norm_graph("f32", "cuda:0", 34)),
+              {"%ln: aten-dispatch", "not layer-norm-rows: rows of 34 (not a multiple of 4)"});
+  check_lines(plan_of(layer_norm_graph("f64", "cuda:0", 32)),
+              {"%ln: aten-dispatch", "not layer-norm-rows: its input is float64"});
+  // A build without the runtime's CUDA kernels.
+  check_lines(plan_of(layer_norm_graph("bf16", "cuda:0", 32), Target{}),
+              {"%ln: aten-dispatch", "not layer-norm-rows: no CUDA kernels in this build"});
+}
+
+TEST(layer_norm_rows, cpu_layer_norms_are_plain_aten_calls) {
+  const std::string plan = plan_of(layer_norm_graph("f32", "cpu", 32));
+  check_lines(plan, {"%ln: aten-dispatch aten::native_layer_norm.default", "%lnb: aten-dispatch"});
+  EXPECT_EQ(plan.find("layer-norm-rows"), std::string::npos) << plan;
+}
+
+TEST(layer_norm_rows, a_weight_of_another_dtype_stays_on_aten) {
+  std::string text = layer_norm_graph("bf16", "cuda:0", 64);
+  const std::string bf_w = "%w: bf16[64]@cuda:0", f_w = "%w: f32[64]@cuda:0";
+  text.replace(text.find(bf_w), bf_w.size(), f_w);
+  check_lines(plan_of(text), {"%ln: aten-dispatch", "not layer-norm-rows: weight of another dtype"});
+}
+
+}  // namespace
+}  // namespace hb
