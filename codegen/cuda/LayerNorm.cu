@@ -1,4 +1,5 @@
 #include "codegen/cuda/LayerNorm.h"
+#include "codegen/cuda/TensorData.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
@@ -213,15 +214,6 @@ __global__ void __launch_bounds__(kThreads)
 
 bool aligned16(const at::Tensor& t) {
   return !t.defined() || reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
-}
-
-template <typename T>
-const T* ptr(const at::Tensor& t) {
-  return t.defined() ? reinterpret_cast<const T*>(t.const_data_ptr()) : nullptr;
-}
-template <typename T>
-T* mut_ptr(const at::Tensor& t) {
-  return t.defined() ? reinterpret_cast<T*>(t.mutable_data_ptr()) : nullptr;
 }
 
 // Calls f(TPR, C) as integral constants for rows of n elements of T: the fewest lanes a row that give

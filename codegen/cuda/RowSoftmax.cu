@@ -1,4 +1,5 @@
 #include "codegen/cuda/RowSoftmax.h"
+#include "codegen/cuda/TensorData.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -264,15 +265,6 @@ bool dispatch_shape(int64_t n, bool vector_ok, F&& f) {
     return with_chunks(std::integral_constant<int, kVec>{});
   if (launch_shape<1>(n, &threads, &chunks)) return with_chunks(std::integral_constant<int, 1>{});
   return false;
-}
-
-template <typename T>
-const T* ptr(const at::Tensor& t) {
-  return t.defined() ? reinterpret_cast<const T*>(t.const_data_ptr()) : nullptr;
-}
-template <typename T>
-T* mut_ptr(const at::Tensor& t) {
-  return t.defined() ? reinterpret_cast<T*>(t.mutable_data_ptr()) : nullptr;
 }
 
 // Calls f(std::integral_constant<int, F>{}) with F the flag's compile-time value: 0 or 1 when
