@@ -241,7 +241,8 @@ bool dispatch_shape(int64_t n, F&& f) {
 bool takes(const at::Tensor& x, int64_t n, std::initializer_list<const at::Tensor*> like_x,
            std::initializer_list<const at::Tensor*> params, std::initializer_list<const at::Tensor*> stats) {
   const int64_t rows = n > 0 ? x.numel() / n : 0;
-  if (rows == 0 || rows * n != x.numel() || rows > INT32_MAX * static_cast<int64_t>(kThreads)) return false;
+  // (rows <= 2^31: a forward's blocks, rows * TPR / 256, then fit the grid's 2^31 - 1)
+  if (rows == 0 || rows * n != x.numel() || rows > INT32_MAX) return false;
   auto fits = [&](const at::Tensor* t, at::ScalarType dtype, int64_t numel) {
     return !t->defined() || (t->is_contiguous() && t->scalar_type() == dtype && t->device() == x.device() &&
                              t->numel() == numel && aligned16(*t));
