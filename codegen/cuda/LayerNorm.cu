@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < C; ++c)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        xv[c][k] = (xv[c][k] - mu) * rs;  // xhat (0 where the row is not or past its end: g is 0 there too)
+        xv[c][k] = (xv[c][k] - mu) * rs;  // xhat; past a row's end, or for no row, g is 0: those terms add 0
         if (partial) aw[c][k] += gv[c][k] * xv[c][k], ab[c][k] += gv[c][k];
         gv[c][k] *= wv[c][k];
         a += gv[c][k];
