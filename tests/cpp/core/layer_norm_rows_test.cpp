@@ -8,6 +8,7 @@
 
 #include "backend/ir/Parser.h"
 #include "codegen/KernelSelect.h"
+#include "codegen/TargetModel.h"
 #include "tests/cpp/core/IrTestUtil.h"
 
 namespace hb {
@@ -84,6 +85,25 @@ TEST(layer_norm_rows, a_weight_of_another_dtype_stays_on_aten) {
   const std::string bf_w = "%w: bf16[64]@cuda:0", f_w = "%w: f32[64]@cuda:0";
   text.replace(text.find(bf_w), bf_w.size(), f_w);
   check_lines(plan_of(text), {"%ln: aten-dispatch", "not layer-norm-rows: weight of another dtype"});
+}
+
+// The backward's workspace, as the memory plan counts it: the kernels' per-block float sums of the
+// weight's and the bias's gradients, 2 x 32 floats for each of min(rows, 528) blocks (4 blocks an SM of a
+// 132-SM GPU); nothing when neither gradient is asked, on the CPU, or where ATen's kernel runs.
+TEST(layer_norm_rows, the_backward_counts_its_partial_sums_as_workspace) {
+  auto bytes = [](const std::string& text) {
+    auto g = parse_graph(text);
+    for (const Node& n : g->nodes)
+      if (n.target == kLayerNormBackwardTarget) return kernel_workspace_bytes(*g, n);
+    return int64_t{-1};
+  };
+  EXPECT_EQ(bytes(layer_norm_graph("bf16", "cuda:0", 32)), 528 * 2 * 32 * 4);
+  std::string input_only = layer_norm_graph("bf16", "cuda:0", 32);
+  const std::string mask = "[true, true, true]";
+  input_only.replace(input_only.find(mask), mask.size(), "[true, false, false]");
+  EXPECT_EQ(bytes(input_only), 0);
+  EXPECT_EQ(bytes(layer_norm_graph("f32", "cpu", 32)), 0);
+  EXPECT_EQ(bytes(layer_norm_graph("bf16", "cuda:0", 2048)), 0);
 }
 
 }  // namespace
