@@ -273,35 +273,49 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
 
 }  // namespace
 
+std::optional<LayerNormShape> layer_norm_shape(const Node& n) {
+  LayerNormShape r;
+  r.backward = n.target == kLayerNormBackwardTarget;
+  if (!r.backward && n.target != kLayerNormTarget) return std::nullopt;
+  // (input, normalized_shape, weight, bias, eps) or (grad_out, input, normalized_shape, mean, rstd, weight,
+  // bias, output_mask)
+  r.input_arg = r.backward ? 1 : 0;
+  r.weight_arg = r.backward ? 5 : 2;
+  if (n.args.size() != (r.backward ? 8u : 5u)) return std::nullopt;
+  const Arg& shape = n.args[r.input_arg + 1];
+  if (shape.kind != Arg::Kind::List || shape.items.empty()) return std::nullopt;
+  for (const Arg& d : shape.items) {
+    if (d.kind != Arg::Kind::Int) return std::nullopt;
+    r.columns *= d.i;
+  }
+  r.dims = static_cast<int64_t>(shape.items.size());
+  return r;
+}
+
 std::string layer_norm_rows_why_not(const Graph& g, const Node& n) {
   const bool backward = n.target == kLayerNormBackwardTarget;
   if (!backward && n.target != kLayerNormTarget) return "not a layer norm";
-  const size_t x_arg = backward ? 1 : 0, shape_arg = backward ? 2 : 1, w_arg = backward ? 5 : 2;
-  if (n.args.size() < w_arg + 2) return "its arguments are not native_layer_norm's";
-  const TensorType* x = g.tensor_type(n.args[x_arg]);
+  if (n.args.size() != (backward ? 8u : 5u)) return "its arguments are not native_layer_norm's";
+  const std::optional<LayerNormShape> ln = layer_norm_shape(n);
+  if (!ln) return "its normalized shape is not a list of constants";
+  const TensorType* x = g.tensor_type(n.args[ln->input_arg]);
   if (!x) return "its input is not a tensor";
   if (x->device.rfind("cuda", 0) != 0) return "on " + x->device;
   if (x->dtype != DType::Float16 && x->dtype != DType::BFloat16 && x->dtype != DType::Float32)
     return std::string("its input is ") + dtype_name(x->dtype);
   if (!x->contiguous_static()) return "its input is not contiguous with static sizes";
-  if (!backward && n.type.kind == ValueType::Kind::Tuple && n.type.elems.size() == 3 &&
+  if (!ln->backward && n.type.kind == ValueType::Kind::Tuple && n.type.elems.size() == 3 &&
       n.type.elems[1].kind == ValueType::Kind::Tensor && n.type.elems[1].tensor.dtype != DType::Float32)
     return std::string("its statistics are ") + dtype_name(n.type.elems[1].tensor.dtype);
-  const Arg& shape = n.args[shape_arg];
-  if (shape.kind != Arg::Kind::List || shape.items.empty()) return "its normalized shape is not a list of constants";
-  int64_t cols = 1;
-  for (const Arg& d : shape.items) {
-    if (d.kind != Arg::Kind::Int) return "its normalized shape is symbolic";
-    cols *= d.i;
-  }
+  const int64_t cols = ln->columns;
   if (cols > kLayerNormRowsMaxColumns)
     return "rows of " + std::to_string(cols) + " (above " + std::to_string(kLayerNormRowsMaxColumns) + ")";
   const int64_t vec = x->dtype == DType::Float32 ? 4 : 8;  // 16-byte accesses
   if (cols % vec != 0) return "rows of " + std::to_string(cols) + " (not a multiple of " + std::to_string(vec) + ")";
-  for (size_t k = w_arg; k < w_arg + 2; ++k) {
+  for (size_t k = ln->weight_arg; k < ln->weight_arg + 2; ++k) {
     if (n.args[k].kind == Arg::Kind::None) continue;
     const TensorType* p = g.tensor_type(n.args[k]);
-    if (!p || p->dtype != x->dtype) return std::string(k == w_arg ? "weight" : "bias") + " of another dtype";
+    if (!p || p->dtype != x->dtype) return std::string(k == ln->weight_arg ? "weight" : "bias") + " of another dtype";
   }
   return "";
 }

@@ -4,6 +4,7 @@
 // prints them ("the kernels"). A node no implementation covers is listed in `unsupported`, which
 // makes the Python side fall back to eager with one warning (or raise under strict mode).
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,16 @@ bool fused_row_shift(const Graph& g, int node, const FlexAnalysis& a);
 inline constexpr const char* kLayerNormTarget = "aten::native_layer_norm.default";
 inline constexpr const char* kLayerNormBackwardTarget = "aten::native_layer_norm_backward.default";
 std::string layer_norm_rows_why_not(const Graph& g, const Node& n);
+// A layer norm node's rows as its arguments say them: the normalized shape's elements and dims, and the
+// positions of the input and the weight (the bias follows it). nullopt when n is neither op, its arguments
+// are not the schema's, or the normalized shape is not a list of constants. The rule, the workspace model
+// (codegen/TargetModel.cpp) and the runtime's Call (backend/runtime/LayerNormCall.cpp) all read it here.
+struct LayerNormShape {
+  bool backward = false;
+  int64_t columns = 1, dims = 0;
+  size_t input_arg = 0, weight_arg = 0;
+};
+std::optional<LayerNormShape> layer_norm_shape(const Node& n);
 
 // The Python operators and sym functions the runtime evaluates natively (SymOp).
 bool is_native_sym_op(const std::string& target);

@@ -109,16 +109,13 @@ int64_t kernel_workspace_bytes(const Graph& g, const Node& n, bool cudnn_attenti
     if (!x || x->shape.size() != 2 || !x->shape[0].is_static() || !x->shape[1].is_static()) return 0;
     return cross_entropy_chunk_rows(x->shape[0].value, x->shape[1].value, 4) * x->shape[1].value * 4;
   }
-  if (n.target == kLayerNormBackwardTarget && n.args.size() == 8 && n.args[7].kind == Arg::Kind::List &&
-      n.args[7].items.size() == 3 && (n.args[7].items[1].b || n.args[7].items[2].b) &&
-      layer_norm_rows_why_not(g, n).empty()) {
+  if (const std::optional<LayerNormShape> ln = layer_norm_shape(n);
+      ln && ln->backward && n.args[7].kind == Arg::Kind::List && n.args[7].items.size() == 3 &&
+      (n.args[7].items[1].b || n.args[7].items[2].b) && layer_norm_rows_why_not(g, n).empty()) {
     // LayerNormRows' per-block float sums of the weight and bias gradients (codegen/cuda/LayerNorm.cu).
-    const TensorType* x = g.tensor_type(n.args[1]);
-    const std::optional<int64_t> numel = x ? x->numel() : std::nullopt;
-    int64_t cols = 1;
-    for (const Arg& d : n.args[2].items) cols *= d.i;  // (constants: the rule checked)
-    if (!numel || cols <= 0) return 0;
-    return std::min(*numel / cols, kLayerNormRowsPartialBlocks) * 2 * cols * 4;
+    const std::optional<int64_t> numel = g.tensor_type(n.args[ln->input_arg])->numel();  // (the rule: a tensor)
+    if (!numel || ln->columns <= 0) return 0;
+    return std::min(*numel / ln->columns, kLayerNormRowsPartialBlocks) * 2 * ln->columns * 4;
   }
   const bool fw = n.target == "higher_order::flex_attention";
   if ((!fw && n.target != "higher_order::flex_attention_backward") || n.args.size() < 2) return 0;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "backend/ir/Graph.h"
+#include "backend/ir/KernelPlan.h"
 #include "backend/ir/Target.h"
 
 namespace hb {
@@ -51,10 +52,10 @@ std::string placement_table(const Graph& g, const Target& t);
 // form) with a half-precision result off CUDA: one float32 chunk of rows (backend/ir/CrossEntropy.h).
 // aten::native_layer_norm_backward that LayerNormRows runs (layer_norm_rows_why_not), asking for the
 // weight's or the bias's gradient: its blocks' float partial sums, 2 x the row's elements each, for at most
-// kLayerNormRowsPartialBlocks blocks (the kernels launch 4 an SM: 528 on a 132-SM H100 or H200) and no more
+// kLayerNormRowsPartialBlocks blocks (kLayerNormRowsBlocksPerSm an SM of a 132-SM H100 or H200) and no more
 // than the rows. Library workspaces are not modelled.
 constexpr int64_t kFlexForwardWorkspace = 13;
-constexpr int64_t kLayerNormRowsPartialBlocks = 528;
+constexpr int64_t kLayerNormRowsPartialBlocks = kLayerNormRowsBlocksPerSm * 132;
 constexpr int64_t kFlexBackwardWorkspace = 28;
 constexpr int64_t kFlexFusedForwardCopies = 4;
 constexpr int64_t kFlexFusedBackwardCopies = 9;

@@ -35,6 +35,9 @@ const char* kernel_kind_name(KernelKind k);
 // kernels (codegen/cuda/LayerNorm.h) hold a row in one warp's registers. At 2048 a row would take 64
 // floats of registers a lane in each of four arrays of the backward.
 constexpr int64_t kLayerNormRowsMaxColumns = 1024;
+// Blocks an SM of LayerNormRows' backward where it sums the weight's and bias's gradients: each block's
+// float partial sums (2 x the row's elements) are its workspace, which the memory plan counts.
+constexpr int64_t kLayerNormRowsBlocksPerSm = 4;
 
 class HostModule;  // codegen/HostCompiler.h
 

@@ -12,6 +12,7 @@
 #include "backend/ir/Error.h"
 #include "backend/runtime/Args.h"
 #include "backend/runtime/Call.h"
+#include "codegen/KernelSelect.h"
 
 #ifdef HB_WITH_CUDA
 #include "codegen/cuda/LayerNorm.h"
@@ -27,18 +28,16 @@ class LayerNormCall : public Call {
  public:
   c10::OperatorHandle op;  // the node's ATen op, for whatever the kernels do not take
   std::vector<ArgSpec> args;
-  bool backward = false;
-  int64_t cols = 0;  // elements of the normalized shape
-  int64_t dims = 0;  // its dims
+  LayerNormShape shape;  // the normalized shape's elements and dims, forward or backward
 
-  LayerNormCall(c10::OperatorHandle o) : op(std::move(o)) {}
+  LayerNormCall(c10::OperatorHandle o, LayerNormShape s) : op(std::move(o)), shape(s) {}
 
   c10::IValue run(const std::vector<c10::IValue>& slots, const at::Tensor&, CallStats&) const override {
     std::vector<c10::IValue> stack;
     stack.reserve(args.size());
     for (const ArgSpec& a : args) stack.push_back(build_arg(a, slots));
 #ifdef HB_WITH_CUDA
-    if (std::optional<c10::IValue> r = backward ? run_backward(stack) : run_forward(stack)) return std::move(*r);
+    if (std::optional<c10::IValue> r = shape.backward ? run_backward(stack) : run_forward(stack)) return std::move(*r);
 #endif
     op.callBoxed(stack);
     return c10::ivalue::Tuple::create(std::move(stack));
@@ -48,17 +47,17 @@ class LayerNormCall : public Call {
 #ifdef HB_WITH_CUDA
   // mean and rstd as ATen's CUDA kernel returns them: float32, [leading sizes..., 1 per normalized dim].
   at::Tensor statistic(const at::Tensor& x) const {
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - dims);
-    shape.resize(x.dim(), 1);
-    return at::empty(shape, x.options().dtype(at::kFloat));
+    std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end() - shape.dims);
+    sizes.resize(x.dim(), 1);
+    return at::empty(sizes, x.options().dtype(at::kFloat));
   }
 
   // (input, normalized_shape, weight?, bias?, eps)
   std::optional<c10::IValue> run_forward(const std::vector<c10::IValue>& s) const {
     const at::Tensor& x = s[0].toTensor();
-    if (!x.is_cuda() || x.dim() < dims) return std::nullopt;
+    if (!x.is_cuda() || x.dim() < shape.dims) return std::nullopt;
     at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous), mean = statistic(x), rstd = statistic(x);
-    if (!hb::cuda::layer_norm_forward(x, cols, optional_tensor(s[2]), optional_tensor(s[3]), s[4].toDouble(), y, mean,
+    if (!hb::cuda::layer_norm_forward(x, shape.columns, optional_tensor(s[2]), optional_tensor(s[3]), s[4].toDouble(), y, mean,
                                       rstd))
       return std::nullopt;
     return c10::ivalue::Tuple::create({std::move(y), std::move(mean), std::move(rstd)});
@@ -77,7 +76,7 @@ class LayerNormCall : public Call {
     if (mask.get(0)) dx = at::empty_like(x, at::MemoryFormat::Contiguous);
     if (mask.get(1)) dw = at::empty_like(w, at::MemoryFormat::Contiguous);
     if (mask.get(2)) db = at::empty_like(b, at::MemoryFormat::Contiguous);
-    if (!hb::cuda::layer_norm_backward(grad, x, cols, s[3].toTensor(), s[4].toTensor(), w, dx, dw, db))
+    if (!hb::cuda::layer_norm_backward(grad, x, shape.columns, s[3].toTensor(), s[4].toTensor(), w, dx, dw, db))
       return std::nullopt;
     return c10::ivalue::Tuple::create({std::move(dx), std::move(dw), std::move(db)});
   }
@@ -87,19 +86,11 @@ class LayerNormCall : public Call {
 }  // namespace
 
 std::shared_ptr<const Call> lower_layer_norm(const LowerContext& ctx) {
-  const Node& n = ctx.n();
+  const std::optional<LayerNormShape> ln = layer_norm_shape(ctx.n());
+  HB_USER_CHECK(ln) << ctx.where << ": not a layer norm with a normalized shape of constants";
   AtenArgs a = aten_args(ctx.graph(), ctx.node, ctx.where);
-  auto call = std::make_shared<LayerNormCall>(a.op);
+  auto call = std::make_shared<LayerNormCall>(a.op, *ln);
   call->args = std::move(a.args);
-  call->backward = a.op.schema().name() == "aten::native_layer_norm_backward";
-  const Arg& shape = n.args.at(call->backward ? 2 : 1);
-  HB_USER_CHECK(shape.kind == Arg::Kind::List) << ctx.where << ": the normalized shape is not a list of constants";
-  call->cols = 1;
-  for (const Arg& d : shape.items) {
-    HB_USER_CHECK(d.kind == Arg::Kind::Int) << ctx.where << ": the normalized shape is symbolic";
-    call->cols *= d.i;
-  }
-  call->dims = static_cast<int64_t>(shape.items.size());
   return call;
 }
 

@@ -282,9 +282,9 @@ bool backward_typed(const at::Tensor& grad, const at::Tensor& x, int64_t n, cons
     constexpr int kTpr = decltype(tpr)::value, kC = decltype(c)::value, kVec = 16 / sizeof(T);
     const int64_t need = (rows + kThreads / kTpr - 1) / (kThreads / kTpr);
     // With parameter gradients, a few blocks an SM walk all rows (the fewer blocks, the fewer partials);
-    // without, a block per 256 / TPR rows.
-    const int64_t cap = 4LL * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const int64_t blocks = params ? (need < cap ? need : cap) : (need < INT32_MAX ? need : INT32_MAX);
+    // without, a block per 256 / TPR rows (rows <= 2^31 - 1, so the grid fits: takes()).
+    const int64_t cap = kLayerNormRowsBlocksPerSm * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const int64_t blocks = params && cap < need ? cap : need;
     at::Tensor partial;
     if (params) partial = at::empty({blocks, 2 * n}, x.options().dtype(at::kFloat));
     backward_kernel<T, kVec, kTpr, kC><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
