@@ -2,9 +2,13 @@
 to 1024 elements: codegen/cuda/LayerNorm.cu), side by side in one process. Per row width n, about
 `--elements` elements in all (rows = elements / n), bf16 by default: the device time of the forward
 and of the backward (torch.profiler's CUDA kernels, summed, per call; the compiled call's host time
-does not count), their ratio, and the largest error of each against a float64 reference.
+does not count), their ratio, and the largest error of each against a float64 reference. With --act,
+the layer norm of an activation, layer_norm(act(h)): eager runs the activation, the layer norm and, in the
+backward, their two backward ops; hintbackend folds the activation into the layer norm
+(fold-layer-norm-activation: one kernel each way, the activation never stored).
 
     python benchmarks/layer_norm.py [--widths 32,64,...] [--elements 33554432] [--dtype bfloat16]
+                                    [--act gelu|gelu_tanh|silu]
 """
 
 from __future__ import annotations
@@ -18,6 +22,18 @@ from torch.profiler import ProfilerActivity, profile
 
 def layer_norm(x, w, b):
     return F.layer_norm(x, x.shape[-1:], w, b, 1e-5)
+
+
+ACTIVATIONS = {"none": lambda h: h, "gelu": F.gelu, "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"),
+               "silu": F.silu}
+
+
+def act_layer_norm(act: str):
+    f = ACTIVATIONS[act]
+
+    def fn(x, w, b):
+        return F.layer_norm(f(x), x.shape[-1:], w, b, 1e-5)
+    return fn if act != "none" else layer_norm
 
 
 def device_ms(fn, iters: int) -> float:
@@ -38,9 +54,13 @@ def main() -> None:
     p.add_argument("--elements", type=int, default=1 << 25)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--act", default="none", choices=sorted(ACTIVATIONS),
+                   help="time layer_norm(act(x)) (hintbackend folds the activation in)")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
-    print(f"LayerNorm on {torch.cuda.get_device_name()}, {args.dtype}, {args.elements} elements a call, "
+    fn_of = act_layer_norm(args.act)
+    what = "LayerNorm" if args.act == "none" else f"LayerNorm of {args.act}"
+    print(f"{what} on {torch.cuda.get_device_name()}, {args.dtype}, {args.elements} elements a call, "
           f"device ms a call (torch.profiler), torch {torch.__version__}")
     print(f"{'n':>6}{'rows':>10}{'eager fw':>10}{'hb fw':>9}{'hb/eager':>10}{'eager bw':>10}{'hb bw':>9}"
           f"{'hb/eager':>10}{'err eager':>11}{'err hb':>9}")
@@ -52,8 +72,8 @@ def main() -> None:
         b = torch.randn(n, device="cuda").to(dtype).requires_grad_()
         gy = torch.randn(rows, n, device="cuda").to(dtype)
         torch._dynamo.reset()
-        peers = {"eager": layer_norm, "hb": torch.compile(layer_norm, backend="hintbackend", dynamic=False)}
-        ref = layer_norm(x.double(), w.double(), b.double())
+        peers = {"eager": fn_of, "hb": torch.compile(fn_of, backend="hintbackend", dynamic=False)}
+        ref = fn_of(x.double(), w.double(), b.double())
         row = {}
         for name, fn in peers.items():
             y = fn(x, w, b)

@@ -273,15 +273,28 @@ void choose_flex(const Graph& g, int node, const Target& target, KernelChoice& c
 
 }  // namespace
 
+bool is_layer_norm_target(const std::string& target) {
+  return target == kLayerNormTarget || target == kLayerNormBackwardTarget || target == kLayerNormActTarget ||
+         target == kLayerNormActBackwardTarget;
+}
+
 std::optional<LayerNormShape> layer_norm_shape(const Node& n) {
   LayerNormShape r;
-  r.backward = n.target == kLayerNormBackwardTarget;
-  if (!r.backward && n.target != kLayerNormTarget) return std::nullopt;
-  // (input, normalized_shape, weight, bias, eps) or (grad_out, input, normalized_shape, mean, rstd, weight,
-  // bias, output_mask)
+  r.backward = n.target == kLayerNormBackwardTarget || n.target == kLayerNormActBackwardTarget;
+  const bool with_act = n.target == kLayerNormActTarget || n.target == kLayerNormActBackwardTarget;
+  if (!r.backward && !with_act && n.target != kLayerNormTarget) return std::nullopt;
+  // (input, normalized_shape, weight, bias, eps[, act]) or (grad_out, input, normalized_shape, mean, rstd,
+  // weight, bias, output_mask[, act])
   r.input_arg = r.backward ? 1 : 0;
   r.weight_arg = r.backward ? 5 : 2;
-  if (n.args.size() != (r.backward ? 8u : 5u)) return std::nullopt;
+  const size_t args = (r.backward ? 8u : 5u) + (with_act ? 1u : 0u);
+  if (n.args.size() != args || !n.kwargs.empty()) return std::nullopt;
+  if (with_act) {
+    const Arg& a = n.args.back();
+    const std::optional<RowActivation> act = a.kind == Arg::Kind::Str ? parse_row_activation(a.s) : std::nullopt;
+    if (!act || *act == RowActivation::None) return std::nullopt;
+    r.act = *act;
+  }
   const Arg& shape = n.args[r.input_arg + 1];
   if (shape.kind != Arg::Kind::List || shape.items.empty()) return std::nullopt;
   for (const Arg& d : shape.items) {
@@ -293,11 +306,9 @@ std::optional<LayerNormShape> layer_norm_shape(const Node& n) {
 }
 
 std::string layer_norm_rows_why_not(const Graph& g, const Node& n) {
-  const bool backward = n.target == kLayerNormBackwardTarget;
-  if (!backward && n.target != kLayerNormTarget) return "not a layer norm";
-  if (n.args.size() != (backward ? 8u : 5u)) return "its arguments are not native_layer_norm's";
+  if (!is_layer_norm_target(n.target)) return "not a layer norm";
   const std::optional<LayerNormShape> ln = layer_norm_shape(n);
-  if (!ln) return "its normalized shape is not a list of constants";
+  if (!ln) return "its arguments are not the op's, or its normalized shape is not a list of constants";
   const TensorType* x = g.tensor_type(n.args[ln->input_arg]);
   if (!x) return "its input is not a tensor";
   if (x->device.rfind("cuda", 0) != 0) return "on " + x->device;
@@ -342,9 +353,7 @@ KernelChoice select_kernel(const Graph& g, int node, const Target& target) {
   KernelChoice c = choose(g.nodes[node]);
   if (c.kind == KernelKind::FusedPointwise) c = choose_fused(g, g.nodes[node]);
   if (c.kind == KernelKind::FlexForward || c.kind == KernelKind::FlexBackward) choose_flex(g, node, target, c);
-  if (c.kind == KernelKind::Aten && (g.nodes[node].target == kLayerNormTarget ||
-                                     g.nodes[node].target == kLayerNormBackwardTarget))
-    choose_layer_norm(g, node, target, c);
+  if (c.kind == KernelKind::Aten && is_layer_norm_target(g.nodes[node].target)) choose_layer_norm(g, node, target, c);
   return c;
 }
 

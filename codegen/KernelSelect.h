@@ -37,19 +37,29 @@ bool fused_row_shift(const Graph& g, int node, const FlexAnalysis& a);
 // contiguous input, a constant normalized shape of at most that many elements and a multiple of one
 // 16-byte access, weight and bias of the input's dtype. Else why not. (Kernel selection also needs a
 // runtime built with its CUDA kernels: Target::cuda_kernels.)
+// The same holds for hintbackend::layer_norm_act and its backward (an activation applied to the input
+// first: backend/runtime/LayerNormAct.h), whose arguments are native_layer_norm's and its backward's with
+// the activation's name last.
 inline constexpr const char* kLayerNormTarget = "aten::native_layer_norm.default";
 inline constexpr const char* kLayerNormBackwardTarget = "aten::native_layer_norm_backward.default";
+inline constexpr const char* kLayerNormActTarget = "hintbackend::layer_norm_act.default";
+inline constexpr const char* kLayerNormActBackwardTarget = "hintbackend::layer_norm_act_backward.default";
 std::string layer_norm_rows_why_not(const Graph& g, const Node& n);
-// A layer norm node's rows as its arguments say them: the normalized shape's elements and dims, and the
-// positions of the input and the weight (the bias follows it). nullopt when n is neither op, its arguments
-// are not the schema's, or the normalized shape is not a list of constants. The rule, the workspace model
-// (codegen/TargetModel.cpp) and the runtime's Call (backend/runtime/LayerNormCall.cpp) all read it here.
+// A layer norm node's rows as its arguments say them: the normalized shape's elements and dims, the
+// positions of the input and the weight (the bias follows it), and the activation applied to the input
+// first. nullopt when n is none of the four ops, its arguments are not the schema's, the normalized shape
+// is not a list of constants, or the activation is not one the kernels know. The rule, the workspace
+// model (codegen/TargetModel.cpp) and the runtime's Call (backend/runtime/LayerNormCall.cpp) all read it
+// here.
 struct LayerNormShape {
   bool backward = false;
   int64_t columns = 1, dims = 0;
   size_t input_arg = 0, weight_arg = 0;
+  RowActivation act = RowActivation::None;
 };
 std::optional<LayerNormShape> layer_norm_shape(const Node& n);
+// One of the four layer norm ops above.
+bool is_layer_norm_target(const std::string& target);
 
 // The Python operators and sym functions the runtime evaluates natively (SymOp).
 bool is_native_sym_op(const std::string& target);

@@ -7,6 +7,7 @@
 #include "passes/DeadCodeElimination.h"
 #include "passes/FoldCrossEntropyBackward.h"
 #include "passes/FoldCrossEntropyForward.h"
+#include "passes/FoldLayerNormActivation.h"
 #include "passes/FoldSelectBackward.h"
 #include "passes/FoldTransposePairs.h"
 #include "passes/FoldZeroInputs.h"
@@ -66,6 +67,11 @@ const std::vector<PassInfo>& pipeline() {
        "softmax chains and their gradients into row kernels; after slice-schedule (whose legality rules read "
        "the plain ops, and whose loop bodies it fuses too: a DFS backward recomputes the softmax in its "
        "gradient's kernel), before pointwise-fusion, which would take the chain's scalar mul"},
+      {"fold-layer-norm-activation", fold_layer_norm_activation,
+       "on CUDA, a GELU or SiLU whose only reader is a layer norm into the layer norm (and, in the backward, the "
+       "activation's recompute and its backward into the layer norm's backward), for LayerNormRows' kernels; "
+       "after slice-schedule (whose legality rules read the plain ops), before pointwise-fusion, which could "
+       "take the activation into a group, and the memory passes, which then never plan its result"},
       {"pointwise-fusion", pointwise_fusion,
        "groups elementwise chains into one kernel call each; after slice-schedule (whose legality rules "
        "read plain ATen ops, and whose loop bodies it fuses too), before memory-plan (fewer, final buffers)"},

@@ -26,3 +26,25 @@ const char* kernel_kind_name(KernelKind k) {
 }
 
 }  // namespace hb
+
+namespace hb {
+
+std::optional<RowActivation> parse_row_activation(const std::string& name) {
+  if (name.empty() || name == "none") return RowActivation::None;
+  if (name == "gelu") return RowActivation::Gelu;
+  if (name == "gelu_tanh") return RowActivation::GeluTanh;
+  if (name == "silu") return RowActivation::Silu;
+  return std::nullopt;
+}
+
+const char* row_activation_name(RowActivation a) {
+  switch (a) {
+    case RowActivation::None: return "none";
+    case RowActivation::Gelu: return "gelu";
+    case RowActivation::GeluTanh: return "gelu_tanh";
+    case RowActivation::Silu: return "silu";
+  }
+  return "?";
+}
+
+}  // namespace hb

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,13 @@ constexpr int64_t kLayerNormRowsMaxColumns = 1024;
 // Blocks an SM of LayerNormRows' backward where it sums the weight's and bias's gradients: each block's
 // float partial sums (2 x the row's elements) are its workspace, which the memory plan counts.
 constexpr int64_t kLayerNormRowsBlocksPerSm = 4;
+// The elementwise activation LayerNormRows may apply to its input before normalizing it, and whose
+// derivative its backward applies to the input gradient (hintbackend::layer_norm_act and its backward,
+// which fold-layer-norm-activation writes): the op's `act` argument spells it.
+enum class RowActivation { None, Gelu, GeluTanh, Silu };
+// "gelu" (erf), "gelu_tanh", "silu"; nullopt for any other name ("" and "none" are None).
+std::optional<RowActivation> parse_row_activation(const std::string& name);
+const char* row_activation_name(RowActivation a);
 
 class HostModule;  // codegen/HostCompiler.h
 

@@ -17,6 +17,7 @@
 #include "backend/runtime/Args.h"
 #include "backend/runtime/Call.h"
 #include "backend/runtime/ColumnSum.h"
+#include "backend/runtime/LayerNormAct.h"
 #include "backend/runtime/CrossEntropyBackward.h"
 #include "backend/runtime/CrossEntropyForward.h"
 #include "backend/runtime/Placement.h"
@@ -110,6 +111,7 @@ Executor::Executor(Program program, std::shared_ptr<const std::vector<at::Tensor
   link_cross_entropy_backward_ops();  // and the ones fold-cross-entropy-backward and -forward write
   link_cross_entropy_forward_ops();
   link_column_sum_ops();  // and the one split-column-sum writes
+  link_layer_norm_act_ops();  // and the ones fold-layer-norm-activation writes
   placeholders_ = g.placeholders();
   const Liveness live = liveness(g);
   std::vector<int> step_of(g.nodes.size(), -1);

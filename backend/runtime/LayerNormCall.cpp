@@ -1,8 +1,10 @@
-// aten::native_layer_norm and aten::native_layer_norm_backward over narrow rows on CUDA
-// (KernelKind::LayerNormRows; codegen/KernelSelect.h has the rule, codegen/cuda/LayerNorm.h the kernels):
-// the kernels where they take the tensors, else the node's own ATen op. The results are ATen's in shape
-// and dtype: the output like the input, mean and rstd float32 with the input's leading sizes and ones
-// for the normalized dims; the backward's gradients undefined where output_mask leaves them out.
+// aten::native_layer_norm and aten::native_layer_norm_backward over narrow rows on CUDA, and
+// hintbackend::layer_norm_act and its backward, the same with an activation of the input
+// (backend/runtime/LayerNormAct.h) (KernelKind::LayerNormRows; codegen/KernelSelect.h has the rule,
+// codegen/cuda/LayerNorm.h the kernels): the kernels where they take the tensors, else the node's own op.
+// The results are ATen's in shape and dtype: the output like the input, mean and rstd float32 with the
+// input's leading sizes and ones for the normalized dims; the backward's gradients undefined where
+// output_mask leaves them out.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 
@@ -26,7 +28,7 @@ at::Tensor optional_tensor(const c10::IValue& v) { return v.isNone() ? at::Tenso
 
 class LayerNormCall : public Call {
  public:
-  c10::OperatorHandle op;  // the node's ATen op, for whatever the kernels do not take
+  c10::OperatorHandle op;  // the node's op, for whatever the kernels do not take
   std::vector<ArgSpec> args;
   LayerNormShape shape;  // the normalized shape's elements and dims, forward or backward
 
@@ -52,18 +54,18 @@ class LayerNormCall : public Call {
     return at::empty(sizes, x.options().dtype(at::kFloat));
   }
 
-  // (input, normalized_shape, weight?, bias?, eps)
+  // (input, normalized_shape, weight?, bias?, eps[, act])
   std::optional<c10::IValue> run_forward(const std::vector<c10::IValue>& s) const {
     const at::Tensor& x = s[0].toTensor();
     if (!x.is_cuda() || x.dim() < shape.dims) return std::nullopt;
     at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous), mean = statistic(x), rstd = statistic(x);
     if (!hb::cuda::layer_norm_forward(x, shape.columns, optional_tensor(s[2]), optional_tensor(s[3]), s[4].toDouble(), y, mean,
-                                      rstd))
+                                      rstd, shape.act))
       return std::nullopt;
     return c10::ivalue::Tuple::create({std::move(y), std::move(mean), std::move(rstd)});
   }
 
-  // (grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask)
+  // (grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask[, act])
   std::optional<c10::IValue> run_backward(const std::vector<c10::IValue>& s) const {
     const at::Tensor& x = s[1].toTensor();
     const at::Tensor w = optional_tensor(s[5]), b = optional_tensor(s[6]);
@@ -76,7 +78,8 @@ class LayerNormCall : public Call {
     if (mask.get(0)) dx = at::empty_like(x, at::MemoryFormat::Contiguous);
     if (mask.get(1)) dw = at::empty_like(w, at::MemoryFormat::Contiguous);
     if (mask.get(2)) db = at::empty_like(b, at::MemoryFormat::Contiguous);
-    if (!hb::cuda::layer_norm_backward(grad, x, shape.columns, s[3].toTensor(), s[4].toTensor(), w, dx, dw, db))
+    if (!hb::cuda::layer_norm_backward(grad, x, shape.columns, s[3].toTensor(), s[4].toTensor(), w, dx, dw, db,
+                                       shape.act))
       return std::nullopt;
     return c10::ivalue::Tuple::create({std::move(dx), std::move(dw), std::move(db)});
   }

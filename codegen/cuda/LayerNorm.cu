@@ -7,6 +7,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -71,10 +72,58 @@ __device__ __forceinline__ void store_row(T* row, int n, int sub, const float (&
   }
 }
 
+// The activation the fused ops apply to the input (RowActivation, as an int for the templates) and its
+// derivative, in float, as ATen's CUDA kernels compute gelu, gelu(approximate="tanh") and silu and their
+// backward ops. FAST (16-bit inputs and outputs): the exponential and the division as the hardware's
+// approximations (__expf, __fdividef: a few float ulps, far below a bf16 or f16 rounding step). act(0) = 0
+// for each, so the zeros past a row's end stay zeros.
+template <bool FAST>
+__device__ __forceinline__ float exp_(float v) {
+  return FAST ? __expf(v) : expf(v);
+}
+
+template <bool FAST>
+__device__ __forceinline__ float div_(float a, float b) {
+  return FAST ? __fdividef(a, b) : a / b;
+}
+
+template <int ACT, bool FAST>
+__device__ __forceinline__ float act(float h) {
+  if constexpr (ACT == static_cast<int>(RowActivation::Gelu)) {
+    return 0.5f * h * (1.f + erff(h * static_cast<float>(M_SQRT1_2)));
+  } else if constexpr (ACT == static_cast<int>(RowActivation::GeluTanh)) {
+    constexpr float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = 0.044715f;
+    return 0.5f * h * (1.f + tanhf(kBeta * (h + kKappa * h * h * h)));
+  } else if constexpr (ACT == static_cast<int>(RowActivation::Silu)) {
+    return div_<FAST>(h, 1.f + exp_<FAST>(-h));
+  } else {
+    return h;
+  }
+}
+
+template <int ACT, bool FAST>
+__device__ __forceinline__ float act_grad(float h) {
+  if constexpr (ACT == static_cast<int>(RowActivation::Gelu)) {
+    constexpr float kAlpha = static_cast<float>(M_2_SQRTPI * M_SQRT1_2 * 0.5);
+    const float cdf = 0.5f * (1.f + erff(h * static_cast<float>(M_SQRT1_2)));
+    return cdf + h * kAlpha * exp_<FAST>(-0.5f * h * h);
+  } else if constexpr (ACT == static_cast<int>(RowActivation::GeluTanh)) {
+    constexpr float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = 0.044715f;
+    const float t = tanhf(kBeta * (h + kKappa * h * h * h));
+    return 0.5f * (1.f + t) + 0.5f * h * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * h * h);
+  } else if constexpr (ACT == static_cast<int>(RowActivation::Silu)) {
+    const float sig = div_<FAST>(1.f, 1.f + exp_<FAST>(-h));
+    return sig * (1.f + h * (1.f - sig));
+  } else {
+    return 1.f;
+  }
+}
+
 // y = (x - mean) * rstd * w + b over each row of n, in float32: the mean first, then the variance as the
 // mean of squared deviations (the row is in registers, so two passes cost no memory traffic; ATen's
-// Welford update gives the same up to rounding). Biased variance, as layer_norm's.
-template <typename T, int VEC, int TPR, int C>
+// Welford update gives the same up to rounding). Biased variance, as layer_norm's. With ACT, x is act(h)
+// of the input h, computed in float and never stored.
+template <typename T, int VEC, int TPR, int C, int ACT>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, int64_t rows, int n,
                    float eps, T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd) {
@@ -84,6 +133,11 @@ __global__ void __launch_bounds__(kThreads)
   const bool live = row < rows;
   float v[C][VEC];
   load_row<T, VEC, TPR, C>(x + (live ? row : 0) * n, n, live, sub, v);
+  if constexpr (ACT != 0)
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[c][k] = act<ACT, !std::is_same_v<T, float>>(v[c][k]);
   float s = 0.f;
 #pragma unroll
   for (int c = 0; c < C; ++c)
@@ -120,8 +174,9 @@ __global__ void __launch_bounds__(kThreads)
 // xhat = (x - mean) rstd, and, where `partial` is given, this block's sums of g xhat and of g per column
 // (the weight's and the bias's gradients over its rows): partial[blockIdx.x][0, n) and [n, 2n).
 // Blocks walk the rows in strides of the grid, so a block's sums cover many rows and the partials are
-// few (param_grads_kernel adds them).
-template <typename T, int VEC, int TPR, int C>
+// few (param_grads_kernel adds them). With ACT, x is act(h) of the input h (recomputed here), and the
+// gradient written is h's: dx act'(h), dx never rounded.
+template <typename T, int VEC, int TPR, int C, int ACT>
 __global__ void __launch_bounds__(kThreads)
     backward_kernel(const T* __restrict__ g, const T* __restrict__ x, const float* __restrict__ mean,
                     const float* __restrict__ rstd, const T* __restrict__ w, int64_t rows, int n,
@@ -139,6 +194,11 @@ __global__ void __launch_bounds__(kThreads)
     load_row<T, VEC, TPR, C>(g + (live ? row : 0) * n, n, live, sub, gv);
     load_row<T, VEC, TPR, C>(x + (live ? row : 0) * n, n, live, sub, xv);
     const float mu = live ? mean[row] : 0.f, rs = live ? rstd[row] : 0.f;
+    if constexpr (ACT != 0)
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) xv[c][k] = act<ACT, !std::is_same_v<T, float>>(xv[c][k]);
     float a = 0.f, bsum = 0.f;
 #pragma unroll
     for (int c = 0; c < C; ++c)
@@ -154,9 +214,18 @@ __global__ void __launch_bounds__(kThreads)
     bsum = row_sum<TPR>(bsum) * inv_n;
     if (dx && live) {
 #pragma unroll
-      for (int c = 0; c < C; ++c)
+      for (int c = 0; c < C; ++c) {
+        // act'(h) a chunk at a time, h read again (from L1: this thread read it above), so that no
+        // row of derivatives is held in registers beside the row's gradient and input
+        float d[1][VEC];
+        if constexpr (ACT != 0) load_row<T, VEC, 1, 1>(x + row * n + column<TPR, VEC>(c, sub), VEC,
+                                                         column<TPR, VEC>(c, sub) < n, 0, d);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) gv[c][k] = rs * (gv[c][k] - a - xv[c][k] * bsum);
+        for (int k = 0; k < VEC; ++k) {
+          gv[c][k] = rs * (gv[c][k] - a - xv[c][k] * bsum);
+          if constexpr (ACT != 0) gv[c][k] *= act_grad<ACT, !std::is_same_v<T, float>>(d[0][k]);
+        }
+      }
       store_row<T, VEC, TPR, C>(dx + row * n, n, sub, gv);
     }
   }
@@ -256,7 +325,7 @@ bool takes(const at::Tensor& x, int64_t n, std::initializer_list<const at::Tenso
   return true;
 }
 
-template <typename T>
+template <typename T, int ACT>
 bool forward_typed(const at::Tensor& x, int64_t n, const at::Tensor& w, const at::Tensor& b, float eps,
                    const at::Tensor& y, const at::Tensor& mean, const at::Tensor& rstd) {
   const int64_t rows = x.numel() / n;
@@ -264,14 +333,14 @@ bool forward_typed(const at::Tensor& x, int64_t n, const at::Tensor& w, const at
   return dispatch_shape<T>(n, [&](auto tpr, auto c) {
     constexpr int kTpr = decltype(tpr)::value, kC = decltype(c)::value, kVec = 16 / sizeof(T);
     const int64_t blocks = (rows + kThreads / kTpr - 1) / (kThreads / kTpr);
-    forward_kernel<T, kVec, kTpr, kC><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+    forward_kernel<T, kVec, kTpr, kC, ACT><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         ptr<T>(x), ptr<T>(w), ptr<T>(b), rows, static_cast<int>(n), eps, mut_ptr<T>(y), mut_ptr<float>(mean),
         mut_ptr<float>(rstd));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
 
-template <typename T>
+template <typename T, int ACT>
 bool backward_typed(const at::Tensor& grad, const at::Tensor& x, int64_t n, const at::Tensor& mean,
                     const at::Tensor& rstd, const at::Tensor& w, const at::Tensor& dx, const at::Tensor& dw,
                     const at::Tensor& db) {
@@ -287,7 +356,7 @@ bool backward_typed(const at::Tensor& grad, const at::Tensor& x, int64_t n, cons
     const int64_t blocks = params && cap < need ? cap : need;
     at::Tensor partial;
     if (params) partial = at::empty({blocks, 2 * n}, x.options().dtype(at::kFloat));
-    backward_kernel<T, kVec, kTpr, kC><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+    backward_kernel<T, kVec, kTpr, kC, ACT><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         ptr<T>(grad), ptr<T>(x), ptr<float>(mean), ptr<float>(rstd), ptr<T>(w), rows, static_cast<int>(n),
         mut_ptr<T>(dx), mut_ptr<float>(partial));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -309,27 +378,42 @@ bool by_dtype(at::ScalarType t, F&& f) {
   }
 }
 
+// Calls f(dtype, activation) with both as compile-time values.
+template <typename F>
+bool by_dtype_and_act(at::ScalarType t, RowActivation a, F&& f) {
+  return by_dtype(t, [&](auto dtype) {
+    using std::integral_constant;
+    switch (a) {
+      case RowActivation::None: return f(dtype, integral_constant<int, 0>{});
+      case RowActivation::Gelu: return f(dtype, integral_constant<int, static_cast<int>(RowActivation::Gelu)>{});
+      case RowActivation::GeluTanh: return f(dtype, integral_constant<int, static_cast<int>(RowActivation::GeluTanh)>{});
+      case RowActivation::Silu: return f(dtype, integral_constant<int, static_cast<int>(RowActivation::Silu)>{});
+    }
+    return false;
+  });
+}
+
 }  // namespace
 
 bool layer_norm_forward(const at::Tensor& x, int64_t n, const at::Tensor& weight, const at::Tensor& bias, double eps,
-                        const at::Tensor& y, const at::Tensor& mean, const at::Tensor& rstd) {
+                        const at::Tensor& y, const at::Tensor& mean, const at::Tensor& rstd, RowActivation act) {
   if (!x.is_cuda() || !takes(x, n, {&x, &y}, {&weight, &bias}, {&mean, &rstd}) || !y.defined()) return false;
   const c10::cuda::CUDAGuard guard(x.device());
-  return by_dtype(x.scalar_type(), [&](auto t) {
-    return forward_typed<decltype(t)>(x, n, weight, bias, static_cast<float>(eps), y, mean, rstd);
+  return by_dtype_and_act(x.scalar_type(), act, [&](auto t, auto a) {
+    return forward_typed<decltype(t), decltype(a)::value>(x, n, weight, bias, static_cast<float>(eps), y, mean, rstd);
   });
 }
 
 bool layer_norm_backward(const at::Tensor& grad, const at::Tensor& x, int64_t n, const at::Tensor& mean,
                          const at::Tensor& rstd, const at::Tensor& weight, const at::Tensor& dx,
-                         const at::Tensor& dweight, const at::Tensor& dbias) {
+                         const at::Tensor& dweight, const at::Tensor& dbias, RowActivation act) {
   if ((dweight.defined() || dbias.defined()) && !weight.defined()) return false;
   if (!x.is_cuda() || !takes(x, n, {&x, &grad, &dx}, {&weight, &dweight, &dbias}, {&mean, &rstd}) ||
       !grad.defined())
     return false;
   const c10::cuda::CUDAGuard guard(x.device());
-  return by_dtype(x.scalar_type(), [&](auto t) {
-    return backward_typed<decltype(t)>(grad, x, n, mean, rstd, weight, dx, dweight, dbias);
+  return by_dtype_and_act(x.scalar_type(), act, [&](auto t, auto a) {
+    return backward_typed<decltype(t), decltype(a)::value>(grad, x, n, mean, rstd, weight, dx, dweight, dbias);
   });
 }
 

@@ -22,13 +22,17 @@ constexpr int64_t kLayerNormMaxColumns = kLayerNormRowsMaxColumns;
 // rows of n elements, n a multiple of 8 (float16, bfloat16) or 4 (float32) and at most
 // kLayerNormMaxColumns; weight and bias (either may be undefined) contiguous, n elements of x's dtype;
 // mean and rstd float32, one per row.
+// With an activation, x is the activation's input h and the rows normalized are act(h), computed in
+// float (never rounded to x's dtype, never stored): hintbackend::layer_norm_act and its backward.
 // Forward: y (x's dtype and shape), mean and rstd written.
 bool layer_norm_forward(const at::Tensor& x, int64_t n, const at::Tensor& weight, const at::Tensor& bias, double eps,
-                        const at::Tensor& y, const at::Tensor& mean, const at::Tensor& rstd);
+                        const at::Tensor& y, const at::Tensor& mean, const at::Tensor& rstd,
+                        RowActivation act = RowActivation::None);
 // Backward: each of dx (x's dtype and shape), dweight and dbias (weight's) written where defined;
-// dweight and dbias need weight.
+// dweight and dbias need weight. With an activation, dx is h's gradient: the normalized input's times
+// act'(h).
 bool layer_norm_backward(const at::Tensor& grad, const at::Tensor& x, int64_t n, const at::Tensor& mean,
                          const at::Tensor& rstd, const at::Tensor& weight, const at::Tensor& dx,
-                         const at::Tensor& dweight, const at::Tensor& dbias);
+                         const at::Tensor& dweight, const at::Tensor& dbias, RowActivation act = RowActivation::None);
 
 }  // namespace hb::cuda

@@ -1,9 +1,11 @@
 """LayerNorm over narrow rows on CUDA (KernelKind::LayerNormRows: backend/runtime/LayerNormCall.cpp,
-codegen/cuda/LayerNorm.cu). On the GPU (HINTBACKEND_TEST_DEVICE=cuda) the compiled forward and backward
-must be as close to a float64 reference as eager's ATen kernels are (within 2x their error), on fresh
-random inputs, with rows that leave a block part empty and rows that leave lanes past a row's end; the
-weight and bias gradients must be bitwise the same from run to run. On the CPU the node stays ATen's
-(the kernels dump says so) and equals eager bit for bit."""
+codegen/cuda/LayerNorm.cu), and a GELU or SiLU folded into it (fold-layer-norm-activation,
+hintbackend::layer_norm_act and its backward: backend/runtime/LayerNormAct.h). On the GPU
+(HINTBACKEND_TEST_DEVICE=cuda) the compiled forward and backward must be as close to a float64 reference
+as eager's ATen kernels are (within 2x their error), on fresh random inputs, with rows that leave a block
+part empty and rows that leave lanes past a row's end; the weight and bias gradients must be bitwise the
+same from run to run. On the CPU the node stays ATen's (the kernels dump says so) and equals eager bit for
+bit, nothing folds, and the fused ops are the ATen ops they stand for."""
 
 import pytest
 import torch
@@ -109,3 +111,77 @@ def test_on_the_cpu_the_node_stays_aten_and_equals_eager(tmp_path):
         assert torch.equal(g, e)
     k = kernels(tmp_path)
     assert "aten-dispatch aten::native_layer_norm.default" in k and "layer-norm-rows" not in k, k
+
+
+ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"), "silu": F.silu}
+
+
+def act_layer_norm(act):
+    """layer_norm(act(h)): what fold-layer-norm-activation folds (the backward recomputes act(h))."""
+    def fn(h, w, b, dims):
+        return F.layer_norm(ACTIVATIONS[act](h), h.shape[-dims:], w, b, 1e-5)
+    return fn
+
+
+@needs_cuda
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("n", [32, 768])
+def test_an_activation_folds_into_the_layer_norm(act, dtype, n, tmp_path):
+    torch.manual_seed(n)
+    x, w, b, gy = inputs(4099, (n,), dtype)
+    fn = act_layer_norm(act)
+    ref = step(fn, x.double(), w.double(), b.double(), gy.double())
+    eager = step(fn, x, w, b, gy)
+    got = step(torch.compile(fn, backend="hintbackend", options={"dump_dir": str(tmp_path)}), x, w, b, gy)
+    assert_as_close_as_eager(got, eager, ref, dtype, f"{act}, {dtype} rows of {n}")
+    k = kernels(tmp_path)
+    assert "layer-norm-rows hintbackend::layer_norm_act.default" in k, k
+    assert "layer-norm-rows hintbackend::layer_norm_act_backward.default" in k, k
+    assert "aten::gelu" not in k and "aten::silu" not in k, k
+
+
+@needs_cuda
+def test_a_folded_activation_without_weight_and_bias(tmp_path):
+    torch.manual_seed(5)
+    x, _, _, gy = inputs(1000, (64,), torch.bfloat16, affine=False)
+    fn = act_layer_norm("gelu")
+    ref = step(fn, x.double(), None, None, gy.double())
+    eager = step(fn, x, None, None, gy)
+    got = step(torch.compile(fn, backend="hintbackend", options={"dump_dir": str(tmp_path)}), x, None, None, gy)
+    assert_as_close_as_eager(got, eager, ref, torch.bfloat16, "gelu, no affine")
+    assert "layer-norm-rows hintbackend::layer_norm_act_backward.default" in kernels(tmp_path)
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU's layer norm")
+def test_on_the_cpu_nothing_folds(tmp_path):
+    torch.manual_seed(6)
+    x, w, b, gy = inputs(50, (32,), torch.float32)
+    fn = act_layer_norm("gelu")
+    got = step(torch.compile(fn, backend="hintbackend", options={"dump_dir": str(tmp_path)}), x, w, b, gy)
+    for g, e in zip(got, step(fn, x, w, b, gy)):
+        assert torch.equal(g, e)
+    k = kernels(tmp_path)
+    assert "aten-dispatch aten::gelu.default" in k and "layer_norm_act" not in k, k
+
+
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+def test_the_fused_ops_are_the_aten_ops_they_stand_for(act):
+    """Where LayerNormRows' kernels do not run, hintbackend::layer_norm_act and its backward run eager's
+    ops: the same bits as the chain they replace (on the test device)."""
+    import hintbackend  # noqa: F401  (registers the ops)
+    torch.manual_seed(7)
+    x, w, b, gy = inputs(40, (24,), torch.float32)
+    h = x.detach().clone().requires_grad_()
+    a = ACTIVATIONS[act](h)
+    y, mean, rstd = torch.native_layer_norm(a, [24], w, b, 1e-5)
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(gy, a, [24], mean, rstd, w, b, [True, True, True])
+    (dh,) = torch.autograd.grad(a, h, dx)
+    got = torch.ops.hintbackend.layer_norm_act(x, [24], w, b, 1e-5, act)
+    for g, e in zip(got, (y, mean, rstd)):
+        assert torch.equal(g, e)
+    got = torch.ops.hintbackend.layer_norm_act_backward(gy, x, [24], mean, rstd, w, b, [True, True, True], act)
+    for g, e in zip(got, (dh, dw, db)):
+        assert torch.equal(g, e)
+    with pytest.raises(RuntimeError, match="unknown activation 'relu' \\(gelu, gelu_tanh or silu\\)"):
+        torch.ops.hintbackend.layer_norm_act(x, [24], w, b, 1e-5, "relu")

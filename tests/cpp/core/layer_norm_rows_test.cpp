@@ -106,5 +106,100 @@ TEST(layer_norm_rows, the_backward_counts_its_partial_sums_as_workspace) {
   EXPECT_EQ(bytes(layer_norm_graph("bf16", "cuda:0", 2048)), 0);
 }
 
+// fold-layer-norm-activation (passes/FoldLayerNormActivation.h): the corpus MLP's Linear -> GELU ->
+// LayerNorm, forward and backward as AOTAutograd traces them with the GELU recomputed in the backward.
+std::string mlp_graphs(const std::string& act_fw, const std::string& act_bw, const std::string& dev = "cuda:0",
+                       const std::string& extra_output = "") {
+  const std::string x = "bf16[4096, 32]@" + dev, p = "bf16[32]@" + dev, s = "f32[4096, 1]@" + dev;
+  return "graph g {\n"
+         "  %h: " + x + " = placeholder\n"
+         "  %w: " + p + " = placeholder\n"
+         "  %b: " + p + " = placeholder\n"
+         "  %gy: " + x + " = placeholder\n"
+         "  %a: " + x + " = " + act_fw + "\n"
+         "  %ln: (" + x + ", " + s + ", " + s + ") = aten::native_layer_norm.default(%a, [32], %w, %b, 1e-05)\n"
+         "  %y: " + x + " = operator::getitem(%ln, 0)\n"
+         "  %mean: " + s + " = operator::getitem(%ln, 1)\n"
+         "  %rstd: " + s + " = operator::getitem(%ln, 2)\n"
+         "  %a2: " + x + " = " + std::string(act_fw).replace(act_fw.find("%h"), 2, "%h") + "\n"
+         "  %lnb: (" + x + ", " + p + ", " + p + ") = aten::native_layer_norm_backward.default(%gy, %a2, [32], "
+         "%mean, %rstd, %w, %b, [true, true, true])\n"
+         "  %dx: " + x + " = operator::getitem(%lnb, 0)\n"
+         "  %dw: " + p + " = operator::getitem(%lnb, 1)\n"
+         "  %db: " + p + " = operator::getitem(%lnb, 2)\n"
+         "  %dh: " + x + " = " + act_bw + "\n"
+         "  return (%y, %dh, %dw, %db" + extra_output + ")\n"
+         "}\n";
+}
+
+PassContext cuda_pass_context(bool kernels = true) {
+  PassContext ctx;
+  ctx.memory.target.cuda_kernels = kernels;
+  return ctx;
+}
+
+std::string fold(const std::string& text, PassContext ctx = cuda_pass_context()) {
+  auto g = parse_graph(text);
+  const std::string folded = test::run_and_print(*g, {"fold-layer-norm-activation"}, ctx);
+  return folded + print_kernel_plan(*g, select_kernels(*g, ctx.memory.target));
+}
+
+TEST(layer_norm_rows, fold_layer_norm_activation_takes_gelu_into_the_forward_and_the_backward) {
+  const std::string out = fold(mlp_graphs("aten::gelu.default(%h)", "aten::gelu_backward.default(%dx, %h)"));
+  check_lines(out, {"%ln: (bf16[4096, 32]@cuda:0, f32[4096, 1]@cuda:0, f32[4096, 1]@cuda:0) = "
+                    "hintbackend::layer_norm_act.default(%h, [32], %w, %b, 1.0000000000000001e-05, \"gelu\")",
+                    "%lnb: (bf16[4096, 32]@cuda:0, bf16[32]@cuda:0, bf16[32]@cuda:0) = "
+                    "hintbackend::layer_norm_act_backward.default(%gy, %h, [32], %mean, %rstd, %w, %b, "
+                    "[true, true, true], \"gelu\")",
+                    "%dx: bf16[4096, 32]@cuda:0 = operator::getitem(%lnb, 0)",
+                    "return (%y, %dx, %dw, %db)",
+                    "// note: fold-layer-norm-activation graph g: %a into %ln (gelu), %a2 into %lnb (gelu, and %dh)",
+                    "%ln: layer-norm-rows hintbackend::layer_norm_act.default",
+                    "%lnb: layer-norm-rows hintbackend::layer_norm_act_backward.default"});
+  for (const char* gone : {"%a:", "%a2:", "%dh:", "aten::gelu"})
+    EXPECT_EQ(out.find(gone), std::string::npos) << gone << " left in\n" << out;
+}
+
+TEST(layer_norm_rows, fold_layer_norm_activation_takes_tanh_gelu_and_silu) {
+  check_lines(fold(mlp_graphs("aten::gelu.default(%h, approximate=\"tanh\")",
+                              "aten::gelu_backward.default(%dx, %h, approximate=\"tanh\")")),
+              {"hintbackend::layer_norm_act.default(%h, [32], %w, %b, 1.0000000000000001e-05, \"gelu_tanh\")",
+               "hintbackend::layer_norm_act_backward.default(%gy, %h, [32], %mean, %rstd, %w, %b, [true, true, "
+               "true], \"gelu_tanh\")"});
+  check_lines(fold(mlp_graphs("aten::silu.default(%h)", "aten::silu_backward.default(%dx, %h)")),
+              {"hintbackend::layer_norm_act.default(%h, [32], %w, %b, 1.0000000000000001e-05, \"silu\")",
+               "hintbackend::layer_norm_act_backward.default(%gy, %h, [32], %mean, %rstd, %w, %b, [true, true, "
+               "true], \"silu\")"});
+}
+
+TEST(layer_norm_rows, fold_layer_norm_activation_leaves_what_it_cannot_fold) {
+  // Nothing on the CPU, nor without the runtime's CUDA kernels.
+  for (const auto& [text, ctx] :
+       {std::make_pair(mlp_graphs("aten::gelu.default(%h)", "aten::gelu_backward.default(%dx, %h)", "cpu"),
+                       cuda_pass_context()),
+        std::make_pair(mlp_graphs("aten::gelu.default(%h)", "aten::gelu_backward.default(%dx, %h)"),
+                       cuda_pass_context(false))}) {
+    const std::string out = fold(text, ctx);
+    EXPECT_EQ(out.find("layer_norm_act"), std::string::npos) << out;
+    EXPECT_EQ(out.find("// note: fold-layer-norm-activation"), std::string::npos) << out;
+  }
+  // The activation's result read elsewhere too (saved for the backward): the forward keeps it.
+  std::string saved = mlp_graphs("aten::gelu.default(%h)", "aten::gelu_backward.default(%dx, %h)", "cuda:0", ", %a");
+  check_lines(fold(saved), {"%a: bf16[4096, 32]@cuda:0 = aten::gelu.default(%h)",
+                            "aten::native_layer_norm.default(%a, [32]",
+                            "hintbackend::layer_norm_act_backward.default(%gy, %h,"});
+  // The input gradient read by something besides the activation's backward: the backward stays.
+  std::string read = mlp_graphs("aten::gelu.default(%h)", "aten::gelu_backward.default(%dx, %h)", "cuda:0", ", %dx");
+  check_lines(fold(read), {"hintbackend::layer_norm_act.default(%h,", "aten::native_layer_norm_backward.default(%gy, %a2,",
+                           "%dh: bf16[4096, 32]@cuda:0 = aten::gelu_backward.default(%dx, %h)"});
+  // A backward of another approximation than the recompute's: left.
+  check_lines(fold(mlp_graphs("aten::gelu.default(%h)", "aten::gelu_backward.default(%dx, %h, approximate=\"tanh\")")),
+              {"aten::native_layer_norm_backward.default(%gy, %a2,"});
+  // Rows LayerNormRows does not take (2048 wide): nothing folds.
+  std::string wide = mlp_graphs("aten::gelu.default(%h)", "aten::gelu_backward.default(%dx, %h)");
+  for (size_t at; (at = wide.find("32]")) != std::string::npos;) wide.replace(at, 3, "2048]");
+  EXPECT_EQ(fold(wide).find("layer_norm_act"), std::string::npos) << fold(wide);
+}
+
 }  // namespace
 }  // namespace hb
