@@ -87,36 +87,35 @@ __device__ __forceinline__ float div_(float a, float b) {
   return FAST ? __fdividef(a, b) : a / b;
 }
 
+// act(h) and act'(h) together, sharing what both need (erf, tanh, the sigmoid).
 template <int ACT, bool FAST>
-__device__ __forceinline__ float act(float h) {
-  if constexpr (ACT == static_cast<int>(RowActivation::Gelu)) {
-    return 0.5f * h * (1.f + erff(h * static_cast<float>(M_SQRT1_2)));
-  } else if constexpr (ACT == static_cast<int>(RowActivation::GeluTanh)) {
-    constexpr float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = 0.044715f;
-    return 0.5f * h * (1.f + tanhf(kBeta * (h + kKappa * h * h * h)));
-  } else if constexpr (ACT == static_cast<int>(RowActivation::Silu)) {
-    return div_<FAST>(h, 1.f + exp_<FAST>(-h));
-  } else {
-    return h;
-  }
-}
-
-template <int ACT, bool FAST>
-__device__ __forceinline__ float act_grad(float h) {
+__device__ __forceinline__ void act_and_grad(float h, float& a, float& d) {
   if constexpr (ACT == static_cast<int>(RowActivation::Gelu)) {
     constexpr float kAlpha = static_cast<float>(M_2_SQRTPI * M_SQRT1_2 * 0.5);
     const float cdf = 0.5f * (1.f + erff(h * static_cast<float>(M_SQRT1_2)));
-    return cdf + h * kAlpha * exp_<FAST>(-0.5f * h * h);
+    a = h * cdf;
+    d = cdf + h * kAlpha * exp_<FAST>(-0.5f * h * h);
   } else if constexpr (ACT == static_cast<int>(RowActivation::GeluTanh)) {
     constexpr float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = 0.044715f;
     const float t = tanhf(kBeta * (h + kKappa * h * h * h));
-    return 0.5f * (1.f + t) + 0.5f * h * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * h * h);
+    a = 0.5f * h * (1.f + t);
+    d = 0.5f * (1.f + t) + 0.5f * h * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * h * h);
   } else if constexpr (ACT == static_cast<int>(RowActivation::Silu)) {
     const float sig = div_<FAST>(1.f, 1.f + exp_<FAST>(-h));
-    return sig * (1.f + h * (1.f - sig));
+    a = h * sig;
+    d = sig * (1.f + h * (1.f - sig));
   } else {
-    return 1.f;
+    a = h;
+    d = 1.f;
   }
+}
+
+// act(h) alone (the forward's; the compiler drops the derivative's own terms).
+template <int ACT, bool FAST>
+__device__ __forceinline__ float act(float h) {
+  float a, d;
+  act_and_grad<ACT, FAST>(h, a, d);
+  return a;
 }
 
 // y = (x - mean) * rstd * w + b over each row of n, in float32: the mean first, then the variance as the
@@ -194,11 +193,12 @@ __global__ void __launch_bounds__(kThreads)
     load_row<T, VEC, TPR, C>(g + (live ? row : 0) * n, n, live, sub, gv);
     load_row<T, VEC, TPR, C>(x + (live ? row : 0) * n, n, live, sub, xv);
     const float mu = live ? mean[row] : 0.f, rs = live ? rstd[row] : 0.f;
+    float dact[ACT != 0 ? C : 1][VEC];  // act'(h), computed with act(h)
     if constexpr (ACT != 0)
 #pragma unroll
       for (int c = 0; c < C; ++c)
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) xv[c][k] = act<ACT, !std::is_same_v<T, float>>(xv[c][k]);
+        for (int k = 0; k < VEC; ++k) act_and_grad<ACT, !std::is_same_v<T, float>>(xv[c][k], xv[c][k], dact[c][k]);
     float a = 0.f, bsum = 0.f;
 #pragma unroll
     for (int c = 0; c < C; ++c)
@@ -214,18 +214,12 @@ __global__ void __launch_bounds__(kThreads)
     bsum = row_sum<TPR>(bsum) * inv_n;
     if (dx && live) {
 #pragma unroll
-      for (int c = 0; c < C; ++c) {
-        // act'(h) a chunk at a time, h read again (from L1: this thread read it above), so that no
-        // row of derivatives is held in registers beside the row's gradient and input
-        float d[1][VEC];
-        if constexpr (ACT != 0) load_row<T, VEC, 1, 1>(x + row * n + column<TPR, VEC>(c, sub), VEC,
-                                                         column<TPR, VEC>(c, sub) < n, 0, d);
+      for (int c = 0; c < C; ++c)
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           gv[c][k] = rs * (gv[c][k] - a - xv[c][k] * bsum);
-          if constexpr (ACT != 0) gv[c][k] *= act_grad<ACT, !std::is_same_v<T, float>>(d[0][k]);
+          if constexpr (ACT != 0) gv[c][k] *= dact[c][k];
         }
-      }
       store_row<T, VEC, TPR, C>(dx + row * n, n, sub, gv);
     }
   }
