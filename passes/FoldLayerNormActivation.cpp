@@ -16,13 +16,17 @@ constexpr const char* kGeluBackward = "aten::gelu_backward.default";
 constexpr const char* kSilu = "aten::silu.default";
 constexpr const char* kSiluBackward = "aten::silu_backward.default";
 
-// gelu's `approximate` ("none" when not given), at argument `pos` or as a keyword; nullopt when it is
-// neither a string nor absent, or the node has other keywords.
+// gelu's `approximate` ("none" when not given), as argument `pos` or as the keyword; nullopt for any
+// other argument or keyword, or a value that is not a string.
 std::optional<std::string> approximate(const Node& n, size_t pos) {
-  if (n.args.size() > pos + 1) return std::nullopt;
-  const Arg* a = n.args.size() == pos + 1 ? &n.args[pos] : n.kwarg("approximate");
-  if (n.kwargs.size() > (n.args.size() == pos + 1 ? 0u : 1u)) return std::nullopt;
-  if (!a) return n.kwargs.empty() ? std::optional<std::string>("none") : std::nullopt;
+  const Arg* a = nullptr;
+  if (n.args.size() == pos + 1) a = &n.args[pos];
+  else if (n.args.size() != pos) return std::nullopt;
+  for (const auto& [key, v] : n.kwargs) {
+    if (key != "approximate" || a) return std::nullopt;
+    a = &v;
+  }
+  if (!a) return "none";
   if (a->kind != Arg::Kind::Str) return std::nullopt;
   return a->s;
 }

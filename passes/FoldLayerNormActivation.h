@@ -23,7 +23,7 @@
 // The pass folds only where the rewritten node is one LayerNormRows takes (codegen/KernelSelect.h:
 // layer_norm_rows_why_not) and the target runs those kernels (Target::cuda_kernels): elsewhere the fold
 // would only trade ATen's ops for the same ops under another name. Both nodes of a fold must be in one
-// hinted_context region. After slice-schedule (whose legality rules read the plain ops), before
+// hinted_context region; the nodes of a slice loop's body (a DFS region) are left as they are. After slice-schedule (whose legality rules read the plain ops), before
 // pointwise-fusion (which could take the activation into a group) and the memory passes.
 //
 // The note lists what it folded:
