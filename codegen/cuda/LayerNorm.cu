@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kThreads)
 // (the weight's and the bias's gradients over its rows): partial[blockIdx.x][0, n) and [n, 2n).
 // Blocks walk the rows in strides of the grid, so a block's sums cover many rows and the partials are
 // few (param_grads_kernel adds them). With ACT, x is act(h) of the input h (recomputed here), and the
-// gradient written is h's: dx act'(h), dx never rounded.
+// gradient written is h's: the layer norm's input gradient times act'(h), rounded once.
 template <typename T, int VEC, int TPR, int C, int ACT>
 __global__ void __launch_bounds__(kThreads)
     backward_kernel(const T* __restrict__ g, const T* __restrict__ x, const float* __restrict__ mean,

@@ -158,6 +158,13 @@ TEST(layer_norm_rows, fold_layer_norm_activation_takes_gelu_into_the_forward_and
                     "%lnb: layer-norm-rows hintbackend::layer_norm_act_backward.default"});
   for (const char* gone : {"%a:", "%a2:", "%dh:", "aten::gelu"})
     EXPECT_EQ(out.find(gone), std::string::npos) << gone << " left in\n" << out;
+  // The folded backward keeps the layer norm backward's workspace in the memory plan's count.
+  auto g = parse_graph(mlp_graphs("aten::gelu.default(%h)", "aten::gelu_backward.default(%dx, %h)"));
+  PassContext ctx = cuda_pass_context();
+  run_passes(*g, {"fold-layer-norm-activation"}, ctx);
+  const Node& lnb = g->nodes.at(g->find("lnb"));
+  ASSERT_EQ(lnb.target, kLayerNormActBackwardTarget);
+  EXPECT_EQ(kernel_workspace_bytes(*g, lnb), 528 * 2 * 32 * 4);
 }
 
 TEST(layer_norm_rows, fold_layer_norm_activation_takes_tanh_gelu_and_silu) {
