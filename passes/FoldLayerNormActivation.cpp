@@ -56,13 +56,6 @@ bool is_backward_of(const Node& n, RowActivation act, int grad, int h) {
   return approx == (act == RowActivation::GeluTanh ? "tanh" : "none");
 }
 
-Arg of_str(const std::string& s) {
-  Arg a;
-  a.kind = Arg::Kind::Str;
-  a.s = s;
-  return a;
-}
-
 }  // namespace
 
 bool fold_layer_norm_activation(Graph& g, PassContext& ctx) {
@@ -101,17 +94,18 @@ bool fold_layer_norm_activation(Graph& g, PassContext& ctx) {
       }
       if (dx < 0 || users[dx].size() != 1) continue;
       dh = users[dx][0];
+      // (%dh's readers will read %dx: the same tensor type, or leave it)
+      const ValueType &tx = g.nodes[dx].type, &th = g.nodes[dh].type;
       if (!is_backward_of(g.nodes[dh], *act, dx, h) || g.nodes[dh].hints.region != ln.hints.region ||
-          g.nodes[dh].type.kind != ValueType::Kind::Tensor || g.nodes[dx].type.kind != ValueType::Kind::Tensor ||
-          !(g.nodes[dh].type.tensor.shape == g.nodes[dx].type.tensor.shape) ||
-          g.nodes[dh].type.tensor.dtype != g.nodes[dx].type.tensor.dtype ||
-          g.nodes[dh].type.tensor.stride != g.nodes[dx].type.tensor.stride)
+          tx.kind != ValueType::Kind::Tensor || th.kind != ValueType::Kind::Tensor ||
+          tx.tensor.shape != th.tensor.shape || tx.tensor.stride != th.tensor.stride ||
+          tx.tensor.dtype != th.tensor.dtype)
         continue;
     }
     Node fused = ln;
     fused.target = backward ? kLayerNormActBackwardTarget : kLayerNormActTarget;
     fused.args[shape->input_arg] = Arg::of_ref(h, g.nodes[h].name);
-    fused.args.push_back(of_str(row_activation_name(*act)));
+    fused.args.push_back(Arg::of_str(row_activation_name(*act)));
     if (!layer_norm_rows_why_not(g, fused).empty()) continue;  // (h not contiguous, another dtype ...)
     g.nodes[i] = std::move(fused);
     keep[a] = false;

@@ -13,13 +13,6 @@ constexpr int64_t kMinRows = 512, kMinOutputs = 128, kMaxRowsPerPartial = 1024;
 
 bool on_cuda(const TensorType& t) { return t.device.rfind("cuda", 0) == 0; }
 
-Arg of_bool(bool b) {
-  Arg a;
-  a.kind = Arg::Kind::Bool;
-  a.b = b;
-  return a;
-}
-
 struct Split {
   int k = 0;           // leading dims reduced
   int64_t rows = 0;    // N: their product
@@ -82,7 +75,7 @@ bool split_column_sum(Graph& g, PassContext& ctx) {
     Node& n = g.nodes[i];
     const Arg x = n.args[0];
     n.target = kColumnSum;
-    n.args = {x, Arg::of_int(s->k), of_bool(s->keepdim), Arg::of_int(s->r), Arg::of_dtype(n.type.tensor.dtype)};
+    n.args = {x, Arg::of_int(s->k), Arg::of_bool(s->keepdim), Arg::of_int(s->r), Arg::of_dtype(n.type.tensor.dtype)};
     n.kwargs.clear();
     n.effects = OpEffects{};
     note << (split++ ? "; " : ": ") << "%" << n.name << " over " << s->rows << " rows of " << s->outputs << " as "

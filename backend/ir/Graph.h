@@ -84,6 +84,8 @@ struct Arg {
   static Arg of_int(int64_t v) { Arg a; a.kind = Kind::Int; a.i = v; return a; }
   static Arg of_float(double v) { Arg a; a.kind = Kind::Float; a.f = v; return a; }
   static Arg of_dtype(DType d) { Arg a; a.kind = Kind::DType; a.dtype = d; return a; }
+  static Arg of_bool(bool v) { Arg a; a.kind = Kind::Bool; a.b = v; return a; }
+  static Arg of_str(std::string v) { Arg a; a.kind = Kind::Str; a.s = std::move(v); return a; }
   // Calls f(const Arg&) on every Ref inside this argument, depth first.
   template <typename F>
   void for_each_ref(F&& f) const {

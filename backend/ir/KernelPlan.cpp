@@ -25,10 +25,6 @@ const char* kernel_kind_name(KernelKind k) {
   return "?";
 }
 
-}  // namespace hb
-
-namespace hb {
-
 std::optional<RowActivation> parse_row_activation(const std::string& name) {
   if (name.empty() || name == "none") return RowActivation::None;
   if (name == "gelu") return RowActivation::Gelu;

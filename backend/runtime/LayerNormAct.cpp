@@ -8,6 +8,7 @@
 #include <ATen/ops/silu_backward.h>
 #include <torch/library.h>
 
+#include <array>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -27,9 +28,11 @@ RowActivation activation(c10::string_view name) {
   return *a;
 }
 
+// gelu's `approximate` for a GELU activation
+const char* approximate(RowActivation a) { return a == RowActivation::GeluTanh ? "tanh" : "none"; }
+
 Tensor apply(RowActivation a, const Tensor& h) {
-  if (a == RowActivation::Silu) return at::silu(h);
-  return at::gelu(h, a == RowActivation::GeluTanh ? "tanh" : "none");
+  return a == RowActivation::Silu ? at::silu(h) : at::gelu(h, approximate(a));
 }
 
 std::tuple<Tensor, Tensor, Tensor> layer_norm_act(const Tensor& h, at::IntArrayRef normalized_shape,
@@ -48,8 +51,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_act_backward(const Tensor& grad_ou
   auto [dx, dw, db] =
       at::native_layer_norm_backward(grad_out, apply(a, h), normalized_shape, mean, rstd, weight, bias, output_mask);
   if (dx.defined())
-    dx = a == RowActivation::Silu ? at::silu_backward(dx, h)
-                                  : at::gelu_backward(dx, h, a == RowActivation::GeluTanh ? "tanh" : "none");
+    dx = a == RowActivation::Silu ? at::silu_backward(dx, h) : at::gelu_backward(dx, h, approximate(a));
   return {dx, dw, db};
 }
 
