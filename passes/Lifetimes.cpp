@@ -39,9 +39,15 @@ Lifetimes lifetimes(const Graph& g) {
       const int k = node.args.size() > 1 ? static_cast<int>(node.args[1].i) : 0;
       base = V.find(node.args[0].ref, k);
       if (base < 0) base = V.find(node.args[0].ref, -1);
-    } else if ((node.effects.is_view || node.effects.mutates || aliases_without_annotation(node)) && !node.args.empty() &&
-               node.args[0].kind == Arg::Kind::Ref) {
-      base = V.find(node.args[0].ref, -1);
+    } else if (node.effects.is_view || node.effects.mutates || aliases_without_annotation(node)) {
+      // (per element: batch_norm_in_place returns fresh tensors beside its running statistics)
+      for (size_t v = first; v < V.vals.size(); ++v) {
+        const int arg = aliased_argument(node, V.vals[v].elem);
+        if (arg < 0 || arg >= static_cast<int>(node.args.size()) || node.args[arg].kind != Arg::Kind::Ref) continue;
+        const int b = V.find(node.args[arg].ref, -1);
+        if (b >= 0) V.root[v] = V.root[b];
+      }
+      continue;
     }
     if (base >= 0)
       for (size_t v = first; v < V.vals.size(); ++v) V.root[v] = V.root[base];

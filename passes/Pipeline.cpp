@@ -20,6 +20,7 @@
 #include "passes/SliceSchedule.h"
 #include "passes/SoftmaxUpcast.h"
 #include "passes/SplitColumnSum.h"
+#include "passes/WriteInputsInPlace.h"
 
 namespace hb {
 
@@ -51,6 +52,10 @@ const std::vector<PassInfo>& pipeline() {
        "analysis after hint-propagation (regions and hints final): the dump says what each region can slice"},
       {"slice-schedule", slice_schedule,
        "rewrites DFS/auto regions into slice loops; after legality, before memory-plan, which plans the final order"},
+      {"write-inputs-in-place", write_inputs_in_place,
+       "an input the caller writes an output back into (ctx.input_writes: training BatchNorm's running "
+       "statistics) written by the node that computes it; after slice-schedule, whose legality rules read the "
+       "functional ops, and before pointwise-fusion, which could take the add into a group"},
       {"fold-cross-entropy-backward", fold_cross_entropy_backward,
        "nll_loss_backward and the log-softmax gradient into one op writing one [N, C] buffer (not two); after "
        "slice-schedule (whose legality rules read the plain ops, and whose loop bodies it folds too), before "

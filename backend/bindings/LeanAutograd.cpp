@@ -57,6 +57,14 @@ at::Tensor coerce(const at::Tensor& g, const TangentLayout& want) {
   return r;
 }
 
+// Whether `input` already holds `value`: the same memory read the same way (the graph wrote the input in
+// place and returned its data: write-inputs-in-place).
+bool holds_already(const at::Tensor& input, const at::Tensor& value) {
+  return input.is_alias_of(value) && input.storage_offset() == value.storage_offset() &&
+         input.sizes().equals(value.sizes()) && input.strides().equals(value.strides()) &&
+         input.scalar_type() == value.scalar_type();
+}
+
 TangentLayout parse_layout(const py::handle& h) {
   TangentLayout l;
   if (py::isinstance<py::str>(h)) {
@@ -301,8 +309,11 @@ class LeanFunction {
         node->tangent_meta.emplace_back(u.sizes().vec(), u.options());
       }
     }
-    for (size_t i = 0; i < nm; ++i)  // as AOTAutograd's runtime writes a data mutation back
-      vars.at(s.mutated_inputs[i]).copy_(result[i]);
+    for (size_t i = 0; i < nm; ++i) {  // as AOTAutograd's runtime writes a data mutation back
+      const at::Tensor& input = vars.at(s.mutated_inputs[i]);
+      // (nothing to copy where the graph wrote the input in place: write-inputs-in-place)
+      if (!holds_already(input, result[i])) input.copy_(result[i]);
+    }
     return variable_list(result.begin() + static_cast<std::ptrdiff_t>(nm), result.end());
   }
 

@@ -90,6 +90,7 @@ py::dict plan_data(const MemoryPlan& p, const Graph& g) {
 struct CompileSettings {
   std::vector<std::string> disable_passes;
   std::vector<std::string> zero_inputs;  // placeholders passed as zeros (fold-zero-inputs)
+  std::vector<std::string> input_writes;  // placeholders the first outputs are written back into, in order
   bool verify_each_pass = false;
   std::string memory_plan_strategy;  // "" = the planner keeps the better of its strategies
   bool memory_plan_in_place = true;
@@ -109,6 +110,7 @@ struct CompileSettings {
     PassContext ctx;
     ctx.disabled.insert(disable_passes.begin(), disable_passes.end());
     ctx.zero_inputs.insert(zero_inputs.begin(), zero_inputs.end());
+    ctx.input_writes = input_writes;
     ctx.verify_each = verify_each_pass;
     ctx.memory.strategy = memory_plan_strategy;
     ctx.memory.in_place = memory_plan_in_place;
@@ -298,6 +300,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<>())
       .def_readwrite("disable_passes", &hb::CompileSettings::disable_passes)
       .def_readwrite("zero_inputs", &hb::CompileSettings::zero_inputs)
+      .def_readwrite("input_writes", &hb::CompileSettings::input_writes)
       .def_readwrite("verify_each_pass", &hb::CompileSettings::verify_each_pass)
       .def_readwrite("memory_plan_strategy", &hb::CompileSettings::memory_plan_strategy)
       .def_readwrite("memory_plan_in_place", &hb::CompileSettings::memory_plan_in_place)

@@ -34,6 +34,11 @@ bool may_write_over_input(const Node& n) {
 // own, and its base must live as long as it does.
 bool aliases_without_annotation(const Node& n) { return n.target == "aten::_unsafe_view.default"; }
 
+int aliased_argument(const Node& n, int elem) {
+  if (n.target == kBatchNormInPlaceTarget) return elem == 3 || elem == 4 ? elem : -1;
+  return 0;
+}
+
 std::vector<int> storage_nodes(const Graph& g) {
   std::vector<int> base(g.nodes.size());
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {

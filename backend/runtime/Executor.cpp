@@ -19,6 +19,7 @@
 #include "backend/runtime/ColumnSum.h"
 #include "backend/runtime/CrossEntropyBackward.h"
 #include "backend/runtime/CrossEntropyForward.h"
+#include "backend/runtime/BatchNormInPlace.h"
 #include "backend/runtime/LayerNormAct.h"
 #include "backend/runtime/Placement.h"
 #include "backend/runtime/RowSoftmax.h"
@@ -112,6 +113,7 @@ Executor::Executor(Program program, std::shared_ptr<const std::vector<at::Tensor
   link_cross_entropy_forward_ops();
   link_column_sum_ops();  // and the one split-column-sum writes
   link_layer_norm_act_ops();  // and the ones fold-layer-norm-activation writes
+  link_batch_norm_in_place_ops();  // and the one write-inputs-in-place writes
   placeholders_ = g.placeholders();
   const Liveness live = liveness(g);
   std::vector<int> step_of(g.nodes.size(), -1);

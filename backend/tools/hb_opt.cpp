@@ -15,7 +15,9 @@
 // placement table a real run wrote to its dump folder, so hb-opt plans (and slices) exactly as it did.
 // --strategy, --no-in-place and --no-arena are the memory planner's settings (options.py's
 // memory_plan_strategy, memory_plan_in_place and arena); --zero-inputs=a,b names placeholders the caller
-// passes as zeros (fold-zero-inputs; the lean runtime's undefined gradients).
+// passes as zeros (fold-zero-inputs; the lean runtime's undefined gradients); --input-writes=a,b names
+// the placeholders the graph's first outputs are written back into, in order (write-inputs-in-place;
+// the forward's functionalized buffer updates).
 //
 // Output per pass: `// ----- IR after <pass> (changed|unchanged)`, the IR (print_graph) when it
 // changed or it is the first pass, then `// note: ...` lines for the notes it added.
@@ -54,7 +56,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 void usage(std::ostream& os) {
   os << "usage: hb-opt [--passes=a,b,...] [--print-all] [--list-passes] [--placement=structural|none|FILE]\n"
-        "              [--zero-inputs=a,b]\n"
+        "              [--zero-inputs=a,b] [--input-writes=a,b]\n"
         "              [--strategy=greedy-by-size|best-fit] [--no-in-place] [--no-arena] [FILE|-]\n"
         "  reads a hintbackend graph document (JSON) or IR text from FILE or stdin, runs the named passes (default: the\n"
         "  whole pipeline) and prints the IR after each pass and the notes it left.\n"
@@ -72,6 +74,7 @@ int main(int argc, char** argv) {
   hb::MemoryPlanOptions memory;
   memory.target = hb::structural_target();
   std::set<std::string> zero_inputs;
+  std::vector<std::string> input_writes;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--passes=", 0) == 0) {
@@ -95,6 +98,8 @@ int main(int argc, char** argv) {
       memory.strategy = a.substr(11);
     } else if (a.rfind("--zero-inputs=", 0) == 0) {
       for (const std::string& z : split(a.substr(14), ',')) zero_inputs.insert(z);
+    } else if (a.rfind("--input-writes=", 0) == 0) {
+      input_writes = split(a.substr(15), ',');
     } else if (a == "--no-in-place") {
       memory.in_place = false;
     } else if (a == "--no-arena") {
@@ -134,6 +139,7 @@ int main(int argc, char** argv) {
     ctx.verify_each = true;
     ctx.memory = memory;
     ctx.zero_inputs = zero_inputs;
+    ctx.input_writes = input_writes;
     size_t seen_notes = 0;
     ctx.after_pass = [&](const std::string& pass, const hb::Graph& graph, bool changed) {
       std::cout << "// ----- IR after " << pass << " (" << (changed ? "changed" : "unchanged") << ")\n";

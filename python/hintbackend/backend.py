@@ -105,6 +105,9 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options,
             log.info("graph %s: AOTAutograd's runtime (not the lean one): %s", name, why_not)
         else:
             payload["lean"] = plan.to_json()
+            if plan.mutated_inputs:  # the forward's first outputs, written back into these (write-inputs-in-place)
+                placeholders = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+                payload["input_writes"] = [placeholders[i] for i in plan.mutated_inputs]
     fn, unsupported = _build(payload, opts, name)
     if unsupported:
         return _fallback(gm, opts, name, unsupported), None
@@ -142,14 +145,15 @@ def compiled_graphs() -> Iterator[List[Any]]:
 def _build(payload: dict, opts: Options, name: str, zero_inputs: Sequence[str] = ()):
     """The C++ compile of a serialized graph, its dumps, warnings and log lines: (boxed callable, the
     unsupported ops (the callable is None then)). Also what a compile cache hit runs. `zero_inputs`:
-    placeholders the caller passes as zeros (a lean backward's undefined gradients, _zero_variants)."""
+    placeholders the caller passes as zeros (a lean backward's undefined gradients, _zero_variants). The
+    payload's "input_writes": the placeholders a lean forward's first outputs are written back into."""
     dumper = _dumper(opts, name)
     text, constants = payload["document"], payload["constants"]
     if dumper:
         dumper.write("fx_graph.txt", payload["fx_text"])
         dumper.write("graph.json", json.dumps(json.loads(text), indent=1))
-    compiled = _core().CompiledGraph(text, constants, opts.core_settings(dump=dumper is not None,
-                                                                        zero_inputs=zero_inputs))
+    compiled = _core().CompiledGraph(text, constants, opts.core_settings(dump=dumper is not None, zero_inputs=zero_inputs,
+                                                                        input_writes=payload.get("input_writes", ())))
     if dumper:
         _write_dumps(dumper, compiled, text, constants, opts)
     for message in compiled.warnings:

@@ -242,7 +242,6 @@ def _zero_graph(pair_ref: Callable[[], Optional[LeanPair]], positions: Tuple[int
 
 def runtime(aot_fn: Callable, pair: LeanPair) -> Callable:
     """The backend call's result: AOTAutograd's callable until the pair is ready, then the lean one."""
-    import torch._dynamo
     from torch._dynamo import compiled_autograd
 
     from . import _core
@@ -270,4 +269,6 @@ def runtime(aot_fn: Callable, pair: LeanPair) -> Callable:
         if hasattr(aot_fn, attr):
             setattr(run, attr, getattr(aot_fn, attr))
     run.hintbackend_lean = pair  # type: ignore[attr-defined]
-    return torch._dynamo.disable(run, reason="do not trace hintbackend's compiled graph")
+    # (Dynamo calls it through its own disable wrapper, "do not trace Dynamo-compiled graph": one more
+    # here cost each call two frame-evaluation switches)
+    return run

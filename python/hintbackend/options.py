@@ -71,15 +71,18 @@ class Options:
     #: Also HINTBACKEND_CUTLASS_INCLUDE; default: the nvidia-cutlass wheel's cutlass_library/source/include.
     cutlass_include: Optional[str] = None
 
-    def core_settings(self, dump: Optional[bool] = None, zero_inputs: Sequence[str] = ()) -> Any:
+    def core_settings(self, dump: Optional[bool] = None, zero_inputs: Sequence[str] = (),
+                      input_writes: Sequence[str] = ()) -> Any:
         """The C++ core's CompileSettings for these options (`dump`: print the IR after every pass and
         the plans; default: when dump_dir is set; `zero_inputs`: placeholders the caller passes as zeros,
-        fold-zero-inputs, the lean runtime's undefined gradients)."""
+        fold-zero-inputs, the lean runtime's undefined gradients; `input_writes`: the placeholders the
+        graph's first outputs are written back into, in order, write-inputs-in-place)."""
         from . import _core
 
         s = _core().CompileSettings()
         s.disable_passes = [p for p in self.disable_passes if p not in PARTITION_PASSES]
         s.zero_inputs = list(zero_inputs)
+        s.input_writes = list(input_writes)
         s.verify_each_pass = self.verify_each_pass
         s.arena = self.arena
         s.memory_plan_in_place = self.memory_plan_in_place

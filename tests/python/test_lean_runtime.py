@@ -182,6 +182,124 @@ def test_batchnorm_runs_lean_and_updates_its_running_statistics(tmp_path, caplog
                                    rtol=1e-4, atol=1e-5)
 
 
+class ReadsStatistics(torch.nn.Module):
+    """BatchNorm whose running mean the forward also reads: after the BatchNorm (the new value, as eager
+    reads it) or before it (the old value)."""
+
+    def __init__(self, before: bool):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+        self.bn = torch.nn.BatchNorm1d(6)
+        self.before = before
+
+    def forward(self, x):
+        h = self.lin(x)
+        if self.before:
+            return torch.tanh(self.bn(h + self.bn.running_mean))
+        return torch.tanh(self.bn(h)) * self.bn.running_mean
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_batchnorm_writes_its_statistics_in_place(tmp_path, cache):
+    """write-inputs-in-place: the forward updates BatchNorm's running statistics and batch count in the
+    buffers themselves (no clones, no copies back): the compiled graph says so, the buffers keep their
+    memory, the running statistics' version counters do not move (eager's do not either: the lean runtime
+    copies nothing), and two forwards before one backward give eager's gradients and statistics."""
+    from hintbackend.backend import compiled_graphs
+
+    torch.manual_seed(0)
+    m = BatchNormNet().to(device()).train()
+    ref = __import__("copy").deepcopy(m)
+    x1 = torch.randn(8, 6, device=device(), requires_grad=True)
+    x2 = torch.randn(8, 6, device=device(), requires_grad=True)
+    torch._dynamo.reset()
+    fn = torch.compile(m, backend="hintbackend", options={"cache_dir": str(tmp_path), "compile_cache": cache})
+    with compiled_graphs() as graphs:
+        fn(x1).square().mean().backward()  # (the first step: AOTAutograd's runtime without the cache)
+    forward = [g for name, g in graphs if name.startswith("forward")]
+    assert forward and any("write-inputs-in-place" in n and "batch_norm_in_place" in n and "(add_)" in n
+                           for n in forward[0].notes), forward[0].notes
+    ir = forward[0].ir
+    assert "= hintbackend::batch_norm_in_place" in ir and "= aten::_native_batch_norm_legit_functional" not in ir
+    ref(x1).square().mean().backward()
+    buffers = {k: (b.data_ptr(), b._version) for k, b in m.bn.named_buffers()}
+    for p in list(m.parameters()) + list(ref.parameters()):
+        p.grad = None
+    x1.grad = None
+    # Two forwards, one backward (the first forward's saved statistics outlive the second's update).
+    loss = fn(x1).square().mean() + fn(x2).square().mean()
+    assert grad_fn_name(fn(x2)) == LEAN
+    loss.backward()
+    got = [x1.grad] + [p.grad for p in m.parameters()]
+    x1.grad = None
+    (ref(x1).square().mean() + ref(x2).square().mean()).backward()
+    ref(x2)
+    want = [x1.grad] + [p.grad for p in ref.parameters()]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for k, b in m.bn.named_buffers():
+        assert b.data_ptr() == buffers[k][0], k
+        torch.testing.assert_close(b, dict(ref.bn.named_buffers())[k], rtol=1e-5, atol=1e-6)
+    assert m.bn.num_batches_tracked.item() == 4
+    assert m.bn.running_mean._version == buffers["running_mean"][1]
+    assert m.bn.running_var._version == buffers["running_var"][1]
+
+
+def test_half_precision_batchnorm_statistics_in_place(tmp_path):
+    """A bf16 module's statistics are bf16, the functional form's new values float: the forward converts
+    them back before writing them back. In place there is no conversion left, and after three steps the
+    statistics are eager's (the same kernel updates them: on the CPU bit for bit)."""
+    import copy
+    from hintbackend.backend import compiled_graphs
+    from test_models import CNN
+
+    torch.manual_seed(0)
+    m = CNN().to(device(), torch.bfloat16).train()
+    ref = copy.deepcopy(m)
+    x = torch.randn(8, 3, 16, 16, device=device(), dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    fn = torch.compile(m, backend="hintbackend", options={"cache_dir": str(tmp_path)})
+    with compiled_graphs() as graphs:
+        for _ in range(3):
+            fn(x).float().square().mean().backward()
+            ref(x).float().square().mean().backward()
+    forward = [g for name, g in graphs if name.startswith("forward")][0]
+    assert any("batch_norm_in_place" in n for n in forward.notes), forward.notes
+    assert "_to_copy" not in forward.ir, forward.ir
+    for (k, a), (_, b) in zip(m.bn.named_buffers(), ref.bn.named_buffers()):
+        if device() == "cpu" or k == "num_batches_tracked":
+            assert torch.equal(a, b), k
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+    for a, b in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("before", [False, True], ids=["read-after", "read-before"])
+def test_batchnorm_statistics_read_by_the_forward(tmp_path, before):
+    """A forward that reads the running mean itself: after the BatchNorm it reads the new value (in place
+    as well), before it the old one (then the statistics are not written in place, as the note says);
+    outputs, gradients and statistics equal eager's over three steps."""
+    from hintbackend.backend import compiled_graphs
+
+    torch.manual_seed(0)
+    m = ReadsStatistics(before).to(device()).train()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-1, 1)
+    ref = __import__("copy").deepcopy(m)
+    x = torch.randn(8, 6, device=device(), requires_grad=True)
+    with compiled_graphs() as graphs:
+        got, names = steps(m, x, {"cache_dir": str(tmp_path)})
+    assert names[-1] == LEAN
+    notes = [n for name, g in graphs if name.startswith("forward") for n in g.notes if "write-inputs-in-place" in n]
+    assert (notes and "batch_norm_in_place" in notes[0]) != before, notes
+    want = eager_steps(ref, x, lambda y: y.float().square().mean())
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for k, b in m.bn.named_buffers():
+        torch.testing.assert_close(b, dict(ref.bn.named_buffers())[k], rtol=1e-5, atol=1e-6)
+
+
 def test_autograd_checks_hold(tmp_path):
     """A saved tensor changed in place before the backward is an error, as in eager; a second
     differentiation of the compiled backward is refused with a clear error."""

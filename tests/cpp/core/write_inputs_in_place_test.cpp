@@ -1,0 +1,198 @@
+// write-inputs-in-place (passes/WriteInputsInPlace.h): training BatchNorm's functional form and the batch
+// count's add write the inputs the caller writes them back into; what it leaves, and the lifetimes of the
+// in-place BatchNorm's elements.
+#include <gtest/gtest.h>
+
+#include "IrTestUtil.h"
+#include "backend/ir/Parser.h"
+#include "passes/Lifetimes.h"
+
+namespace hb::test {
+namespace {
+
+// A forward as AOTAutograd gives it for Linear -> BatchNorm1d in training: the batch count and both
+// statistics are its first outputs (written back into primals_4, 5 and 6), the statistics saved again.
+const char* kBatchNormForward = R"(
+graph forward_0 {
+  %primals_1: f32[8, 6] = placeholder
+  %primals_4: i64[] = placeholder
+  %primals_5: f32[6] = placeholder
+  %primals_6: f32[6] = placeholder
+  %primals_7: f32[6] = placeholder
+  %primals_8: f32[6] = placeholder
+  %add: i64[] = aten::add.Tensor(%primals_4, 1)
+  %bn: (f32[8, 6], f32[6], f32[6], f32[6], f32[6]) = aten::_native_batch_norm_legit_functional.default(%primals_1, %primals_7, %primals_8, %primals_5, %primals_6, true, 0.5, 0.25)
+  %getitem: f32[8, 6] = operator::getitem(%bn, 0)
+  %getitem_1: f32[6] = operator::getitem(%bn, 1)
+  %getitem_2: f32[6] = operator::getitem(%bn, 2)
+  %getitem_3: f32[6] = operator::getitem(%bn, 3)
+  %getitem_4: f32[6] = operator::getitem(%bn, 4)
+  %tanh: f32[8, 6] = aten::tanh.default(%getitem)
+  return (%add, %getitem_3, %getitem_4, %tanh, %getitem_1, %getitem_2, %getitem_3, %getitem_4)
+}
+)";
+
+PassContext writes(std::vector<std::string> names) {
+  PassContext ctx;
+  ctx.input_writes = std::move(names);
+  return ctx;
+}
+
+TEST(write_inputs_in_place, batch_norm_and_its_batch_count) {
+  file_check(std::string("// RUN: write-inputs-in-place\n") + kBatchNormForward + R"(
+// CHECK: %add: i64[] = aten::add_.Tensor(%primals_4, 1) !mutates
+// CHECK-NEXT: %bn: (f32[8, 6], f32[6], f32[6], f32[6], f32[6]) = hintbackend::batch_norm_in_place.default(%primals_1, %primals_7, %primals_8, %primals_5, %primals_6, 0.5, 0.25) !mutates
+// CHECK-NEXT: %getitem: f32[8, 6] = operator::getitem(%bn, 0)
+// CHECK: return (%add, %getitem_3, %getitem_4, %tanh, %getitem_1, %getitem_2, %getitem_3, %getitem_4)
+// CHECK: // note: write-inputs-in-place graph forward_0: %primals_4 by %add (add_), %primals_5 and %primals_6 by %bn (batch_norm_in_place)
+)",
+             writes({"primals_4", "primals_5", "primals_6"}));
+}
+
+TEST(write_inputs_in_place, a_half_precision_module_converts_its_statistics_back) {
+  // bf16 statistics: the functional form's new values are float, converted back before they are written
+  // back and saved. In place, the conversions read as the elements, which take the inputs' type.
+  file_check(R"(
+// RUN: write-inputs-in-place
+graph forward_0 {
+  %x: bf16[8, 6] = placeholder
+  %m: bf16[6] = placeholder
+  %v: bf16[6] = placeholder
+  %bn: (bf16[8, 6], f32[6], f32[6], f32[6], f32[6]) = aten::_native_batch_norm_legit_functional.default(%x, none, none, %m, %v, true, 0.5, 0.25)
+  %y: bf16[8, 6] = operator::getitem(%bn, 0)
+  %getitem_3: f32[6] = operator::getitem(%bn, 3)
+  %getitem_4: f32[6] = operator::getitem(%bn, 4)
+  %c3: bf16[6] = aten::_to_copy.default(%getitem_3, dtype=dtype.bfloat16, layout=layout.strided)
+  %c4: bf16[6] = aten::_to_copy.default(%getitem_4, dtype=dtype.bfloat16, layout=layout.strided)
+  return (%c3, %c4, %y, %c3, %c4)
+}
+// CHECK: %bn: (bf16[8, 6], f32[6], f32[6], bf16[6], bf16[6]) = hintbackend::batch_norm_in_place.default(%x, none, none, %m, %v, 0.5, 0.25) !mutates
+// CHECK-NEXT: %y: bf16[8, 6] = operator::getitem(%bn, 0)
+// CHECK-NEXT: %getitem_3: bf16[6] = operator::getitem(%bn, 3)
+// CHECK-NEXT: %getitem_4: bf16[6] = operator::getitem(%bn, 4)
+// CHECK-NOT: _to_copy
+// CHECK: return (%getitem_3, %getitem_4, %y, %getitem_3, %getitem_4)
+// CHECK: // note: write-inputs-in-place graph forward_0: %m and %v by %bn (batch_norm_in_place)
+)",
+             writes({"m", "v"}));
+  // A conversion to another dtype than the input's, or of an element something else reads too, is a
+  // value of its own: left.
+  file_check(R"(
+// RUN: write-inputs-in-place
+graph forward_0 {
+  %x: bf16[8, 6] = placeholder
+  %m: bf16[6] = placeholder
+  %v: bf16[6] = placeholder
+  %bn: (bf16[8, 6], f32[6], f32[6], f32[6], f32[6]) = aten::_native_batch_norm_legit_functional.default(%x, none, none, %m, %v, true, 0.5, 0.25)
+  %y: bf16[8, 6] = operator::getitem(%bn, 0)
+  %getitem_3: f32[6] = operator::getitem(%bn, 3)
+  %getitem_4: f32[6] = operator::getitem(%bn, 4)
+  %c3: bf16[6] = aten::_to_copy.default(%getitem_3, dtype=dtype.bfloat16, layout=layout.strided)
+  %c4: bf16[6] = aten::_to_copy.default(%getitem_4, dtype=dtype.bfloat16, layout=layout.strided)
+  return (%c3, %c4, %y, %getitem_3)
+}
+// CHECK: = aten::_native_batch_norm_legit_functional.default(
+// CHECK-NOT: // note:
+)",
+             writes({"m", "v"}));
+}
+
+TEST(write_inputs_in_place, nothing_without_writes_or_under_cuda_graphs) {
+  // No input is written back (an inference graph, AOTAutograd's runtime): the functional forms stay, and
+  // the pass says nothing. Under CUDA graphs (keep_across_calls false) neither.
+  const std::string leaves = std::string("// RUN: write-inputs-in-place\n") + kBatchNormForward + R"(
+// CHECK: %add: i64[] = aten::add.Tensor(%primals_4, 1)
+// CHECK-NEXT: %bn: (f32[8, 6], f32[6], f32[6], f32[6], f32[6]) = aten::_native_batch_norm_legit_functional.default(
+// CHECK-NOT: // note:
+)";
+  file_check(leaves);
+  PassContext replay = writes({"primals_4", "primals_5", "primals_6"});
+  replay.keep_across_calls = false;
+  file_check(leaves, replay);
+}
+
+TEST(write_inputs_in_place, leaves_what_would_change_a_value_read) {
+  // %primals_5 is also read by %shifted (the old value, before the BatchNorm): the BatchNorm keeps its
+  // functional form (both statistics or neither). The count's add broadcasts into another type (its
+  // result is not the input's), and the third output written back is not the add's value: both stay.
+  file_check(R"(
+// RUN: write-inputs-in-place
+graph g {
+  %x: f32[8, 6] = placeholder
+  %count: i64[] = placeholder
+  %m: f32[6] = placeholder
+  %v: f32[6] = placeholder
+  %c2: f32[1] = placeholder
+  %shifted: f32[8, 6] = aten::add.Tensor(%x, %m)
+  %bn: (f32[8, 6], f32[6], f32[6], f32[6], f32[6]) = aten::_native_batch_norm_legit_functional.default(%shifted, none, none, %m, %v, true, 0.5, 0.25)
+  %y: f32[8, 6] = operator::getitem(%bn, 0)
+  %nm: f32[6] = operator::getitem(%bn, 3)
+  %nv: f32[6] = operator::getitem(%bn, 4)
+  %wide: f32[6] = aten::add.Tensor(%c2, %nm)
+  %count1: i64[] = aten::add.Tensor(%count, 1)
+  %other: i64[] = aten::mul.Tensor(%count1, 2)
+  return (%nm, %nv, %wide, %other, %y)
+}
+// CHECK: = aten::_native_batch_norm_legit_functional.default(%shifted, none, none, %m, %v, true, 0.5, 0.25)
+// CHECK: %wide: f32[6] = aten::add.Tensor(%c2, %nm)
+// CHECK-NEXT: %count1: i64[] = aten::add.Tensor(%count, 1)
+// CHECK-NOT: // note:
+)",
+             writes({"m", "v", "c2", "count"}));
+  // Eval mode (training false) writes nothing; the statistics written back from the wrong elements
+  // (swapped) are not this BatchNorm's update.
+  file_check(R"(
+// RUN: write-inputs-in-place
+graph g {
+  %x: f32[8, 6] = placeholder
+  %m: f32[6] = placeholder
+  %v: f32[6] = placeholder
+  %bn: (f32[8, 6], f32[6], f32[6], f32[6], f32[6]) = aten::_native_batch_norm_legit_functional.default(%x, none, none, %m, %v, false, 0.5, 0.25)
+  %nm: f32[6] = operator::getitem(%bn, 3)
+  %nv: f32[6] = operator::getitem(%bn, 4)
+  %y: f32[8, 6] = operator::getitem(%bn, 0)
+  return (%nm, %nv, %y)
+}
+// CHECK: = aten::_native_batch_norm_legit_functional.default(%x, none, none, %m, %v, false, 0.5, 0.25)
+// CHECK-NOT: // note:
+)",
+             writes({"m", "v"}));
+  file_check(R"(
+// RUN: write-inputs-in-place
+graph g {
+  %x: f32[8, 6] = placeholder
+  %m: f32[6] = placeholder
+  %v: f32[6] = placeholder
+  %bn: (f32[8, 6], f32[6], f32[6], f32[6], f32[6]) = aten::_native_batch_norm_legit_functional.default(%x, none, none, %m, %v, true, 0.5, 0.25)
+  %nm: f32[6] = operator::getitem(%bn, 3)
+  %nv: f32[6] = operator::getitem(%bn, 4)
+  %y: f32[8, 6] = operator::getitem(%bn, 0)
+  return (%nv, %nm, %y)
+}
+// CHECK: = aten::_native_batch_norm_legit_functional.default(
+// CHECK-NOT: // note:
+)",
+             writes({"m", "v"}));
+}
+
+TEST(write_inputs_in_place, lifetimes_root_the_statistics_in_the_inputs) {
+  // After the rewrite the statistics (elements 3, 4) live in the placeholders' storage, the output and
+  // the saved mean and invstd (elements 0 to 2) in fresh memory of their own; the add_ lives in its input.
+  auto g = parse_graph(kBatchNormForward);
+  PassContext ctx = writes({"primals_4", "primals_5", "primals_6"});
+  run_passes(*g, {"write-inputs-in-place"}, ctx);
+  const Lifetimes L = lifetimes(*g);
+  const int bn = g->find("bn");
+  auto root_node = [&](int node, int elem) { return L.vals[L.root[L.find(node, elem)]].node; };
+  EXPECT_EQ(root_node(bn, 3), g->find("primals_5"));
+  EXPECT_EQ(root_node(bn, 4), g->find("primals_6"));
+  for (int e = 0; e < 3; ++e) {
+    EXPECT_EQ(root_node(bn, e), bn) << "element " << e;
+    EXPECT_EQ(L.vals[L.root[L.find(bn, e)]].elem, e);
+  }
+  EXPECT_EQ(root_node(g->find("add"), -1), g->find("primals_4"));
+  EXPECT_EQ(root_node(g->find("getitem_3"), -1), g->find("primals_5"));
+}
+
+}  // namespace
+}  // namespace hb::test
