@@ -53,9 +53,9 @@ const std::vector<PassInfo>& pipeline() {
       {"slice-schedule", slice_schedule,
        "rewrites DFS/auto regions into slice loops; after legality, before memory-plan, which plans the final order"},
       {"write-inputs-in-place", write_inputs_in_place,
-       "an input the caller writes an output back into (ctx.input_writes: training BatchNorm's running "
-       "statistics) written by the node that computes it; after slice-schedule, whose legality rules read the "
-       "functional ops, and before pointwise-fusion, which could take the add into a group"},
+       "an input the caller writes an output back into (ctx.input_writes: a module's buffers, BatchNorm's "
+       "statistics, a cache) written by the node that computes it; after slice-schedule, whose legality rules "
+       "read the functional ops, and before pointwise-fusion, which could take an update into a group"},
       {"fold-cross-entropy-backward", fold_cross_entropy_backward,
        "nll_loss_backward and the log-softmax gradient into one op writing one [N, C] buffer (not two); after "
        "slice-schedule (whose legality rules read the plain ops, and whose loop bodies it folds too), before "

@@ -29,8 +29,8 @@ struct PassContext {
   std::set<std::string> zero_inputs;
   // Placeholders the caller writes the graph's first outputs back into after each call, in order: output
   // k is the new value of placeholder input_writes[k] (data mutations of inputs that AOTAutograd
-  // functionalized, BatchNorm's running statistics). write-inputs-in-place writes them in place. Empty:
-  // no output is written back.
+  // functionalized: BatchNorm's running statistics, a cache, a counter). write-inputs-in-place writes
+  // them in place. Empty: no output is written back.
   std::vector<std::string> input_writes;
   // Verify the IR after every pass (HINTBACKEND_VERIFY_EACH_PASS=1; tests turn it on).
   bool verify_each = false;

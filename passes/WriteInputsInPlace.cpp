@@ -1,5 +1,7 @@
 #include "passes/WriteInputsInPlace.h"
 
+#include <algorithm>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <tuple>
@@ -48,6 +50,63 @@ std::optional<Statistic> statistic(const Graph& g, const std::vector<std::vector
   return Statistic{c.args[0].ref, item.ref};
 }
 
+// Ops that have an in-place overload computing the same value into their first argument (ATen's
+// `op_`): a buffer updated by one of them (`count.add_(1)`, `ema.lerp_(x, w)`, `buf.copy_(x)`,
+// `cache.index_put_(...)`) is traced as the functional op and written back.
+const std::map<std::string, std::string>& in_place_overloads() {
+  static const std::map<std::string, std::string> k = {
+      {"aten::add.Tensor", "aten::add_.Tensor"},           {"aten::add.Scalar", "aten::add_.Scalar"},
+      {"aten::sub.Tensor", "aten::sub_.Tensor"},           {"aten::mul.Tensor", "aten::mul_.Tensor"},
+      {"aten::mul.Scalar", "aten::mul_.Scalar"},           {"aten::div.Tensor", "aten::div_.Tensor"},
+      {"aten::lerp.Scalar", "aten::lerp_.Scalar"},         {"aten::copy.default", "aten::copy_.default"},
+      {"aten::fill.Scalar", "aten::fill_.Scalar"},         {"aten::zero.default", "aten::zero_.default"},
+      {"aten::masked_fill.Scalar", "aten::masked_fill_.Scalar"},
+      {"aten::index_put.default", "aten::index_put_.default"},
+      {"aten::index_copy.default", "aten::index_copy_.default"}};
+  return k;
+}
+
+// A scatter of a view's new values into a buffer, as `buf[:, i] = x` (select) or `buf[:, a:b] = x`
+// (slice) is traced: %v = view(%buf, ...), %c = copy(%v, %x), %s = *_scatter(%buf, %c, ...), with the
+// view's arguments those of the scatter. The view of the scatter's kind, its arguments after the source.
+struct ScatterKind {
+  const char* view;
+  std::vector<Arg> defaults;  // the view's arguments after the tensor, as the schema defaults them
+};
+const std::map<std::string, ScatterKind>& scatters() {
+  static const std::map<std::string, ScatterKind> k = {
+      {"aten::select_scatter.default", {"aten::select.int", {}}},
+      {"aten::slice_scatter.default",
+       {"aten::slice.Tensor", {Arg::of_int(0), Arg::none(), Arg::none(), Arg::of_int(1)}}}};
+  return k;
+}
+
+bool same_constant(const Arg& a, const Arg& b) {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case Arg::Kind::None: return true;
+    case Arg::Kind::Int: return a.i == b.i;
+    case Arg::Kind::Bool: return a.b == b.b;
+    case Arg::Kind::Ref: return a.ref == b.ref;  // (the same symbolic index, a position the caller passes)
+    default: return false;  // (a list, ...: not compared)
+  }
+}
+
+// Whether the view's arguments after its tensor (from `from`) equal the scatter's (from `sfrom`),
+// trailing defaults filled in.
+bool same_view_args(const Node& view, size_t from, const Node& scatter, size_t sfrom, const std::vector<Arg>& defaults) {
+  const size_t n = std::max({view.args.size() - from, scatter.args.size() - sfrom, defaults.size()});
+  auto at = [&](const Node& x, size_t start, size_t k) -> const Arg* {
+    if (start + k < x.args.size()) return &x.args[start + k];
+    return k < defaults.size() ? &defaults[k] : nullptr;
+  };
+  for (size_t k = 0; k < n; ++k) {
+    const Arg *a = at(view, from, k), *b = at(scatter, sfrom, k);
+    if (!a || !b || !same_constant(*a, *b)) return false;
+  }
+  return view.kwargs.empty() && scatter.kwargs.empty();
+}
+
 }  // namespace
 
 bool write_inputs_in_place(Graph& g, PassContext& ctx) {
@@ -75,17 +134,52 @@ bool write_inputs_in_place(Graph& g, PassContext& ctx) {
   auto say = [&](const std::string& what, const Node& n, const char* as) {
     note << (rewritten++ ? ", " : ": ") << what << " by %" << n.name << " (" << as << ")";
   };
+  // How often each node is returned: a new value returned at its write-back position only (not also saved
+  // for the backward or returned to the user) may become the input itself.
+  std::vector<int> returned(g.nodes.size(), 0);
+  for (const Arg& item : outputs)
+    if (item.kind == Arg::Kind::Ref) ++returned[item.ref];
+  // Whether node i's value is the new value of its first argument, a placeholder written back from it
+  // alone, that nothing else reads (but `also`, when given).
+  auto writes_first_argument = [&](const Node& n, int i, int also) {
+    if (n.args.empty() || n.args[0].kind != Arg::Kind::Ref || written[n.args[0].ref] < 0) return false;
+    const int p = n.args[0].ref;
+    const Arg& at = outputs[written[p]];
+    std::vector<int> readers = users[p];
+    readers.erase(std::remove(readers.begin(), readers.end(), also), readers.end());
+    return at.kind == Arg::Kind::Ref && at.ref == i && returned[i] == 1 && readers.size() == 1 && readers[0] == i &&
+           same_type(n.type, g.nodes[p].type);
+  };
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
     Node& n = g.nodes[i];
     if (n.op != OpKind::CallFunction) continue;
-    if ((n.target == "aten::add.Tensor" || n.target == "aten::add.Scalar") && n.args.size() == 2 && n.kwargs.empty() &&
-        only_written_by(n.args[0], i)) {
-      const Node& p = g.nodes[n.args[0].ref];
-      const Arg& at = outputs[written[n.args[0].ref]];
-      if (at.kind != Arg::Kind::Ref || at.ref != i || !same_type(n.type, p.type)) continue;
-      say("%" + p.name, n, "add_");
-      n.target = n.target == "aten::add.Tensor" ? "aten::add_.Tensor" : "aten::add_.Scalar";
+    const auto in_place = in_place_overloads().find(n.target);
+    const auto scatter = scatters().find(n.target);
+    if (in_place != in_place_overloads().end() && writes_first_argument(n, i, -1)) {
+      const std::string name = in_place->second.substr(6, in_place->second.find('.') - 6);  // "add_"
+      say("%" + g.nodes[n.args[0].ref].name, n, name.c_str());
+      n.target = in_place->second;
       n.effects.mutates = true;
+    } else if (scatter != scatters().end() && n.args.size() >= 2 && n.args[1].kind == Arg::Kind::Ref) {
+      // %v = view(%buf, ...); %c = copy(%v, %x); %n = scatter(%buf, %c, ...): %c becomes copy_(%v, %x),
+      // writing the buffer through the view, and %n's readers read the buffer.
+      const int c = n.args[1].ref;
+      const Node& cn = g.nodes[c];
+      if (cn.target != "aten::copy.default" || cn.args.size() != 2 || !cn.kwargs.empty() ||
+          cn.args[0].kind != Arg::Kind::Ref || users[c].size() != 1)
+        continue;
+      const int v = cn.args[0].ref;
+      const Node& vn = g.nodes[v];
+      if (vn.target != scatter->second.view || vn.args.empty() || vn.args[0].kind != Arg::Kind::Ref ||
+          vn.args[0].ref != n.args[0].ref || users[v].size() != 1 || !same_type(cn.type, vn.type) ||
+          !same_view_args(vn, 1, n, 2, scatter->second.defaults) || !writes_first_argument(n, i, v))
+        continue;
+      const std::string buffer = "%" + g.nodes[n.args[0].ref].name;
+      say(buffer, g.nodes[c], "copy_ into a view");
+      g.nodes[c].target = "aten::copy_.default";
+      g.nodes[c].effects.mutates = true;
+      becomes[i] = n.args[0].ref;
+      keep[i] = false;
     } else if (n.target == kFunctionalBatchNorm && n.args.size() == 8 && n.kwargs.empty() &&
                n.args[5].kind == Arg::Kind::Bool && n.args[5].b && only_written_by(n.args[3], i) &&
                only_written_by(n.args[4], i)) {

@@ -25,7 +25,7 @@ from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler, make_
 from . import _core, compile_cache
 from .cuda_graphs import CudaGraphs
 from .dump import Dumper, structured_trace_on
-from .lean_runtime import LeanPair, LeanPlan, forward_output_count, plan_of, runtime
+from .lean_runtime import LeanPair, LeanPlan, forward_output_count, plan_of, runtime, written_inputs
 from .options import Options, parse_options
 from .partition import partition
 from .sdpa_masks import drop_masks_that_mask_nothing, make_sdpa_masks_fusable
@@ -98,16 +98,19 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options,
     payload = {"name": name, "document": json.dumps(doc), "constants": constants, "fx_text": fx_text,
                "fx_nodes": len(gm.graph.nodes)}
     plan = None
-    if lean is not None and kind == "forward":  # AOTAutograd's metadata of this pair (lean_runtime.py)
-        context = torch._guards.TracingContext.try_get()
-        plan, why_not = plan_of(context.fw_metadata if context else None, lean.num_inputs, forward_output_count(gm))
+    context = torch._guards.TracingContext.try_get()
+    meta = context.fw_metadata if context else None  # AOTAutograd's metadata of this graph (lean_runtime.py)
+    if lean is not None and kind == "forward":
+        plan, why_not = plan_of(meta, lean.num_inputs, forward_output_count(gm))
         if plan is None:
             log.info("graph %s: AOTAutograd's runtime (not the lean one): %s", name, why_not)
         else:
             payload["lean"] = plan.to_json()
-            if plan.mutated_inputs:  # the forward's first outputs, written back into these (write-inputs-in-place)
-                placeholders = [n.name for n in gm.graph.find_nodes(op="placeholder")]
-                payload["input_writes"] = [placeholders[i] for i in plan.mutated_inputs]
+    if kind in ("forward", "inference"):  # first outputs the runtime writes back into inputs: write-inputs-in-place
+        placeholders = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+        written = written_inputs(meta, len(placeholders))
+        if written:
+            payload["input_writes"] = [placeholders[i] for i in written]
     fn, unsupported = _build(payload, opts, name)
     if unsupported:
         return _fallback(gm, opts, name, unsupported), None

@@ -164,6 +164,27 @@ def plan_of(meta: Any, num_inputs: int, num_forward_outputs: int) -> Tuple[Optio
                     tuple(meta.static_input_indices) if meta.static_input_indices else None), ""
 
 
+def written_inputs(meta: Any, num_inputs: int) -> Tuple[int, ...]:
+    """The graph inputs whose new values are a forward's (or inference graph's) first outputs, in order: the
+    data mutations AOTAutograd's runtime (or the lean one) copies back into them after each call
+    (write-inputs-in-place writes them in place instead). () where the metadata shows any other kind of
+    input mutation, or inputs the graph does not take one for one (effect tokens, synthetic bases)."""
+    from torch._functorch._aot_autograd.schemas import MutationType
+
+    if meta is None or len(meta.input_info) != num_inputs:
+        return ()
+    runtime_mutated = tuple(meta.mutated_inp_runtime_indices)
+    if any(s is not None for s in getattr(meta, "mutated_inp_stream_indices", None) or ()):
+        return ()
+    for i in runtime_mutated:
+        info = meta.input_info[i]
+        if not info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata or \
+                getattr(info, "mutation_inductor_storage_resize", False) or info.requires_grad or \
+                info.mutation_type != MutationType.MUTATED_OUT_GRAPH:
+            return ()
+    return runtime_mutated
+
+
 def forward_output_count(gm: torch.fx.GraphModule) -> int:
     out = next(iter(reversed(gm.graph.find_nodes(op="output"))))
     return len(out.args[0])

@@ -40,3 +40,31 @@ def test_memory_models_a_peer_failing_in_its_timed_rounds_keeps_its_peak(monkeyp
     assert memory_models.table_cell(*late) == "0 / fails: ValueEr"
     assert memory_models.table_cell(*early) == "fails: RuntimeError: "  # the first 14 characters, as before
     assert math.isnan(memory_models.ratio(late[1], good[1])) and memory_models.ratio(good[0], late[0]) == 1.0
+
+
+def test_host_time_times_its_peers_in_rounds(capsys):
+    """host_time.py compiles every peer, then times them in interleaved rounds: each gets a row of five
+    positive times, a `--without` peer included."""
+    import host_time
+    host_time.main(["--device", "cpu", "--models", "cnn", "--rows", "2", "--steps", "2", "--rounds", "2",
+                    "--without", "write-inputs-in-place"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("CNN")]
+    peers = [" ".join(r.split()[4:-5]) for r in rows]
+    assert peers == ["eager", "hintbackend", "hb-aot-runtime", "hb -write-inputs-in-place"], rows
+    for r in rows:
+        values = [float(v) for v in r.split()[-5:]]
+        assert all(v > 0 for v in values), r
+
+
+def test_buffer_updates_shows_the_cache_copied_without_the_pass(capsys):
+    """buffer_updates.py: with write-inputs-in-place the step's peak is eager's; without it the step copies
+    the whole cache (its peak at least one cache more)."""
+    import buffer_updates
+    buffer_updates.main(["--device", "cpu", "--seq", "256", "--rounds", "1", "--steps", "2"])
+    out = capsys.readouterr().out
+    cache_mib = 4 * 16 * 256 * 64 * 4 / 2**20
+    peaks = {line.split()[0]: float(line.split()[-4]) for line in out.splitlines()
+             if line.split() and line.split()[0] in ("eager", "hintbackend", "hb")}
+    assert set(peaks) == {"eager", "hintbackend", "hb"}, out
+    assert peaks["hintbackend"] <= peaks["eager"] + 0.1, out
+    assert peaks["hb"] >= peaks["hintbackend"] + cache_mib * 0.9, out

@@ -164,6 +164,70 @@ graph g {
   file_check(batch_norm("true", "(%nv, %nm, %y)"), writes({"m", "v"}));
 }
 
+TEST(write_inputs_in_place, a_buffer_written_through_a_view) {
+  // `cache[:, pos:pos + 2] = kv` with pos symbolic: the functional copy into the view becomes copy_ into
+  // the cache's own view, the scatter goes and its readers read the cache; `cache.index_copy_(1, idx, kv)`
+  // and an average's lerp_ are their in-place overloads.
+  file_check(R"(
+// RUN: write-inputs-in-place
+graph inference_0 {
+  %cache: f32[2, 16, 8] = placeholder
+  %pos: symint(s0) = placeholder
+  %kv: f32[2, 2, 8] = placeholder
+  %end: symint(s0 + 2) = operator::add(%pos, 2)
+  %v: f32[2, 2, 8][128, 8, 1] = aten::slice.Tensor(%cache, 1, %pos, %end) !view
+  %c: f32[2, 2, 8][128, 8, 1] = aten::copy.default(%v, %kv)
+  %s: f32[2, 16, 8] = aten::slice_scatter.default(%cache, %c, 1, %pos, %end)
+  %sq: f32[2, 16, 8] = aten::mul.Tensor(%s, %s)
+  return (%s, %sq)
+}
+// CHECK: %c: f32[2, 2, 8][128, 8, 1] = aten::copy_.default(%v, %kv) !mutates
+// CHECK-NEXT: %sq: f32[2, 16, 8] = aten::mul.Tensor(%cache, %cache)
+// CHECK-NEXT: return (%cache, %sq)
+// CHECK: // note: write-inputs-in-place graph inference_0: %cache by %c (copy_ into a view)
+)",
+             writes({"cache"}));
+  file_check(R"(
+// RUN: write-inputs-in-place
+graph inference_0 {
+  %cache: f32[2, 16, 8] = placeholder
+  %ema: f32[8] = placeholder
+  %idx: i64[2] = placeholder
+  %kv: f32[2, 2, 8] = placeholder
+  %m: f32[8] = placeholder
+  %i: f32[2, 16, 8] = aten::index_copy.default(%cache, 1, %idx, %kv)
+  %l: f32[8] = aten::lerp.Scalar(%ema, %m, 0.25)
+  return (%i, %l, %m)
+}
+// CHECK: %i: f32[2, 16, 8] = aten::index_copy_.default(%cache, 1, %idx, %kv) !mutates
+// CHECK-NEXT: %l: f32[8] = aten::lerp_.Scalar(%ema, %m, 0.25) !mutates
+// CHECK: // note: write-inputs-in-place graph inference_0: %cache by %i (index_copy_), %ema by %l (lerp_)
+)",
+             writes({"cache", "ema"}));
+}
+
+TEST(write_inputs_in_place, leaves_views_of_other_places_and_values_returned_twice) {
+  // The view written is not the scatter's (another position); a new value also returned elsewhere (saved
+  // for a backward, or the user's) would become the input itself there: both left.
+  file_check(R"(
+// RUN: write-inputs-in-place
+graph forward_0 {
+  %cache: f32[2, 16, 8] = placeholder
+  %count: i64[] = placeholder
+  %kv: f32[2, 8] = placeholder
+  %v: f32[2, 8][128, 1] = aten::select.int(%cache, 1, 3)
+  %c: f32[2, 8][128, 1] = aten::copy.default(%v, %kv)
+  %s: f32[2, 16, 8] = aten::select_scatter.default(%cache, %c, 1, 4)
+  %n: i64[] = aten::add.Tensor(%count, 1)
+  return (%s, %n, %n)
+}
+// CHECK: %s: f32[2, 16, 8] = aten::select_scatter.default(%cache, %c, 1, 4)
+// CHECK-NEXT: %n: i64[] = aten::add.Tensor(%count, 1)
+// CHECK-NOT: // note:
+)",
+             writes({"cache", "count"}));
+}
+
 TEST(write_inputs_in_place, lifetimes_root_the_statistics_in_the_inputs) {
   // After the rewrite the statistics (elements 3, 4) live in the placeholders' storage, the output and
   // the saved mean and invstd (elements 0 to 2) in fresh memory of their own; the add_ lives in its input.

@@ -1,0 +1,104 @@
+"""write-inputs-in-place (passes/WriteInputsInPlace.h) on buffers a module updates in place: a cache written a
+position at a time (select, slice, index_put), a step counter, an exponential moving average. AOTAutograd
+traces each update as a functional op whose result is copied back into the buffer after the call; the pass
+writes the buffer itself. Results, buffers and gradients equal eager's; the buffer keeps its memory; the
+compiled graph shows the in-place ops and no scatter of the whole buffer. (BatchNorm's running statistics:
+test_lean_runtime.py.)"""
+import copy
+
+import pytest
+import torch
+from conftest import device
+from hintbackend.backend import compiled_graphs
+
+
+class Cache(torch.nn.Module):
+    """A key/value cache written at `pos` each call (as a decoder's is), read whole, and a call counter."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.register_buffer("cache", torch.zeros(2, 4, 32, 8))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+    def forward(self, kv, pos):
+        if self.how == "select":  # one position: kv [2, 4, 8]
+            self.cache[:, :, pos] = kv
+        elif self.how == "slice":  # two positions: kv [2, 4, 2, 8]
+            self.cache[:, :, pos:pos + 2] = kv
+        elif self.how == "index_put":  # positions given as a tensor: kv [2, 4, 2, 8]
+            self.cache[:, :, pos] = kv
+        elif self.how == "index_copy":  # as Hugging Face's static cache writes: kv [2, 4, 2, 8]
+            self.cache.index_copy_(2, pos, kv)
+        else:  # "reads itself": the new value reads the buffer too (not in place)
+            self.cache[:, :, pos] = self.cache[:, :, pos] * 0.5 + kv
+        self.count.add_(1)
+        return self.cache.square().sum((2, 3)) + self.count
+
+
+def kv_and_pos(how: str, step: int):
+    if how in ("slice", "index_put", "index_copy"):
+        kv = torch.randn(2, 4, 2, 8, device=device())
+        pos = 2 * step if how == "slice" else torch.tensor([2 * step, 2 * step + 1], device=device())
+        return kv, pos
+    return torch.randn(2, 4, 8, device=device()), step
+
+
+@pytest.mark.parametrize("how", ["select", "slice", "index_put", "index_copy", "reads itself"])
+def test_a_cache_written_a_position_at_a_time(tmp_path, how):
+    torch.manual_seed(0)
+    m = Cache(how).to(device())
+    ref = copy.deepcopy(m)
+    fn = torch.compile(m, backend="hintbackend", options={"cache_dir": str(tmp_path)})
+    ptr = m.cache.data_ptr()
+    with torch.no_grad(), compiled_graphs() as graphs:
+        for step in range(4):
+            kv, pos = kv_and_pos(how, step)
+            torch.testing.assert_close(fn(kv, pos), ref(kv, pos), rtol=1e-5, atol=1e-5)
+    assert torch.equal(m.cache, ref.cache) and m.count.item() == ref.count.item() == 4
+    assert m.cache.data_ptr() == ptr
+    assert graphs
+    for name, g in graphs:
+        notes = [n for n in g.notes if n.startswith("write-inputs-in-place")]
+        if how == "reads itself":  # only the counter: the cache's new value reads the old one
+            assert notes and "(add_)" in notes[0] and "%arg0_1" not in notes[0].split(":", 1)[1].split(" by ")[0], notes
+            continue
+        want = {"index_put": "(index_put_)", "index_copy": "(index_copy_)"}.get(how, "copy_ into a view")
+        assert notes and want in notes[0], (name, g.notes)
+        assert "_scatter" not in g.ir and "aten::index_put.default" not in g.ir and \
+            "aten::index_copy.default" not in g.ir, g.ir
+
+
+class EMA(torch.nn.Module):
+    """Training: a Linear and an exponential moving average of its input's mean, updated each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+        self.register_buffer("ema", torch.zeros(6))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.ema.lerp_(x.mean(0), 0.25)
+        return torch.tanh(self.lin(x))
+
+
+def test_a_moving_average_updated_in_a_training_step(tmp_path):
+    torch.manual_seed(0)
+    m = EMA().to(device()).train()
+    ref = copy.deepcopy(m)
+    fn = torch.compile(m, backend="hintbackend", options={"cache_dir": str(tmp_path)})
+    ptr = m.ema.data_ptr()
+    with compiled_graphs() as graphs:
+        for _ in range(3):
+            x = torch.randn(8, 6, device=device())
+            for p in list(m.parameters()) + list(ref.parameters()):
+                p.grad = None
+            fn(x).square().mean().backward()
+            ref(x).square().mean().backward()
+            for a, b in zip(m.parameters(), ref.parameters()):
+                torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(m.ema, ref.ema, rtol=1e-6, atol=1e-7)
+    assert m.ema.data_ptr() == ptr
+    forward = [g for name, g in graphs if name.startswith("forward")]
+    assert forward and any("(lerp_)" in n for n in forward[0].notes), forward[0].notes
