@@ -149,7 +149,8 @@ def _build(payload: dict, opts: Options, name: str, zero_inputs: Sequence[str] =
     """The C++ compile of a serialized graph, its dumps, warnings and log lines: (boxed callable, the
     unsupported ops (the callable is None then)). Also what a compile cache hit runs. `zero_inputs`:
     placeholders the caller passes as zeros (a lean backward's undefined gradients, _zero_variants). The
-    payload's "input_writes": the placeholders a lean forward's first outputs are written back into."""
+    payload's "input_writes": the placeholders a forward's (or inference graph's) first outputs are written
+    back into (write-inputs-in-place)."""
     dumper = _dumper(opts, name)
     text, constants = payload["document"], payload["constants"]
     if dumper:

@@ -10,7 +10,8 @@ SDPA block (``SDPABlock(d=64, h=4)``, [1, 8, 64]) steps in 1.00-1.06x eager's ti
 Here a graph whose AOTAutograd metadata (``ViewAndMutationMeta``, read while the forward compiles) shows
 none of those features gets a `LeanPlan` (input mutations allowed only as data written into inputs that take
 no gradient, as training BatchNorm writes its running statistics: the forward returns their new values
-first, and the call copies them into the inputs, as AOTAutograd's runtime does), and the backend call
+first, and the call copies them into the inputs, as AOTAutograd's runtime does, where the forward did not
+write them in place: write-inputs-in-place), and the backend call
 returns a callable that runs the compiled forward and backward as one autograd function written in C++
 (``hintbackend._C.LeanFunction``, backend/bindings/LeanAutograd.cpp; its node is ``LeanBackward``), doing
 only what such a graph needs: save the forward's saved tensors (detached where they are views, with
