@@ -121,7 +121,7 @@ bool write_inputs_in_place(Graph& g, PassContext& ctx) {
     const int p = g.find(ctx.input_writes[k]);
     if (p >= 0 && g.nodes[p].op == OpKind::Placeholder) written[p] = static_cast<int>(k);
   }
-  // Whether placeholder `p` is written back from `value` and nothing but node `reader` reads it.
+  // Whether `a` is a placeholder the caller writes back into that nothing but node `reader` reads.
   auto only_written_by = [&](const Arg& a, int reader) {
     if (a.kind != Arg::Kind::Ref || written[a.ref] < 0) return false;
     return users[a.ref].size() == 1 && users[a.ref][0] == reader;

@@ -49,10 +49,11 @@ TEST(write_inputs_in_place, batch_norm_and_its_batch_count) {
              writes({"primals_4", "primals_5", "primals_6"}));
 }
 
-TEST(write_inputs_in_place, a_half_precision_module_converts_its_statistics_back) {
-  // bf16 statistics: the functional form's new values are float, converted back before they are written
-  // back and saved. In place, the conversions read as the elements, which take the inputs' type.
-  file_check(R"(
+// A bf16 module's forward: the functional form's new statistics are float, converted (to `dtype`) before
+// they are written back; `returned` is the output list.
+std::string half_precision_forward(const std::string& dtype, const std::string& returned) {
+  const std::string t = dtype == "float16" ? "f16" : "bf16";
+  return R"(
 // RUN: write-inputs-in-place
 graph forward_0 {
   %x: bf16[8, 6] = placeholder
@@ -62,10 +63,16 @@ graph forward_0 {
   %y: bf16[8, 6] = operator::getitem(%bn, 0)
   %getitem_3: f32[6] = operator::getitem(%bn, 3)
   %getitem_4: f32[6] = operator::getitem(%bn, 4)
-  %c3: bf16[6] = aten::_to_copy.default(%getitem_3, dtype=dtype.bfloat16, layout=layout.strided)
+  %c3: )" + t + R"([6] = aten::_to_copy.default(%getitem_3, dtype=dtype.)" + dtype + R"(, layout=layout.strided)
   %c4: bf16[6] = aten::_to_copy.default(%getitem_4, dtype=dtype.bfloat16, layout=layout.strided)
-  return (%c3, %c4, %y, %c3, %c4)
+  return )" + returned + R"(
 }
+)";
+}
+
+TEST(write_inputs_in_place, a_half_precision_module_converts_its_statistics_back) {
+  // In place, the conversions read as the elements, which take the inputs' type.
+  file_check(half_precision_forward("bfloat16", "(%c3, %c4, %y, %c3, %c4)") + R"(
 // CHECK: %bn: (bf16[8, 6], f32[6], f32[6], bf16[6], bf16[6]) = hintbackend::batch_norm_in_place.default(%x, none, none, %m, %v, 0.5, 0.25) !mutates
 // CHECK-NEXT: %y: bf16[8, 6] = operator::getitem(%bn, 0)
 // CHECK-NEXT: %getitem_3: bf16[6] = operator::getitem(%bn, 3)
@@ -77,24 +84,12 @@ graph forward_0 {
              writes({"m", "v"}));
   // A conversion to another dtype than the input's, or of an element something else reads too, is a
   // value of its own: left.
-  file_check(R"(
-// RUN: write-inputs-in-place
-graph forward_0 {
-  %x: bf16[8, 6] = placeholder
-  %m: bf16[6] = placeholder
-  %v: bf16[6] = placeholder
-  %bn: (bf16[8, 6], f32[6], f32[6], f32[6], f32[6]) = aten::_native_batch_norm_legit_functional.default(%x, none, none, %m, %v, true, 0.5, 0.25)
-  %y: bf16[8, 6] = operator::getitem(%bn, 0)
-  %getitem_3: f32[6] = operator::getitem(%bn, 3)
-  %getitem_4: f32[6] = operator::getitem(%bn, 4)
-  %c3: bf16[6] = aten::_to_copy.default(%getitem_3, dtype=dtype.bfloat16, layout=layout.strided)
-  %c4: bf16[6] = aten::_to_copy.default(%getitem_4, dtype=dtype.bfloat16, layout=layout.strided)
-  return (%c3, %c4, %y, %getitem_3)
-}
+  const std::string left = R"(
 // CHECK: = aten::_native_batch_norm_legit_functional.default(
 // CHECK-NOT: // note:
-)",
-             writes({"m", "v"}));
+)";
+  file_check(half_precision_forward("float16", "(%c3, %c4, %y)") + left, writes({"m", "v"}));
+  file_check(half_precision_forward("bfloat16", "(%c3, %c4, %y, %getitem_3)") + left, writes({"m", "v"}));
 }
 
 TEST(write_inputs_in_place, nothing_without_writes_or_under_cuda_graphs) {
