@@ -102,3 +102,40 @@ def test_a_moving_average_updated_in_a_training_step(tmp_path):
     assert m.ema.data_ptr() == ptr
     forward = [g for name, g in graphs if name.startswith("forward")]
     assert forward and any("(lerp_)" in n for n in forward[0].notes), forward[0].notes
+
+
+class BatchNormAndAlias(torch.nn.Module):
+    """Training BatchNorm in a graph that returns a view of its input: AOTAutograd's runtime, not the lean
+    one, writes the statistics back (its copy_ of a buffer onto itself bumps the buffer's version counter;
+    the saved statistics have counters of their own)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+        self.bn = torch.nn.BatchNorm1d(6)
+
+    def forward(self, x):
+        return torch.tanh(self.bn(self.lin(x))), x.view(-1)
+
+
+def test_batchnorm_in_place_on_aotautograds_runtime(tmp_path):
+    torch.manual_seed(0)
+    m = BatchNormAndAlias().to(device()).train()
+    ref = copy.deepcopy(m)
+    fn = torch.compile(m, backend="hintbackend", options={"cache_dir": str(tmp_path)})
+    x = torch.randn(8, 6, device=device(), requires_grad=True)
+    with compiled_graphs() as graphs:
+        for step in range(3):
+            for p in list(m.parameters()) + list(ref.parameters()):
+                p.grad = None
+            y = fn(x)[0]
+            assert type(y.grad_fn).__name__ == "CompiledFunctionBackward"
+            # two forwards before one backward: the first one's saved statistics outlive the second's update
+            (y.square().mean() + fn(x * 2)[0].sum()).backward()
+            (ref(x)[0].square().mean() + ref(x * 2)[0].sum()).backward()
+            for a, b in zip(m.parameters(), ref.parameters()):
+                torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5)
+    assert any("batch_norm_in_place" in n for _, g in graphs for n in g.notes)
+    for (k, a), (_, b) in zip(m.bn.named_buffers(), ref.bn.named_buffers()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert m.bn.num_batches_tracked.item() == 6
