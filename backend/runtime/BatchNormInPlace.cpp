@@ -1,8 +1,8 @@
 #include "backend/runtime/BatchNormInPlace.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/native_batch_norm.h>
-#include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
 
 #include <optional>
