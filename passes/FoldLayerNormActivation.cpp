@@ -97,9 +97,7 @@ bool fold_layer_norm_activation(Graph& g, PassContext& ctx) {
       // (%dh's readers will read %dx: the same tensor type, or leave it)
       const ValueType &tx = g.nodes[dx].type, &th = g.nodes[dh].type;
       if (!is_backward_of(g.nodes[dh], *act, dx, h) || g.nodes[dh].hints.region != ln.hints.region ||
-          tx.kind != ValueType::Kind::Tensor || th.kind != ValueType::Kind::Tensor ||
-          tx.tensor.shape != th.tensor.shape || tx.tensor.stride != th.tensor.stride ||
-          tx.tensor.dtype != th.tensor.dtype)
+          !tx.same_tensor(th))
         continue;
     }
     Node fused = ln;

@@ -28,10 +28,6 @@ std::pair<int64_t, int64_t> swapped_dims(const Graph& g, const Node& n) {
   return a < b ? std::make_pair(a, b) : std::make_pair(b, a);
 }
 
-bool same_view(const TensorType& a, const TensorType& b) {
-  return a.shape == b.shape && a.stride == b.stride && a.dtype == b.dtype && a.device == b.device;
-}
-
 }  // namespace
 
 bool fold_transpose_pairs(Graph& g, PassContext& ctx) {
@@ -57,7 +53,7 @@ bool fold_transpose_pairs(Graph& g, PassContext& ctx) {
     const int x = g.nodes[inner].args[0].ref;
     if (!keep[x]) continue;
     const Node& src = g.nodes[x];
-    if (src.type.kind != ValueType::Kind::Tensor || !same_view(outer.type.tensor, src.type.tensor)) continue;
+    if (!outer.type.same_tensor(src.type)) continue;
     if (output[i] && (src.op == OpKind::Placeholder || output[x])) continue;
     becomes[i] = x;
     keep[i] = false;

@@ -6,15 +6,6 @@
 
 namespace hb {
 
-namespace {
-
-bool same_view(const ValueType& a, const ValueType& b) {
-  return a.kind == ValueType::Kind::Tensor && b.kind == ValueType::Kind::Tensor && a.tensor.shape == b.tensor.shape &&
-         a.tensor.stride == b.tensor.stride && a.tensor.dtype == b.tensor.dtype && a.tensor.device == b.tensor.device;
-}
-
-}  // namespace
-
 bool fold_zero_inputs(Graph& g, PassContext& ctx) {
   if (ctx.zero_inputs.empty()) return false;
   const int n = static_cast<int>(g.nodes.size());
@@ -38,7 +29,7 @@ bool fold_zero_inputs(Graph& g, PassContext& ctx) {
     if (zero[a] == zero[b]) continue;  // neither, or both (then x would be a zero input too)
     const int z = zero[a] ? a : b, x = zero[a] ? b : a;
     const Node& src = g.nodes[becomes[x]];
-    if (!same_view(add.type, src.type)) continue;
+    if (!add.type.same_tensor(src.type)) continue;
     if (output[i] && (src.op == OpKind::Placeholder || output[becomes[x]])) continue;
     becomes[i] = becomes[x];
     keep[i] = false;

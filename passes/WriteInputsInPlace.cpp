@@ -15,11 +15,6 @@ namespace {
 
 constexpr const char* kFunctionalBatchNorm = "aten::_native_batch_norm_legit_functional.default";
 
-bool same_type(const ValueType& a, const ValueType& b) {
-  return a.kind == ValueType::Kind::Tensor && b.kind == ValueType::Kind::Tensor && a.tensor.shape == b.tensor.shape &&
-         a.tensor.stride == b.tensor.stride && a.tensor.dtype == b.tensor.dtype && a.tensor.device == b.tensor.device;
-}
-
 // Whether node `i` is element `elem` of node `of` (a getitem).
 bool is_element(const Graph& g, int i, int of, int elem) {
   const Node& n = g.nodes[i];
@@ -41,7 +36,7 @@ std::optional<Statistic> statistic(const Graph& g, const std::vector<std::vector
   if (is_element(g, item.ref, bn, elem)) return Statistic{item.ref, -1};
   const Node& c = g.nodes[item.ref];
   if (c.target != "aten::_to_copy.default" || c.args.size() != 1 || c.args[0].kind != Arg::Kind::Ref ||
-      !is_element(g, c.args[0].ref, bn, elem) || users[c.args[0].ref].size() != 1 || !same_type(c.type, input))
+      !is_element(g, c.args[0].ref, bn, elem) || users[c.args[0].ref].size() != 1 || !c.type.same_tensor(input))
     return std::nullopt;
   for (const auto& [key, value] : c.kwargs)
     if (!(key == "dtype" && value.kind == Arg::Kind::DType && value.dtype == input.tensor.dtype) &&
@@ -121,10 +116,13 @@ bool write_inputs_in_place(Graph& g, PassContext& ctx) {
     const int p = g.find(ctx.input_writes[k]);
     if (p >= 0 && g.nodes[p].op == OpKind::Placeholder) written[p] = static_cast<int>(k);
   }
-  // Whether `a` is a placeholder the caller writes back into that nothing but node `reader` reads.
-  auto only_written_by = [&](const Arg& a, int reader) {
+  // Whether `a` is a placeholder the caller writes back into that nothing but node `reader` reads (and
+  // node `also`, when given: the view a scatter's copy writes through).
+  auto only_written_by = [&](const Arg& a, int reader, int also = -1) {
     if (a.kind != Arg::Kind::Ref || written[a.ref] < 0) return false;
-    return users[a.ref].size() == 1 && users[a.ref][0] == reader;
+    for (int u : users[a.ref])
+      if (u != reader && u != also) return false;
+    return true;
   };
   std::vector<int> becomes(g.nodes.size());
   for (size_t k = 0; k < becomes.size(); ++k) becomes[k] = static_cast<int>(k);
@@ -142,13 +140,10 @@ bool write_inputs_in_place(Graph& g, PassContext& ctx) {
   // Whether node i's value is the new value of its first argument, a placeholder written back from it
   // alone, that nothing else reads (but `also`, when given).
   auto writes_first_argument = [&](const Node& n, int i, int also) {
-    if (n.args.empty() || n.args[0].kind != Arg::Kind::Ref || written[n.args[0].ref] < 0) return false;
+    if (n.args.empty() || !only_written_by(n.args[0], i, also)) return false;
     const int p = n.args[0].ref;
     const Arg& at = outputs[written[p]];
-    std::vector<int> readers = users[p];
-    readers.erase(std::remove(readers.begin(), readers.end(), also), readers.end());
-    return at.kind == Arg::Kind::Ref && at.ref == i && returned[i] == 1 && readers.size() == 1 && readers[0] == i &&
-           same_type(n.type, g.nodes[p].type);
+    return at.kind == Arg::Kind::Ref && at.ref == i && returned[i] == 1 && n.type.same_tensor(g.nodes[p].type);
   };
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
     Node& n = g.nodes[i];
@@ -171,7 +166,7 @@ bool write_inputs_in_place(Graph& g, PassContext& ctx) {
       const int v = cn.args[0].ref;
       const Node& vn = g.nodes[v];
       if (vn.target != scatter->second.view || vn.args.empty() || vn.args[0].kind != Arg::Kind::Ref ||
-          vn.args[0].ref != n.args[0].ref || users[v].size() != 1 || !same_type(cn.type, vn.type) ||
+          vn.args[0].ref != n.args[0].ref || users[v].size() != 1 || !cn.type.same_tensor(vn.type) ||
           !same_view_args(vn, 1, n, 2, scatter->second.defaults) || !writes_first_argument(n, i, v))
         continue;
       const std::string buffer = "%" + g.nodes[n.args[0].ref].name;

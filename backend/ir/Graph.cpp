@@ -62,6 +62,10 @@ bool TensorType::same_dense_elements(const TensorType& o) const {
   return dtype == o.dtype && contiguous_static() && o.contiguous_static() && n && n == o.numel();
 }
 
+bool TensorType::same_layout(const TensorType& o) const {
+  return shape == o.shape && stride == o.stride && dtype == o.dtype && device == o.device;
+}
+
 const char* op_kind_name(OpKind k) {
   switch (k) {
     case OpKind::Placeholder: return "placeholder";

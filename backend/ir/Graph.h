@@ -52,6 +52,8 @@ struct TensorType {
   // The same elements in the same order as `o`: dtype, element count and both plain row-major (a
   // contiguous view of a whole contiguous buffer, such as mm's [2048, 2048] read as [4, 512, 2048]).
   bool same_dense_elements(const TensorType& o) const;
+  // The same tensor as `o` reads it: shape, strides, dtype and device (a value a pass may put in its place).
+  bool same_layout(const TensorType& o) const;
 };
 
 // The value a node produces, from FX's node.meta["val"].
@@ -61,6 +63,10 @@ struct ValueType {
   TensorType tensor;              // Kind::Tensor
   std::vector<ValueType> elems;   // Kind::Tuple
   std::string symbol;             // Kind::SymInt: its expression
+  // Both tensors, of the same layout (TensorType::same_layout).
+  bool same_tensor(const ValueType& o) const {
+    return kind == Kind::Tensor && o.kind == Kind::Tensor && tensor.same_layout(o.tensor);
+  }
 };
 
 // An argument of a node, as FX holds it: a constant, a reference to another node, a list or tuple,
