@@ -8,6 +8,7 @@ process.
     python benchmarks/host_time.py --cuda-graphs                # also with cuda_graphs=True (GraphReplay)
     python benchmarks/host_time.py --models bnstack             # eight BatchNorm layers (a ResNet's habit)
     python benchmarks/host_time.py --without write-inputs-in-place  # also hintbackend with that pass off
+    python benchmarks/host_time.py --without fast_views         # ... or with that option off
 
 Every peer compiles first; then, in each of --rounds rounds, each peer takes a turn of --steps steps (the
 order reversed every other round), so that a drift of the host's speed falls on all alike. For each peer:
@@ -22,6 +23,7 @@ runtime's node in C++").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -29,6 +31,7 @@ from typing import Callable, Dict, List, Sequence
 
 import torch
 
+from hintbackend.options import Options
 from memory_models import corpus_models
 
 
@@ -48,13 +51,17 @@ class BNStack(torch.nn.Module):
         return self.head(self.body(x).mean((2, 3)))
 
 
+# Options `--without` turns off by name, as it does passes (fast_views, memory_plan_in_place, arena ...).
+_BOOL_OPTIONS = {f.name for f in dataclasses.fields(Options) if f.type in (bool, "bool")}
+
+
 def peers(cuda_graphs: bool = False, without: Sequence[str] = ()) -> Dict[str, Callable[[torch.nn.Module], Callable]]:
     out = {"eager": lambda m: m,
            "hintbackend": lambda m: torch.compile(m, backend="hintbackend"),
            "hb-aot-runtime": lambda m: torch.compile(m, backend="hintbackend", options={"lean_runtime": False})}
-    for name in without:  # a pass's worth, side by side: hintbackend with the pass turned off
-        out[f"hb -{name}"] = lambda m, name=name: torch.compile(m, backend="hintbackend",
-                                                                 options={"disable_passes": [name]})
+    for name in without:  # a pass's (or a boolean option's) worth, side by side: hintbackend with it off
+        off = {name: False} if name in _BOOL_OPTIONS else {"disable_passes": [name]}
+        out[f"hb -{name}"] = lambda m, off=off: torch.compile(m, backend="hintbackend", options=off)
     if cuda_graphs:  # the lean runtime's own replay (GraphReplay); the timed loop keeps `y` into the next step
         out["hb-cuda-graphs"] = lambda m: torch.compile(m, backend="hintbackend", options={"cuda_graphs": True})
     return out
@@ -163,7 +170,8 @@ def main(argv: List[str]) -> None:
     p.add_argument("--cuda-graphs", action="store_true",
                    help="also hintbackend with cuda_graphs=True (its replays; each step keeps the last output)")
     p.add_argument("--without", default="",
-                   help="comma-separated pass names: also hintbackend with each turned off (a peer each)")
+                   help="comma-separated pass names or boolean options (fast_views): also hintbackend with each "
+                        "turned off (a peer each)")
     args = p.parse_args(argv)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     models = {"mlp": "MLP", "cnn": "CNN", "bnstack": "BatchNorm stack"}

@@ -1,5 +1,6 @@
 #include "codegen/KernelSelect.h"
 
+#include "backend/ir/Aliasing.h"
 #include "backend/ir/Error.h"
 #include "backend/ir/SliceLoop.h"
 #include "backend/ir/SymOp.h"
@@ -8,6 +9,7 @@
 #include "codegen/HostCompiler.h"
 #include "codegen/PointwiseProgram.h"
 
+#include <set>
 #include <sstream>
 
 namespace hb {
@@ -347,20 +349,131 @@ void choose_layer_norm(const Graph& g, int node, const Target& target, KernelCho
 
 }  // namespace
 
+namespace {
+
+// View ops whose result reinterprets the input's storage at its offset plus a constant.
+bool is_alias_view_target(const std::string& t) {
+  static const std::set<std::string> views = {
+      "aten::view.default",      "aten::t.default",          "aten::permute.default", "aten::transpose.int",
+      "aten::expand.default",    "aten::unsqueeze.default",  "aten::squeeze.dim",     "aten::squeeze.dims",
+      "aten::squeeze.default",   "aten::detach.default",     "aten::alias.default",   "aten::slice.Tensor",
+      "aten::select.int",        "aten::as_strided.default", "aten::_unsafe_view.default"};
+  return views.count(t) > 0;
+}
+
+bool static_layout(const TensorType& t) {
+  if (t.stride.size() != t.shape.size()) return false;
+  for (size_t d = 0; d < t.shape.size(); ++d)
+    if (!t.shape[d].is_static() || !t.stride[d].is_static()) return false;
+  return true;
+}
+
+// Argument k of n, positional or by name; null when absent.
+const Arg* arg_at(const Node& n, size_t k, const char* name) {
+  if (k < n.args.size()) return &n.args[k];
+  return n.kwarg(name);
+}
+
+// A static integer argument (absent or None: `dflt`); nullopt when it is not a constant integer.
+std::optional<int64_t> int_arg(const Node& n, size_t k, const char* name, std::optional<int64_t> dflt) {
+  const Arg* a = arg_at(n, k, name);
+  if (!a || a->kind == Arg::Kind::None) return dflt;
+  if (a->kind == Arg::Kind::Int) return a->i;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<bool> returned_through_views(const Graph& g) {
+  std::vector<bool> r(g.nodes.size(), false);
+  const int out = g.output_node();
+  if (out < 0) return r;
+  g.nodes[out].for_each_input([&](const Arg& a) { r[a.ref] = true; });
+  for (int i = static_cast<int>(g.nodes.size()) - 1; i >= 0; --i) {
+    const Node& n = g.nodes[i];
+    if (!r[i] || !(n.effects.is_view || n.target == "operator::getitem" || aliases_without_annotation(n))) continue;
+    n.for_each_input([&](const Arg& a) { r[a.ref] = true; });
+  }
+  return r;
+}
+
+std::optional<int64_t> view_offset(const Graph& g, const Node& n, int64_t* absolute) {
+  const TensorType* in = n.args.empty() ? nullptr : g.tensor_type(n.args[0]);
+  if (!in || !static_layout(*in)) return std::nullopt;
+  const int64_t rank = static_cast<int64_t>(in->shape.size());
+  auto position = [&](int64_t dim, int64_t index, bool end_ok) -> std::optional<int64_t> {
+    if (dim < 0) dim += rank;
+    if (dim < 0 || dim >= rank) return std::nullopt;
+    const int64_t size = in->shape[dim].value;
+    if (index < 0) index += size;
+    if (index < 0 || index > size || (!end_ok && index == size)) return std::nullopt;
+    return index * in->stride[dim].value;
+  };
+  if (n.target == "aten::slice.Tensor") {
+    const auto dim = int_arg(n, 1, "dim", 0), start = int_arg(n, 2, "start", 0);
+    if (!dim || !start) return std::nullopt;
+    return position(*dim, *start, true);
+  }
+  if (n.target == "aten::select.int") {
+    const auto dim = int_arg(n, 1, "dim", std::nullopt), index = int_arg(n, 2, "index", std::nullopt);
+    if (!dim || !index) return std::nullopt;
+    return position(*dim, *index, false);
+  }
+  if (n.target == "aten::as_strided.default") {
+    const Arg* off = arg_at(n, 3, "storage_offset");
+    if (off && off->kind == Arg::Kind::Int) {
+      *absolute = off->i;
+      return std::nullopt;
+    }
+    if (off && off->kind != Arg::Kind::None) return std::nullopt;
+  }
+  return 0;
+}
+
+std::string view_why_not(const Graph& g, int node, const std::vector<bool>* returned) {
+  const Node& n = g.nodes[node];
+  if (n.op != OpKind::CallFunction || !is_alias_view_target(n.target)) return "not a view op";
+  const TensorType* in = n.args.empty() ? nullptr : g.tensor_type(n.args[0]);
+  if (!in || n.type.kind != ValueType::Kind::Tensor) return "not a tensor's view";
+  if (!static_layout(*in) || !static_layout(n.type.tensor)) return "symbolic sizes or strides";
+  if (in->dtype != n.type.tensor.dtype) return "another dtype";
+  bool computed = false;
+  for (size_t k = 1; k < n.args.size(); ++k) n.args[k].for_each_ref([&](const Arg&) { computed = true; });
+  for (const auto& kv : n.kwargs) kv.second.for_each_ref([&](const Arg&) { computed = true; });
+  int64_t absolute = -1;
+  if (!view_offset(g, n, &absolute) && absolute < 0) return "a position that is not a constant inside its dimension";
+  if (computed) return "an argument computed at run time";
+  const bool out = returned ? (*returned)[node] : returned_through_views(g)[node];
+  if (out) return "returned";
+  return "";
+}
+
 KernelKind op_kernel_kind(const Node& n) { return choose(n).kind; }
 
-KernelChoice select_kernel(const Graph& g, int node, const Target& target) {
+namespace {
+
+KernelChoice select_kernel(const Graph& g, int node, const Target& target, const std::vector<bool>* returned) {
   KernelChoice c = choose(g.nodes[node]);
+  if (c.kind == KernelKind::Aten && target.fast_views && is_alias_view_target(g.nodes[node].target) &&
+      view_why_not(g, node, returned).empty())
+    return {KernelKind::View, ""};
   if (c.kind == KernelKind::FusedPointwise) c = choose_fused(g, g.nodes[node]);
   if (c.kind == KernelKind::FlexForward || c.kind == KernelKind::FlexBackward) choose_flex(g, node, target, c);
   if (c.kind == KernelKind::Aten && is_layer_norm_target(g.nodes[node].target)) choose_layer_norm(g, node, target, c);
   return c;
 }
 
+}  // namespace
+
+KernelChoice select_kernel(const Graph& g, int node, const Target& target) {
+  return select_kernel(g, node, target, nullptr);
+}
+
 KernelPlan select_kernels(const Graph& g, const Target& target) {
   KernelPlan plan;
+  const std::vector<bool> returned = returned_through_views(g);
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
-    KernelChoice c = select_kernel(g, i, target);
+    KernelChoice c = select_kernel(g, i, target, &returned);
     if (c.kind == KernelKind::Unsupported) {
       plan.unsupported.push_back(i);
       plan.unsupported_descriptions.push_back(describe(g, i) + ": " + c.why);

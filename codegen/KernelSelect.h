@@ -61,6 +61,19 @@ std::optional<LayerNormShape> layer_norm_shape(const Node& n);
 // One of the four layer norm ops above.
 bool is_layer_norm_target(const std::string& target);
 
+// KernelKind::View (backend/runtime/ViewCall.cpp) takes node n when this is "": a view op whose result's
+// storage offset is its input's plus a constant (view, t, permute, transpose, expand, unsqueeze, squeeze,
+// detach, alias, _unsafe_view; slice and select at static positions; as_strided), input and result of static sizes
+// and strides, every other argument a constant, and a result that the graph does not return, directly or through views (an output's alias
+// of an input is rebuilt from its view chain by AOTAutograd). Else why not ("not a view op" for others).
+// `returned` is returned_through_views(g); null: computed here.
+std::string view_why_not(const Graph& g, int node, const std::vector<bool>* returned = nullptr);
+// Per node, whether the graph returns its value or a view of it (through view ops only).
+std::vector<bool> returned_through_views(const Graph& g);
+// The storage offset a KernelKind::View node adds to its input's, in elements, from its arguments and its
+// input's IR strides; nullopt for as_strided with an explicit offset (absolute: `*absolute` is set).
+std::optional<int64_t> view_offset(const Graph& g, const Node& n, int64_t* absolute);
+
 // The Python operators and sym functions the runtime evaluates natively (SymOp).
 bool is_native_sym_op(const std::string& target);
 

@@ -94,6 +94,7 @@ struct CompileSettings {
   bool verify_each_pass = false;
   std::string memory_plan_strategy;  // "" = the planner keeps the better of its strategies
   bool memory_plan_in_place = true;
+  bool fast_views = true;  // Target::fast_views: views read inside the graph made without the dispatcher
   // Program::keep_across_calls: keep device values from one call for the next (the steps that read only
   // constants run once). Off under CUDA graphs.
   bool keep_across_calls = true;
@@ -116,6 +117,7 @@ struct CompileSettings {
     ctx.memory.in_place = memory_plan_in_place;
     ctx.memory.arena = arena;
     ctx.memory.target = rt::runtime_target({host_compiler, cache_dir}, {nvcc, cuda_arch, cutlass_include, cache_dir, cuda_smem_per_block});  // plan exactly what this runtime runs
+    ctx.memory.target.fast_views = fast_views;
     ctx.keep_across_calls = keep_across_calls;
     return ctx;
   }
@@ -304,6 +306,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("verify_each_pass", &hb::CompileSettings::verify_each_pass)
       .def_readwrite("memory_plan_strategy", &hb::CompileSettings::memory_plan_strategy)
       .def_readwrite("memory_plan_in_place", &hb::CompileSettings::memory_plan_in_place)
+      .def_readwrite("fast_views", &hb::CompileSettings::fast_views)
       .def_readwrite("keep_across_calls", &hb::CompileSettings::keep_across_calls)
       .def_readwrite("arena", &hb::CompileSettings::arena)
       .def_readwrite("dump", &hb::CompileSettings::dump)

@@ -19,6 +19,7 @@ const char* kernel_kind_name(KernelKind k) {
     case KernelKind::SliceLoop: return "slice-loop";
     case KernelKind::FusedPointwise: return "fused-pointwise";
     case KernelKind::LayerNormRows: return "layer-norm-rows";
+    case KernelKind::View: return "view";
     case KernelKind::Output: return "output";
     case KernelKind::Unsupported: return "UNSUPPORTED";
   }

@@ -27,6 +27,7 @@ enum class KernelKind {
   SliceLoop,        // hintbackend::slice_loop: a DFS region run slice by slice (backend/ir/SliceLoop.h)
   FusedPointwise,   // hintbackend::fused_pointwise: one pointwise program (codegen/PointwiseProgram.h)
   LayerNormRows,    // aten::native_layer_norm (and its backward) over narrow rows on CUDA (LayerNormCall.cpp)
+  View,             // a view op's alias made without the dispatcher: static layouts, read inside the graph (ViewCall.cpp)
   Output,
   Unsupported,
 };

@@ -26,6 +26,9 @@ struct Target {
   // The runtime was built with its own CUDA kernels (codegen/cuda/*.cu): kernel selection may pick them
   // for nodes on CUDA devices (LayerNormRows).
   bool cuda_kernels = false;
+  // Kernel selection may make views that the graph reads only inside itself without the dispatcher
+  // (KernelKind::View, backend/runtime/ViewCall.cpp). False: every view a dispatcher call (a kill switch).
+  bool fast_views = true;
   // How generated CPU kernels are built (a host C++ compiler and the kernel cache): kernel selection
   // generates and builds the tiled FlexAttention (kernel="fused") for CPU nodes when it is enabled.
   HostCompileSettings host;

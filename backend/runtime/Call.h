@@ -58,6 +58,7 @@ std::shared_ptr<const Call> lower_zeros_and_scatter(const LowerContext& ctx);  /
 std::shared_ptr<const Call> lower_cudnn_flex_attention(const LowerContext& ctx);  // CudnnFlexCall.cpp (fw and bw)
 std::shared_ptr<const Call> lower_fused_flex_attention(const LowerContext& ctx);  // FlexFusedCall.cpp (fw and bw)
 std::shared_ptr<const Call> lower_layer_norm(const LowerContext& ctx);            // LayerNormCall.cpp (fw and bw)
+std::shared_ptr<const Call> lower_view(const LowerContext& ctx);                  // ViewCall.cpp
 
 // The table (Calls.cpp): the lowering for kernel kind k, or null when the executor runs k itself
 // (inputs, constants, ATen ops, getitem, sym ops, the output).

@@ -17,6 +17,7 @@ Lowering find_lowering(KernelKind k) {
     case KernelKind::SliceLoop: return lower_slice_loop;
     case KernelKind::FusedPointwise: return lower_fused_pointwise;
     case KernelKind::LayerNormRows: return lower_layer_norm;
+    case KernelKind::View: return lower_view;
     default: return nullptr;
   }
 }

@@ -33,6 +33,10 @@ class Options:
     arena: bool = True
     #: Let an elementwise result take over a dying input's buffer. Also HINTBACKEND_MEMORY_PLAN_IN_PLACE=0/1.
     memory_plan_in_place: bool = True
+    #: Make the views a graph reads only inside itself (view, t, permute, slice at a constant position ...)
+    #: as aliases of their input without a dispatcher call (backend/runtime/ViewCall.cpp); False: every
+    #: view through ATen's dispatcher, for bisecting an aliasing bug. Also HINTBACKEND_FAST_VIEWS=0/1.
+    fast_views: bool = True
     #: Force one placement strategy ("greedy-by-size" or "best-fit"); "" keeps the better of both.
     #: Also HINTBACKEND_MEMORY_PLAN_STRATEGY.
     memory_plan_strategy: str = ""
@@ -86,6 +90,7 @@ class Options:
         s.verify_each_pass = self.verify_each_pass
         s.arena = self.arena
         s.memory_plan_in_place = self.memory_plan_in_place
+        s.fast_views = self.fast_views
         s.keep_across_calls = not self.cuda_graphs  # a kept value would sit in the CUDA graphs' pool untracked
         s.memory_plan_strategy = self.memory_plan_strategy
         s.dump = self.dump_dir is not None if dump is None else dump
@@ -99,13 +104,14 @@ class Options:
 
 
 _TYPES = {"strict": bool, "dump_dir": (str, os.PathLike, type(None)), "disable_passes": (list, tuple),
-          "verify_each_pass": bool, "arena": bool, "memory_plan_in_place": bool, "memory_plan_strategy": str,
+          "verify_each_pass": bool, "arena": bool, "memory_plan_in_place": bool, "fast_views": bool,
+          "memory_plan_strategy": str,
           "partition": str, "cuda_graphs": bool, "cache_dir": (str, os.PathLike, type(None)), "compile_cache": bool,
           "lean_runtime": bool,
           "host_compiler": (str, type(None)), "nvcc": (str, type(None)),
           "cutlass_include": (str, os.PathLike, type(None))}
 _WANT = {"strict": "a bool", "dump_dir": "a path string or None", "disable_passes": "a list of pass names",
-         "verify_each_pass": "a bool", "arena": "a bool", "memory_plan_in_place": "a bool",
+         "verify_each_pass": "a bool", "arena": "a bool", "memory_plan_in_place": "a bool", "fast_views": "a bool",
          "memory_plan_strategy": 'one of "", "greedy-by-size", "best-fit"',
          "partition": 'one of "default", "min-cut"', "cuda_graphs": "a bool",
          "cache_dir": "a path string or None", "compile_cache": "a bool", "lean_runtime": "a bool",
@@ -117,6 +123,7 @@ PARTITIONS = ("default", "min-cut")
 _CHOICES = {"memory_plan_strategy": STRATEGIES, "partition": PARTITIONS}
 # Settings the environment may give: variable -> option (booleans as 0/1, choices by name).
 _ENV_BOOLS = {"HINTBACKEND_ARENA": "arena", "HINTBACKEND_MEMORY_PLAN_IN_PLACE": "memory_plan_in_place",
+              "HINTBACKEND_FAST_VIEWS": "fast_views",
               "HINTBACKEND_VERIFY_EACH_PASS": "verify_each_pass", "HINTBACKEND_CUDA_GRAPHS": "cuda_graphs",
               "HINTBACKEND_COMPILE_CACHE": "compile_cache", "HINTBACKEND_LEAN_RUNTIME": "lean_runtime"}
 _ENV_CHOICES = {"HINTBACKEND_MEMORY_PLAN_STRATEGY": "memory_plan_strategy", "HINTBACKEND_PARTITION": "partition"}

@@ -33,7 +33,7 @@ def test_entry_point_without_import():
 
 @pytest.mark.parametrize("options, message", [
     ({"strictt": True}, "unknown option 'strictt'; valid options are arena, cache_dir, compile_cache, cuda_graphs, "
-                        "cutlass_include, disable_passes, dump_dir, host_compiler, lean_runtime, memory_plan_in_place, "
+                        "cutlass_include, disable_passes, dump_dir, fast_views, host_compiler, lean_runtime, memory_plan_in_place, "
                         "memory_plan_strategy, nvcc, partition, strict, verify_each_pass"),
     ({"nvcc": 1}, "option 'nvcc' must be the nvcc command, \"\" (off) or None, got 1"),
     ({"host_compiler": 1}, "option 'host_compiler' must be a compiler command (\"c++\"), \"\" (off) or None, got 1"),

@@ -68,3 +68,19 @@ def test_buffer_updates_shows_the_cache_copied_without_the_pass(capsys):
     assert set(peaks) == {"eager", "hintbackend", "hb"}, out
     assert peaks["hintbackend"] <= peaks["eager"] + 0.1, out
     assert peaks["hb"] >= peaks["hintbackend"] + cache_mib * 0.9, out
+
+
+def test_views_times_its_peers_and_a_fast_views_peer(capsys):
+    """views.py: each graph gets eager, hintbackend and hintbackend with fast_views off, every time
+    positive; host_time.py's --without takes the option by name as it takes a pass."""
+    import views
+    views.main(["--device", "cpu", "--rounds", "2", "--calls", "2", "--layers", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("HF Llama", "view chain"))]
+    assert any(r.startswith("view chain") for r in rows), rows
+    for r in rows:
+        if "skipped" in r:  # no transformers
+            continue
+        values = [float(v) for v in r.split()[-4:]]
+        assert all(v > 0 for v in values), r
+    import host_time
+    assert "hb -fast_views" in host_time.peers(without=["fast_views"])

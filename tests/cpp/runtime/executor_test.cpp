@@ -12,6 +12,7 @@
 #include "backend/runtime/Executor.h"
 #include "backend/runtime/Placement.h"
 #include "codegen/KernelSelect.h"
+#include "passes/MemoryPlan.h"
 
 namespace hb {
 namespace {
@@ -80,6 +81,68 @@ TEST(Executor, InPlaceAndViewsAlias) {
   EXPECT_TRUE(at::allclose(x, x0 + 1)) << "the in-place op must write into the caller's tensor";
   EXPECT_EQ(r[0].toTensor().data_ptr(), x.data_ptr());
   EXPECT_TRUE(r[1].toTensor().is_same(x));
+}
+
+TEST(Executor, ViewsWithoutTheDispatcherAliasTheirInputAndShareItsVersion) {
+  // Views of static layouts read inside the graph are made by ViewCall.cpp: a slice written in place
+  // writes the caller's tensor and bumps its version; select, t and as_strided read it at their offsets.
+  const std::string text = R"(
+graph g {
+  %x: f32[4, 6] = placeholder
+  %a: f32[4, 3][6, 1] = aten::slice.Tensor(%x, 1, 2, 5) !view
+  %i: f32[4, 3][6, 1] = aten::add_.Scalar(%a, 1) !mutates
+  %b: f32[6] = aten::select.int(%x, 0, -1) !view
+  %t: f32[6, 4][1, 6] = aten::t.default(%x) !view
+  %e: f32[2, 2][1, 3] = aten::as_strided.default(%x, [2, 2], [1, 3], 5) !view
+  %s: f32[6] = aten::mul.Tensor(%b, 2)
+  %m: f32[6, 4] = aten::mul.Tensor(%t, 1)
+  %q: f32[2, 2] = aten::mul.Tensor(%e, 1)
+  return (%s, %m, %q)
+}
+)";
+  const Program program = rt::program_of(parse_graph(text));
+  const std::string kernels = print_kernel_plan(*program.graph, *program.kernels);
+  for (const char* v : {"%a: view", "%b: view", "%t: view", "%e: view"}) EXPECT_NE(kernels.find(v), std::string::npos) << kernels;
+  rt::Executor ex(program, nullptr);
+  // The traced layout, and another one (strides [1, 4]): that input takes the ops' own kernels.
+  for (bool traced : {true, false}) {
+    at::manual_seed(0);
+    at::Tensor x = traced ? at::randn({4, 6}) : at::randn({6, 4}).t();
+    const at::Tensor want = x.clone();
+    want.slice(1, 2, 5).add_(1);
+    const int64_t version = x._version();
+    auto r = ex.run({x});
+    EXPECT_TRUE(at::equal(x, want)) << "the slice's add_ must write into the caller's tensor";
+    EXPECT_EQ(x._version(), version + 1) << "the in-place op through the view bumps the input's version";
+    EXPECT_TRUE(at::equal(r[0].toTensor(), want.select(0, -1) * 2));
+    EXPECT_TRUE(at::equal(r[1].toTensor(), want.t()));
+    EXPECT_TRUE(at::equal(r[2].toTensor(), x.as_strided({2, 2}, {1, 3}, 5)));
+  }
+}
+
+TEST(Executor, AViewsLayoutIsAtensNotTheIrTypes) {
+  // A size-1 dimension's stride is arbitrary, and a sliced body's IR keeps the whole tensor's (999 here).
+  // The alias takes ATen's ([32, 16, 1]), so that mul writing over its dying input through the arena
+  // passes ATen's overlap check, which compares strides (a partial overlap is an error).
+  const std::string text = R"(
+graph g {
+  %x: f32[2, 16] = placeholder
+  %b: f32[2, 16] = aten::mul.Tensor(%x, 3)
+  %v: f32[1, 2, 16][999, 16, 1] = aten::view.default(%b, [1, 2, 16]) !view
+  %m: f32[1, 2, 16] = aten::mul.Tensor(%v, 2)
+  %s: f32[1, 2, 16] = aten::add.Tensor(%m, %x)
+  return (%s,)
+}
+)";
+  MemoryPlanOptions opt;
+  opt.arena = true;
+  const Program program = rt::program_of(parse_graph(text), opt);
+  ASSERT_NE(print_kernel_plan(*program.graph, *program.kernels).find("%v: view"), std::string::npos);
+  rt::Executor ex(program, nullptr);
+  at::Tensor x = at::randn({2, 16});
+  auto r = ex.run({x});
+  EXPECT_TRUE(at::allclose(r[0].toTensor(), (x * 6 + x).view({1, 2, 16})));
+  EXPECT_GT(ex.arena_stats().placed, 0) << to_string(ex.plan(), ex.graph());
 }
 
 TEST(Executor, ConstantsAndOptionalTensorLists) {
