@@ -7,6 +7,11 @@ the peers taking turns in rounds:
     python benchmarks/buffer_updates.py                    # CUDA if there is one: bf16, B4 H16 S8192 D64
     python benchmarks/buffer_updates.py --device cpu       # float32, S2048
     python benchmarks/buffer_updates.py --inductor         # also torch.compile's default backend
+    python benchmarks/buffer_updates.py --model ema        # an average of the cache's size, mul_ then add_
+
+--model ema: the buffer is an exponential moving average, `ema.mul_(0.75).add_(x, alpha=0.25)` with x a new
+sample of the buffer's size a step, then its sum; AOTAutograd decomposes the add's alpha into a full-size
+mul, which fold-scaled-add folds back (the peer "hb -fold-scaled-add" runs without that fold).
 
 A step: write k at position pos (a one-element index tensor, step mod S), then one query's attention over the
 whole cache (scores, softmax, weighted sum). Printed per peer: the step's
@@ -38,6 +43,16 @@ class DecodeCache(torch.nn.Module):
         return scores.softmax(-1) @ self.cache
 
 
+class MovingAverage(torch.nn.Module):
+    def __init__(self, b: int, h: int, s: int, d: int) -> None:
+        super().__init__()
+        self.register_buffer("ema", torch.zeros(b, h, s, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.ema.mul_(0.75).add_(x, alpha=0.25)
+        return self.ema.sum()
+
+
 def main(argv: List[str]) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -45,23 +60,28 @@ def main(argv: List[str]) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--inductor", action="store_true", help="also Inductor (torch.compile's default backend)")
+    p.add_argument("--model", choices=("decode", "ema"), default="decode")
     args = p.parse_args(argv)
     dev = args.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     b, h, s, d = 4, 16, args.seq or (8192 if dev == "cuda" else 2048), 64
     torch.manual_seed(0)
-    base = DecodeCache(b, h, s, d).to(dev, dtype)
+    base = (DecodeCache if args.model == "decode" else MovingAverage)(b, h, s, d).to(dev, dtype)
     peers: Dict[str, Callable[[torch.nn.Module], Callable]] = {
         "eager": lambda m: m,
         "hintbackend": lambda m: torch.compile(m, backend="hintbackend"),
         "hb -write-inputs-in-place": lambda m: torch.compile(
             m, backend="hintbackend", options={"disable_passes": ["write-inputs-in-place"]}),
     }
+    if args.model == "ema":
+        peers["hb -fold-scaled-add"] = lambda m: torch.compile(
+            m, backend="hintbackend", options={"disable_passes": ["fold-scaled-add"]})
     if args.inductor:
         peers["inductor"] = lambda m: torch.compile(m)
     q = torch.randn(b, h, 1, d, device=dev, dtype=dtype)
     k = torch.randn(b, h, 1, d, device=dev, dtype=dtype)
     positions = [torch.tensor([i], device=dev) for i in range(s)]
+    sample = torch.randn(b, h, s, d, device=dev, dtype=dtype)
     steps: Dict[str, Callable[[], None]] = {}
     peaks: Dict[str, float] = {}
     for name, make in peers.items():
@@ -70,7 +90,10 @@ def main(argv: List[str]) -> None:
 
         def step(fn=fn, pos=pos) -> None:
             with torch.no_grad():
-                fn(q, k, positions[pos[0] % s])
+                if args.model == "decode":
+                    fn(q, k, positions[pos[0] % s])
+                else:
+                    fn(sample)
             pos[0] += 1
 
         for _ in range(3):  # compile, warm up
@@ -83,8 +106,10 @@ def main(argv: List[str]) -> None:
         for name in (order if r % 2 == 0 else order[::-1]):
             steps[name]()
             times[name] += time_steps(steps[name], dev, args.steps)
-    cache_mib = base.cache.numel() * base.cache.element_size() / 2**20
-    print(f"a decode step over a key/value cache of {cache_mib:.0f} MiB ({b}x{h}x{s}x{d}, {dtype}), on "
+    buf = base.cache if args.model == "decode" else base.ema
+    cache_mib = buf.numel() * buf.element_size() / 2**20
+    what = "a decode step over a key/value cache" if args.model == "decode" else "a moving average's update of a buffer"
+    print(f"{what} of {cache_mib:.0f} MiB ({b}x{h}x{s}x{d}, {dtype}), on "
           f"{torch.cuda.get_device_name() if dev == 'cuda' else 'CPU'}, torch {torch.__version__}")
     print(f"{'peer':<28}{'peak MiB':>10}{'ms':>10}{'peak / eager':>14}{'ms / eager':>12}")
     e_peak, e_ms = peaks["eager"], statistics.median(times["eager"])

@@ -8,6 +8,7 @@
 #include "passes/FoldCrossEntropyBackward.h"
 #include "passes/FoldCrossEntropyForward.h"
 #include "passes/FoldLayerNormActivation.h"
+#include "passes/FoldScaledAdd.h"
 #include "passes/FoldSelectBackward.h"
 #include "passes/FoldTransposePairs.h"
 #include "passes/FoldZeroInputs.h"
@@ -48,6 +49,11 @@ const std::vector<PassInfo>& pipeline() {
        "a transpose of a transpose (AOTAutograd's linear backward: t(t(w)), t(t(mm))) read as its source: "
        "fewer dispatches a step; before slice-legality, so the slicing rules and every later pass see mm "
        "read the weight and the gradient returned directly"},
+      {"fold-scaled-add", fold_scaled_add,
+       "an add (or sub) of a tensor times a constant that nothing else reads reads the tensor with the "
+       "constant as alpha (AOTAutograd's decomposition of add(a, b, alpha=s) undone: no full-size temporary); "
+       "before slice-legality, like the other folds, and before write-inputs-in-place, which then writes a "
+       "buffer's `mul_(d).add_(x, alpha=s)` with eager's two ops"},
       {"slice-legality", slice_legality_pass,
        "analysis after hint-propagation (regions and hints final): the dump says what each region can slice"},
       {"slice-schedule", slice_schedule,

@@ -145,17 +145,49 @@ bool write_inputs_in_place(Graph& g, PassContext& ctx) {
     const Arg& at = outputs[written[p]];
     return at.kind == Arg::Kind::Ref && at.ref == i && returned[i] == 1 && n.type.same_tensor(g.nodes[p].type);
   };
+  // A chain of ops with in-place overloads from a buffer to its new value (`ema.mul_(d).add_(x, alpha=1 - d)`
+  // traced as mul, then add reading the mul): each op's first argument the one before it (the first op's
+  // the buffer), read by nothing but that op, of the buffer's type, returned nowhere. All of them become
+  // their in-place overloads, each writing the buffer.
+  for (size_t k = 0; k < ctx.input_writes.size() && k < outputs.size(); ++k) {
+    const int p = g.find(ctx.input_writes[k]);
+    if (p < 0 || written[p] != static_cast<int>(k) || outputs[k].kind != Arg::Kind::Ref) continue;
+    std::vector<int> chain;  // from the new value back to the op reading the buffer
+    for (int c = outputs[k].ref;;) {
+      const Node& cn = g.nodes[c];
+      if (cn.op != OpKind::CallFunction || !in_place_overloads().count(cn.target) || cn.args.empty() ||
+          cn.args[0].kind != Arg::Kind::Ref || !cn.type.same_tensor(g.nodes[p].type) ||
+          returned[c] != (chain.empty() ? 1 : 0))
+        break;
+      chain.push_back(c);
+      const int a = cn.args[0].ref;
+      if (a == p) {
+        if (!only_written_by(cn.args[0], c)) chain.clear();
+        break;
+      }
+      if (!std::all_of(users[a].begin(), users[a].end(), [&](int u) { return u == c; })) {
+        chain.clear();
+        break;
+      }
+      c = a;
+    }
+    if (chain.empty() || g.nodes[g.nodes[chain.back()].args[0].ref].op != OpKind::Placeholder) continue;
+    std::string names, ops;
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      Node& cn = g.nodes[*it];
+      const std::string& to = in_place_overloads().at(cn.target);
+      names += (names.empty() ? "%" : ", %") + cn.name;
+      ops += (ops.empty() ? "" : ", ") + to.substr(6, to.find('.') - 6);  // "add_"
+      cn.target = to;
+      cn.effects.mutates = true;
+    }
+    note << (rewritten++ ? ", " : ": ") << "%" << g.nodes[p].name << " by " << names << " (" << ops << ")";
+  }
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
     Node& n = g.nodes[i];
     if (n.op != OpKind::CallFunction) continue;
-    const auto in_place = in_place_overloads().find(n.target);
     const auto scatter = scatters().find(n.target);
-    if (in_place != in_place_overloads().end() && writes_first_argument(n, i, -1)) {
-      const std::string name = in_place->second.substr(6, in_place->second.find('.') - 6);  // "add_"
-      say("%" + g.nodes[n.args[0].ref].name, n, name.c_str());
-      n.target = in_place->second;
-      n.effects.mutates = true;
-    } else if (scatter != scatters().end() && n.args.size() >= 2 && n.args[1].kind == Arg::Kind::Ref) {
+    if (scatter != scatters().end() && n.args.size() >= 2 && n.args[1].kind == Arg::Kind::Ref) {
       // %v = view(%buf, ...); %c = copy(%v, %x); %n = scatter(%buf, %c, ...): %c becomes copy_(%v, %x),
       // writing the buffer through the view, and %n's readers read the buffer.
       const int c = n.args[1].ref;

@@ -25,7 +25,9 @@
 //     in the .cpp: add, sub, mul, div, lerp, copy, fill, zero, masked_fill, index_put, index_copy), as a
 //     step counter, a moving average (`ema.lerp_(x, w)`) or a cache written at tensor positions
 //     (`cache.index_copy_(2, pos, k)`, Hugging Face's static cache) trace: `index_copy` becomes
-//     `index_copy_`, and so on;
+//     `index_copy_`, and so on; and a chain of them, each reading the one before and read by nothing else
+//     (`ema.mul_(d).add_(x, alpha=1 - d)`, traced as mul, then add of the mul: both become in-place, each
+//     writing the buffer; `count.add_(1).mul_(2)` likewise);
 //   - a buffer written through a view, `cache[:, :, pos] = k` (select) or `cache[:, :, a:b] = k` (slice):
 //       %v = aten::select.int(%cache, 2, %pos)       %c = aten::copy.default(%v, %k)
 //       %s = aten::select_scatter.default(%cache, %c, 2, %pos)
@@ -54,6 +56,7 @@
 //   write-inputs-in-place graph forward_0: %primals_4 by %add (add_), %primals_5 and %primals_6 by
 //   %_native_batch_norm_legit_functional (batch_norm_in_place)
 //   write-inputs-in-place graph inference_0: %arg0_1 by %copy (copy_ into a view), %arg2_1 by %add (add_)
+//   write-inputs-in-place graph forward_0: %buffers_ema by %mul, %add (mul_, add_)
 #pragma once
 #include "passes/Pipeline.h"
 

@@ -84,3 +84,17 @@ def test_views_times_its_peers_and_a_fast_views_peer(capsys):
         assert all(v > 0 for v in values), r
     import host_time
     assert "hb -fast_views" in host_time.peers(without=["fast_views"])
+
+
+def test_buffer_updates_ema_shows_the_temporary_without_the_fold(capsys):
+    """buffer_updates.py --model ema: the average's mul_/add_ in place at eager's peak; without
+    fold-scaled-add the step holds a full-size temporary (alpha times the sample), one buffer more."""
+    import buffer_updates
+    buffer_updates.main(["--device", "cpu", "--seq", "256", "--rounds", "1", "--steps", "2", "--model", "ema"])
+    out = capsys.readouterr().out
+    buf_mib = 4 * 16 * 256 * 64 * 4 / 2**20
+    peaks = {" ".join(line.split()[:-4]): float(line.split()[-4]) for line in out.splitlines()
+             if line.startswith(("eager", "hintbackend", "hb "))}
+    assert set(peaks) == {"eager", "hintbackend", "hb -write-inputs-in-place", "hb -fold-scaled-add"}, out
+    assert peaks["hintbackend"] <= peaks["eager"] + 0.1, out
+    assert peaks["hb -fold-scaled-add"] >= peaks["hintbackend"] + buf_mib * 0.9, out

@@ -701,5 +701,51 @@ graph g {
 )"), "CHECK-NOT: 'relu' found");
 }
 
+TEST(ir_text, fold_scaled_add_undoes_the_decomposition_of_alpha) {
+  // `ema.mul_(0.75).add_(x, alpha=0.25)` as AOTAutograd traces it: the second mul goes and the add takes
+  // alpha (on the right of an add or a sub, and on the left of an add); what would change a type or a
+  // value read elsewhere stays: a mul read twice, a mul returned, an integer tensor times a float, a mul
+  // that promotes (bf16 times a float32 tensor is not a constant), an add with an alpha of its own.
+  file_check(R"(
+// RUN: fold-scaled-add
+graph inference_0 {
+  %ema: f32[8] = placeholder
+  %x: f32[8] = placeholder
+  %n: i64[8] = placeholder
+  %h: bf16[8] = placeholder
+  %m: f32[8] = aten::mul.Tensor(%ema, 0.75)
+  %m1: f32[8] = aten::mul.Tensor(%x, 0.25)
+  %add: f32[8] = aten::add.Tensor(%m, %m1)
+  %m2: f32[8] = aten::mul.Tensor(%x, 2)
+  %sub: f32[8] = aten::sub.Tensor(%ema, %m2)
+  %m3: f32[8] = aten::mul.Tensor(%x, 3)
+  %left: f32[8] = aten::add.Tensor(%m3, %ema)
+  %m4: f32[8] = aten::mul.Tensor(%x, 5)
+  %twice: f32[8] = aten::add.Tensor(%ema, %m4)
+  %again: f32[8] = aten::add.Tensor(%m4, %twice)
+  %m5: f32[8] = aten::mul.Tensor(%x, 7)
+  %kept: f32[8] = aten::add.Tensor(%ema, %m5)
+  %mi: f32[8] = aten::mul.Tensor(%n, 0.5)
+  %ai: f32[8] = aten::add.Tensor(%x, %mi)
+  %mh: f32[8] = aten::mul.Tensor(%h, %x)
+  %ah: f32[8] = aten::add.Tensor(%x, %mh)
+  %m6: f32[8] = aten::mul.Tensor(%x, 9)
+  %al: f32[8] = aten::add.Tensor(%ema, %m6, alpha=2)
+  return (%add, %sub, %left, %again, %kept, %m5, %ai, %ah, %al)
+}
+// CHECK: %m: f32[8] = aten::mul.Tensor(%ema, 0.75)
+// CHECK-NEXT: %add: f32[8] = aten::add.Tensor(%m, %x, alpha=0.25)
+// CHECK-NEXT: %sub: f32[8] = aten::sub.Tensor(%ema, %x, alpha=2)
+// CHECK-NEXT: %left: f32[8] = aten::add.Tensor(%ema, %x, alpha=3)
+// CHECK-NEXT: %m4: f32[8] = aten::mul.Tensor(%x, 5)
+// CHECK: %m5: f32[8] = aten::mul.Tensor(%x, 7)
+// CHECK-NEXT: %kept: f32[8] = aten::add.Tensor(%ema, %m5)
+// CHECK-NEXT: %mi: f32[8] = aten::mul.Tensor(%n, 0.5)
+// CHECK: %mh: f32[8] = aten::mul.Tensor(%h, %x)
+// CHECK: %m6: f32[8] = aten::mul.Tensor(%x, 9)
+// CHECK: // note: fold-scaled-add graph inference_0: 3 muls folded (%add reads %x with alpha 0.25, %sub reads %x with alpha 2, %left reads %x with alpha 3)
+)");
+}
+
 }  // namespace
 }  // namespace hb

@@ -108,8 +108,9 @@ TEST(write_inputs_in_place, nothing_without_writes_or_under_cuda_graphs) {
 
 TEST(write_inputs_in_place, leaves_what_would_change_a_value_read) {
   // %primals_5 is also read by %shifted (the old value, before the BatchNorm): the BatchNorm keeps its
-  // functional form (both statistics or neither). The count's add broadcasts into another type (its
-  // result is not the input's), and the third output written back is not the add's value: both stay.
+  // functional form (both statistics or neither). The add written back into %c2 broadcasts into another
+  // type (its result is not the input's): it stays. The count's new value is a chain, (count + 1) * 2:
+  // both links write the count.
   file_check(R"(
 // RUN: write-inputs-in-place
 graph g {
@@ -130,8 +131,9 @@ graph g {
 }
 // CHECK: = aten::_native_batch_norm_legit_functional.default(%shifted, none, none, %m, %v, true, 0.5, 0.25)
 // CHECK: %wide: f32[6] = aten::add.Tensor(%c2, %nm)
-// CHECK-NEXT: %count1: i64[] = aten::add.Tensor(%count, 1)
-// CHECK-NOT: // note:
+// CHECK-NEXT: %count1: i64[] = aten::add_.Tensor(%count, 1) !mutates
+// CHECK-NEXT: %other: i64[] = aten::mul_.Tensor(%count1, 2) !mutates
+// CHECK: // note: write-inputs-in-place graph g: %count by %count1, %other (add_, mul_)
 )",
              writes({"m", "v", "c2", "count"}));
   // Eval mode (training false) writes nothing; the statistics written back from the wrong elements
@@ -221,6 +223,42 @@ graph forward_0 {
 // CHECK-NOT: // note:
 )",
              writes({"cache", "count"}));
+}
+
+TEST(write_inputs_in_place, a_chain_of_updates_writes_the_buffer_op_by_op) {
+  // `ema.mul_(0.75).add_(x, alpha=0.25)` is traced as mul, then add reading the mul: both become their
+  // in-place overloads, each writing the buffer. The chain of `acc` has a link that something else reads
+  // (the mean): it stays functional whole; so does `buf`'s, whose first link reads the buffer twice over a
+  // view, and `t`'s, whose first link changes the dtype.
+  file_check(R"(
+// RUN: write-inputs-in-place
+graph forward_0 {
+  %ema: f32[8] = placeholder
+  %acc: f32[8] = placeholder
+  %buf: f32[8] = placeholder
+  %t: bf16[8] = placeholder
+  %x: f32[8] = placeholder
+  %m: f32[8] = aten::mul.Tensor(%ema, 0.75)
+  %a: f32[8] = aten::add.Tensor(%m, %x, alpha=0.25)
+  %m2: f32[8] = aten::mul.Tensor(%acc, 0.5)
+  %a2: f32[8] = aten::add.Tensor(%m2, %x)
+  %mean: f32[] = aten::mean.default(%m2)
+  %v: f32[4][2] = aten::slice.Tensor(%buf, 0, 0, 8, 2) !view
+  %m3: f32[8] = aten::mul.Tensor(%buf, 2)
+  %s3: f32[8] = aten::sub.Tensor(%m3, %x)
+  %m4: f32[8] = aten::mul.Tensor(%t, %x)
+  %c4: bf16[8] = aten::_to_copy.default(%m4, dtype=dtype.bfloat16)
+  return (%a, %a2, %s3, %c4, %mean, %v)
+}
+// CHECK: %m: f32[8] = aten::mul_.Tensor(%ema, 0.75) !mutates
+// CHECK-NEXT: %a: f32[8] = aten::add_.Tensor(%m, %x, alpha=0.25) !mutates
+// CHECK-NEXT: %m2: f32[8] = aten::mul.Tensor(%acc, 0.5)
+// CHECK-NEXT: %a2: f32[8] = aten::add.Tensor(%m2, %x)
+// CHECK: %m3: f32[8] = aten::mul.Tensor(%buf, 2)
+// CHECK-NEXT: %s3: f32[8] = aten::sub.Tensor(%m3, %x)
+// CHECK: // note: write-inputs-in-place graph forward_0: %ema by %m, %a (mul_, add_)
+)",
+             writes({"ema", "acc", "buf", "t"}));
 }
 
 TEST(write_inputs_in_place, lifetimes_root_the_statistics_in_the_inputs) {
