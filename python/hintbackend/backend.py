@@ -71,14 +71,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Opt
     AOTAutograd's backward frame holds until it returns).
 
     `lean`: the pair the forward and backward of one aot_autograd call go into (lean_runtime.py)."""
-    fn, _ = _compile(gm, example_inputs, opts, kind, forward_input_aliases, cuda_graphs, lean)
+    fn, _, _ = _compile(gm, example_inputs, opts, kind, forward_input_aliases, cuda_graphs, lean)
     return fn
 
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options, kind: str,
              forward_input_aliases: Optional[Set[str]], cuda_graphs: Optional[CudaGraphs],
              lean: Optional[LeanPair] = None):
-    """compile_graph, also returning what the compile cache stores to rebuild it (None: a fallback)."""
+    """compile_graph, also returning what the compile cache stores to rebuild it and, where it stores
+    nothing (None), why: a fallback to eager, or a graph torch's cudagraph trees replay (their wrapper is
+    made from the FX graph, which an entry does not keep)."""
     name = f"{kind}_{next(_graph_ids)}"
     kept: Set[str] = set()
     if forward_input_aliases is not None:
@@ -94,7 +96,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options,
         dumper = _dumper(opts, name)
         if dumper:
             dumper.write("fx_graph.txt", fx_text)
-        return _fallback(gm, opts, name, [str(e)]), None
+        return _fallback(gm, opts, name, [str(e)]), None, "graph runs in eager (it does not serialize)"
     payload = {"name": name, "document": json.dumps(doc), "constants": constants, "fx_text": fx_text,
                "fx_nodes": len(gm.graph.nodes)}
     plan = None
@@ -113,14 +115,15 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: List[Any], opts: Options,
             payload["input_writes"] = [placeholders[i] for i in written]
     fn, unsupported = _build(payload, opts, name)
     if unsupported:
-        return _fallback(gm, opts, name, unsupported), None
+        return _fallback(gm, opts, name, unsupported), None, "graph runs in eager (unsupported ops)"
     if lean is not None:
         lean.take(kind, fn, plan, _zero_variants(payload, opts, name) if kind == "backward" else None)
     # CUDA graphs: the lean runtime replays its pairs itself (lean_runtime.py, GraphReplay.h); the rest
     # (inference graphs, pairs on AOTAutograd's runtime) through torch's cudagraph trees.
     if cuda_graphs is not None and not (lean is not None and lean.plan is not None and kind != "inference"):
-        return cuda_graphs.wrap(fn, gm, example_inputs, kind, name), None
-    return fn, payload
+        return (cuda_graphs.wrap(fn, gm, example_inputs, kind, name), None,
+                "its CUDA graphs go through torch's cudagraph trees, which a cache entry cannot rebuild (it keeps no FX graph)")
+    return fn, payload, ""
 
 
 def _dumper(opts: Options, name: str) -> Optional[Dumper]:
@@ -296,8 +299,8 @@ def hintbackend(gm: torch.fx.GraphModule, example_inputs: List[Any], options: Op
     # AOT result with our graphs (compile_cache.py).
     def make_cached(kind: str) -> Callable:
         def compiler(g: torch.fx.GraphModule, inputs: List[Any]) -> compile_cache.HintOutputCode:
-            fn, payload = _compile(g, inputs, opts, kind, forward_input_aliases, None, lean)
-            return compile_cache.HintOutputCode(kind, fn, payload, opts, "unsupported ops" if payload is None else "")
+            fn, payload, why = _compile(g, inputs, opts, kind, forward_input_aliases, cuda_graphs, lean)
+            return compile_cache.HintOutputCode(kind, fn, payload, opts, why)
         return SerializableAOTDispatchCompiler(compile_cache.HintOutputCode, compiler)
 
     with compile_cache.caching(opts, gm, functools.partial(rebuild, opts=opts, lean=lean)):

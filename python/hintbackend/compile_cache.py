@@ -115,7 +115,8 @@ class _Current:
     opts: Options
     build: Callable[..., Callable]  # (kind, payload) -> boxed callable
     loaded: List[str]  # graphs loaded from the cache (their kinds)
-    fallbacks: List[str] = dataclasses.field(default_factory=list)  # graphs compiled here that cannot be stored
+    fallbacks: List[str] = dataclasses.field(default_factory=list)  # graphs compiled here that cannot be stored,
+    # each "kind: why" (HintOutputCode.reason)
 
 
 _current: List[_Current] = []
@@ -135,7 +136,7 @@ class HintOutputCode(OutputCode):
         self.payload = payload
         self.reason = reason
         if payload is None and _current:
-            _current[-1].fallbacks.append(kind)
+            _current[-1].fallbacks.append(f"{kind}: {reason}")
         self._fn: Optional[Callable] = fn
         self._boxed_call = True
 
@@ -150,7 +151,7 @@ class HintOutputCode(OutputCode):
     # --- saving: torch copies this object (shallow), calls prepare_for_serialization, pickles it ---
     def prepare_for_serialization(self) -> None:
         if self.payload is None:
-            raise _bypass(f"graph runs in eager ({self.reason})")
+            raise _bypass(self.reason)
         self._fn = None
 
     def __getstate__(self) -> dict:  # pickling (and torch's copy before it): no callable, a checksum
@@ -181,6 +182,8 @@ class HintOutputCode(OutputCode):
 
         self._fn = rebuild(self.kind, self.payload, self.opts)
         log.info("compile cache: %s loaded by Dynamo's precompile cache", self.kind)
+        if self.opts.cuda_graphs:  # the lean runtime's pair, which replays, is made by a backend call
+            log.warning("compile cache: %s loaded by Dynamo's precompile cache runs without CUDA graphs", self.kind)
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass
@@ -207,8 +210,6 @@ def unavailable(opts: Options) -> str:
     """Why torch's AOTAutograd cache will not store our graphs in this process, or ""."""
     if not opts.compile_cache:
         return "option compile_cache is off"
-    if opts.cuda_graphs:
-        return "cuda_graphs is on (a CUDA graph is recorded from the traced graph, which an entry does not keep)"
     if torch.compiler.config.force_disable_caches:
         return "torch.compiler.config.force_disable_caches is set"
     if not functorch_config.enable_autograd_cache:
@@ -331,7 +332,7 @@ def caching(opts: Options, gm: torch.fx.GraphModule, build: Callable[..., Callab
     why = ('torch\'s AOTAutograd cache bypassed it; TORCH_LOGS="+torch._functorch._aot_autograd.autograd_cache" '
            'says why')
     if current.fallbacks:
-        why = f"{' and '.join(current.fallbacks)} ran in eager (unsupported ops)"
+        why = "; ".join(current.fallbacks)
     if delta["autograd_cache_hit"]:
         log.info("compile cache hit: %s loaded from %s (AOTAutograd and the passes skipped)",
                  " and ".join(current.loaded) or "graph", where)

@@ -16,14 +16,10 @@ from hintbackend.options import parse_options
 
 pytestmark = pytest.mark.skipif(device() == "cuda", reason="the cache does not depend on the device; CPU is enough")
 
-# A training step of a block with a hinted (dfs) attention region; prints the cache counters and the
-# hintbackend log lines about the cache, and saves the loss and the gradients.
-SCRIPT = textwrap.dedent("""
-    import json, logging, sys
-    import torch
-    from hintbackend import hinted_context
+# The scripts' first lines: `lines` keeps the hintbackend logger's messages.
+KEEP_LOG = textwrap.dedent("""
+    import logging
 
-    cache, out, slices, arena, variant = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5]
     lines = []
 
     class Keep(logging.Handler):
@@ -33,6 +29,16 @@ SCRIPT = textwrap.dedent("""
     log = logging.getLogger("hintbackend")
     log.setLevel(logging.INFO)
     log.addHandler(Keep())
+""")
+
+# A training step of a block with a hinted (dfs) attention region; prints the cache counters and the
+# hintbackend log lines about the cache, and saves the loss and the gradients.
+SCRIPT = KEEP_LOG + textwrap.dedent("""
+    import json, sys
+    import torch
+    from hintbackend import hinted_context
+
+    cache, out, slices, arena, variant = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5]
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -147,6 +153,60 @@ def test_the_cache_can_be_turned_off(tmp_path):
     r = run(tmp_path, "off", cache, env={"HINTBACKEND_COMPILE_CACHE": "0"})
     assert not r["counters"].get("autograd_cache_hit") and not r["counters"].get("autograd_cache_saved"), r
     assert entries(cache) == []
+
+
+# Training steps of an MLP with cuda_graphs=True on the CPU, where the lean runtime's replay is emulated
+# (lean_runtime.EMULATE_REPLAY: the same bookkeeping, no capture); prints the cache counters, the log lines
+# about the cache and the replay statistics, and saves the losses and the gradients.
+REPLAY_SCRIPT = KEEP_LOG + textwrap.dedent("""
+    import gc, json, sys
+    import torch
+    from hintbackend import lean_runtime
+
+    lean_runtime.EMULATE_REPLAY = True
+    cache, out = sys.argv[1], sys.argv[2]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    fn = torch.compile(model, backend="hintbackend", options={"cache_dir": cache, "cuda_graphs": True})
+    losses, grads = [], []
+    for step in range(5):
+        model.zero_grad()
+        loss = fn(torch.randn(64, 16)).square().mean()
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in model.parameters()])
+    torch.save({"loss": torch.stack(losses), "grads": [g for gs in grads for g in gs]}, out)
+    pairs = [o for o in gc.get_objects() if type(o) is lean_runtime.LeanPair and o.replayed]
+    stats = [g.stats for g in pairs[0].replayed] if pairs else []
+    counters = dict(torch._dynamo.utils.counters["aot_autograd"])
+    print(json.dumps({"counters": counters, "log": [m for m in lines if "compile cache" in m],
+                      "replays": [s["replays"] for s in stats]}))
+""")
+
+
+def test_cuda_graph_pairs_are_stored_and_a_hit_replays(tmp_path):
+    """cuda_graphs=True: a training pair the lean runtime replays itself is stored like any other; a second
+    process loads it and replays it (emulated on the CPU), with the first process's losses and gradients bit
+    for bit. (An inference graph, which torch's cudagraph trees replay, is not stored: the log says why.)"""
+    cache = tmp_path / "cache"
+
+    def replay_run(tag):
+        out = tmp_path / f"{tag}.pt"
+        r = subprocess.run([sys.executable, "-c", REPLAY_SCRIPT, str(cache), str(out)], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert r.returncode == 0, r.stderr[-3000:]
+        result = json.loads(r.stdout.strip().splitlines()[-1])
+        result["out"] = torch.load(out)
+        return result
+
+    first = replay_run("first")
+    assert miss(first) and first["counters"].get("autograd_cache_saved") == 1, first
+    second = replay_run("second")
+    assert hit(second), second
+    assert "forward and backward" in " ".join(second["log"]), second["log"]
+    assert same(first, second)
+    for r in (first, second):
+        assert len(r["replays"]) == 2 and all(n > 0 for n in r["replays"]), r["replays"]
 
 
 def test_option_and_environment_are_validated(monkeypatch):
