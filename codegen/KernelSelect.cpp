@@ -430,7 +430,7 @@ std::optional<int64_t> view_offset(const Graph& g, const Node& n, int64_t* absol
   return 0;
 }
 
-std::string view_why_not(const Graph& g, int node, const std::vector<bool>* returned) {
+std::string view_why_not(const Graph& g, int node) {
   const Node& n = g.nodes[node];
   if (n.op != OpKind::CallFunction || !is_alias_view_target(n.target)) return "not a view op";
   const TensorType* in = n.args.empty() ? nullptr : g.tensor_type(n.args[0]);
@@ -443,8 +443,6 @@ std::string view_why_not(const Graph& g, int node, const std::vector<bool>* retu
   int64_t absolute = -1;
   if (!view_offset(g, n, &absolute) && absolute < 0) return "a position that is not a constant inside its dimension";
   if (computed) return "an argument computed at run time";
-  const bool out = returned ? (*returned)[node] : returned_through_views(g)[node];
-  if (out) return "returned";
   return "";
 }
 
@@ -455,7 +453,7 @@ namespace {
 KernelChoice select_kernel(const Graph& g, int node, const Target& target, const std::vector<bool>* returned) {
   KernelChoice c = choose(g.nodes[node]);
   if (c.kind == KernelKind::Aten && target.fast_views && is_alias_view_target(g.nodes[node].target) &&
-      view_why_not(g, node, returned).empty())
+      view_why_not(g, node).empty() && !(returned ? (*returned)[node] : returned_through_views(g)[node]))
     return {KernelKind::View, ""};
   if (c.kind == KernelKind::FusedPointwise) c = choose_fused(g, g.nodes[node]);
   if (c.kind == KernelKind::FlexForward || c.kind == KernelKind::FlexBackward) choose_flex(g, node, target, c);

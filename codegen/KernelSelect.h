@@ -61,13 +61,13 @@ std::optional<LayerNormShape> layer_norm_shape(const Node& n);
 // One of the four layer norm ops above.
 bool is_layer_norm_target(const std::string& target);
 
-// KernelKind::View (backend/runtime/ViewCall.cpp) takes node n when this is "": a view op whose result's
-// storage offset is its input's plus a constant (view, t, permute, transpose, expand, unsqueeze, squeeze,
-// detach, alias, _unsafe_view; slice and select at static positions; as_strided), input and result of static sizes
-// and strides, every other argument a constant, and a result that the graph does not return, directly or through views (an output's alias
-// of an input is rebuilt from its view chain by AOTAutograd). Else why not ("not a view op" for others).
-// `returned` is returned_through_views(g); null: computed here.
-std::string view_why_not(const Graph& g, int node, const std::vector<bool>* returned = nullptr);
+// KernelKind::View (backend/runtime/ViewCall.cpp) takes node n when this is "" and the graph does not
+// return its result, directly or through views (returned_through_views: an output's alias of an input is
+// rebuilt from its view chain by AOTAutograd): a view op whose result's storage offset is its input's plus
+// a constant (view, t, permute, transpose, expand, unsqueeze, squeeze, detach, alias, _unsafe_view; slice
+// and select at static positions; as_strided), input and result of static sizes and strides, every other
+// argument a constant. Else why not ("not a view op" for others).
+std::string view_why_not(const Graph& g, int node);
 // Per node, whether the graph returns its value or a view of it (through view ops only).
 std::vector<bool> returned_through_views(const Graph& g);
 // The storage offset a KernelKind::View node adds to its input's, in elements, from its arguments and its

@@ -6,14 +6,6 @@
 
 namespace hb {
 
-namespace {
-
-bool integral(DType d) {
-  return d == DType::Int8 || d == DType::UInt8 || d == DType::Int16 || d == DType::Int32 || d == DType::Int64;
-}
-
-}  // namespace
-
 bool fold_scaled_add(Graph& g, PassContext& ctx) {
   const int n = static_cast<int>(g.nodes.size());
   const std::vector<std::vector<int>> users = g.users();
@@ -29,9 +21,7 @@ bool fold_scaled_add(Graph& g, PassContext& ctx) {
     const Arg& s = mul.args[1];
     const TensorType* b = g.tensor_type(mul.args[0]);
     if (!b || mul.type.kind != ValueType::Kind::Tensor || !mul.type.tensor.same_layout(*b)) return false;
-    if (!(s.kind == Arg::Kind::Int || (s.kind == Arg::Kind::Float && !integral(b->dtype))) ||
-        b->dtype == DType::Bool)
-      return false;
+    if (!is_floating(b->dtype) || !(s.kind == Arg::Kind::Int || s.kind == Arg::Kind::Float)) return false;
     for (int u : users[m])
       if (u != reader) return false;
     return true;

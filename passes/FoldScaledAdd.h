@@ -7,9 +7,8 @@
 // runs; folded back, the graph runs eager's own op again (and write-inputs-in-place, after it, writes the
 // buffer with it).
 //
-// Only where it changes no value's type: the mul is a tensor times a constant number (Int or Float; an
-// integral tensor's only by an Int, as alpha requires) with the tensor's own type (no promotion), read by
-// the add alone and not returned; the add has no alpha of its own. Numerics: one rounding (a + s * b) where
+// Only where it changes no value's type: the mul is a floating tensor times a constant number with the
+// tensor's own type (no promotion), read by the add alone and not returned; the add has no alpha of its own. Numerics: one rounding (a + s * b) where
 // the decomposition rounded twice; that is eager's `add(a, b, alpha=s)`, and within an ulp of `a + b * s`.
 //
 // The note counts what it folded:

@@ -129,8 +129,9 @@ bool write_inputs_in_place(Graph& g, PassContext& ctx) {
   std::vector<bool> keep(g.nodes.size(), true);
   std::ostringstream note;
   int rewritten = 0;
-  auto say = [&](const std::string& what, const Node& n, const char* as) {
-    note << (rewritten++ ? ", " : ": ") << what << " by %" << n.name << " (" << as << ")";
+  // "%buffer by %node (how)"; `by`: the nodes that write it, "%a, %b"
+  auto say = [&](const std::string& what, const std::string& by, const std::string& as) {
+    note << (rewritten++ ? ", " : ": ") << what << " by " << by << " (" << as << ")";
   };
   // How often each node is returned: a new value returned at its write-back position only (not also saved
   // for the backward or returned to the user) may become the input itself.
@@ -181,7 +182,7 @@ bool write_inputs_in_place(Graph& g, PassContext& ctx) {
       cn.target = to;
       cn.effects.mutates = true;
     }
-    note << (rewritten++ ? ", " : ": ") << "%" << g.nodes[p].name << " by " << names << " (" << ops << ")";
+    say("%" + g.nodes[p].name, names, ops);
   }
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
     Node& n = g.nodes[i];
@@ -202,7 +203,7 @@ bool write_inputs_in_place(Graph& g, PassContext& ctx) {
           !same_view_args(vn, 1, n, 2, scatter->second.defaults) || !writes_first_argument(n, i, v))
         continue;
       const std::string buffer = "%" + g.nodes[n.args[0].ref].name;
-      say(buffer, g.nodes[c], "copy_ into a view");
+      say(buffer, "%" + g.nodes[c].name, "copy_ into a view");
       g.nodes[c].target = "aten::copy_.default";
       g.nodes[c].effects.mutates = true;
       becomes[i] = n.args[0].ref;
@@ -214,7 +215,7 @@ bool write_inputs_in_place(Graph& g, PassContext& ctx) {
       const std::optional<Statistic> m = statistic(g, users, outputs[written[mean]], i, 3, g.nodes[mean].type);
       const std::optional<Statistic> v = statistic(g, users, outputs[written[var]], i, 4, g.nodes[var].type);
       if (!m || !v || n.type.kind != ValueType::Kind::Tuple || n.type.elems.size() != 5) continue;
-      say("%" + g.nodes[mean].name + " and %" + g.nodes[var].name, n, "batch_norm_in_place");
+      say("%" + g.nodes[mean].name + " and %" + g.nodes[var].name, "%" + n.name, "batch_norm_in_place");
       n.target = kBatchNormInPlaceTarget;
       n.args.erase(n.args.begin() + 5);  // (training: always, for this op)
       n.effects.mutates = true;
